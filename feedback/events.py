@@ -1,0 +1,296 @@
+"""The event model: what an interaction and a feedback event look like on the way in.
+
+These pydantic models are the documented JSONL format (see ``docs/events.md``)
+and the gateway's request bodies. :func:`validate_event` turns one raw mapping
+into a typed event or an :class:`InvalidEventError` that names the record and the
+field, so bad input is refused with a reason instead of half-stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
+BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
+INTERACTION_TYPE = "interaction"
+
+
+class FeedbackType(StrEnum):
+    """The kinds of feedback a user (or a downstream system) gives about an answer."""
+
+    THUMBS_UP = "thumbs_up"
+    THUMBS_DOWN = "thumbs_down"
+    REGENERATE = "regenerate"
+    EDIT = "edit"
+    ABANDON = "abandon"
+    TASK_OUTCOME = "task_outcome"
+    RANK = "rank"
+
+
+FEEDBACK_TYPES: tuple[str, ...] = tuple(t.value for t in FeedbackType)
+EVENT_TYPES: tuple[str, ...] = (INTERACTION_TYPE, *FEEDBACK_TYPES)
+# The six user signals every report shows; `rank` is a labeller preference (OASST).
+SIGNAL_TYPES: tuple[str, ...] = (
+    "thumbs_up",
+    "thumbs_down",
+    "regenerate",
+    "edit",
+    "abandon",
+    "task_outcome",
+)
+
+
+class Arm(StrEnum):
+    """Which side of the routing split served a request (the spec's ``user_group``)."""
+
+    CHAMPION = "champion"
+    CANARY = "canary"
+    BASE = "base"
+
+
+class InteractionStatus(StrEnum):
+    """How a request ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+
+
+class TaskOutcome(StrEnum):
+    """A late downstream result (ticket solved, code passed tests, ...)."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+def _utc(value: datetime) -> datetime:
+    """Naive timestamps are taken as UTC; aware ones are converted to UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"is not valid UTF-8 text (lone surrogate at {exc.start})") from exc
+    return value
+
+
+class ChatMessage(BaseModel):
+    """One message of the prompt, in the OpenAI chat format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+    @field_validator("content")
+    @classmethod
+    def _content_is_text(cls, value: str) -> str:
+        return _check_text(value)
+
+
+def prompt_hash(messages: list[ChatMessage] | list[dict[str, Any]]) -> str:
+    """A stable hash of a prompt (roles and contents), for logging and regenerate detection."""
+    canonical = [
+        (m.role, m.content) if isinstance(m, ChatMessage) else (m["role"], m["content"])
+        for m in messages
+    ]
+    return hashlib.sha256(orjson.dumps(canonical)).hexdigest()
+
+
+class _EventBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=10_000_000)
+
+    created_at: datetime
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("created_at")
+    @classmethod
+    def _to_utc(cls, value: datetime) -> datetime:
+        return _utc(value)
+
+
+class InteractionEvent(_EventBase):
+    """A request and its answer, as logged by the gateway or imported."""
+
+    type: Literal["interaction"] = INTERACTION_TYPE
+    request_id: str = Field(pattern=IDENTIFIER)
+    session_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    user_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    business_line: str = Field(pattern=BUSINESS_LINE)
+    adapter_name: str | None = Field(default=None, pattern=IDENTIFIER)
+    adapter_version: int | None = Field(default=None, ge=0)
+    base_model: str = Field(min_length=1, max_length=256)
+    arm: Arm | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    response: str
+    prompt_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    latency_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    status: InteractionStatus = InteractionStatus.OK
+    source: str | None = Field(default=None, max_length=32)
+
+    @field_validator("response")
+    @classmethod
+    def _response_is_text(cls, value: str) -> str:
+        return _check_text(value)
+
+    @model_validator(mode="after")
+    def _fill_prompt_hash(self) -> InteractionEvent:
+        expected = prompt_hash(self.messages)
+        if self.prompt_hash is None:
+            object.__setattr__(self, "prompt_hash", expected)
+        elif self.prompt_hash != expected:
+            raise ValueError("prompt_hash does not match the messages")
+        return self
+
+
+class FeedbackEventIn(_EventBase):
+    """A feedback signal about one interaction, named by its request id."""
+
+    type: FeedbackType
+    request_id: str = Field(pattern=IDENTIFIER)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    user_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    edited_text: str | None = None
+    outcome: TaskOutcome | None = None
+    rank: int | None = Field(default=None, ge=0, le=1_000)
+    replaced_by: str | None = Field(default=None, pattern=IDENTIFIER)
+
+    @field_validator("edited_text")
+    @classmethod
+    def _edited_is_text(cls, value: str | None) -> str | None:
+        return None if value is None else _check_text(value)
+
+    @model_validator(mode="after")
+    def _payload_matches_type(self) -> FeedbackEventIn:
+        if self.type is FeedbackType.EDIT and not self.edited_text:
+            raise ValueError("an edit needs 'edited_text'")
+        if self.type is not FeedbackType.EDIT and self.edited_text is not None:
+            raise ValueError(f"'edited_text' is only for edit events, not {self.type.value}")
+        if self.type is FeedbackType.TASK_OUTCOME and self.outcome is None:
+            raise ValueError("a task_outcome needs 'outcome' (success or failure)")
+        if self.type is FeedbackType.RANK and self.rank is None:
+            raise ValueError("a rank event needs 'rank' (0 is best)")
+        return self
+
+    def key(self) -> str:
+        """The idempotency key: the given one, or a hash of the event's content."""
+        if self.idempotency_key:
+            return self.idempotency_key
+        body = self.model_dump(mode="json", exclude={"idempotency_key"})
+        digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        return f"sha256:{digest}"
+
+
+Event = InteractionEvent | FeedbackEventIn
+
+_interaction_adapter = TypeAdapter(InteractionEvent)
+_feedback_adapter = TypeAdapter(FeedbackEventIn)
+
+
+class InvalidEventError(ValueError):
+    """A record that cannot be stored, naming the record, the field and the reason."""
+
+    def __init__(self, reason: str, *, field: str | None = None, record_key: str | None = None):
+        self.reason = reason
+        self.field = field
+        self.record_key = record_key
+        where = f"field '{field}': " if field else ""
+        who = f"record {record_key}: " if record_key else ""
+        super().__init__(f"{who}{where}{reason}")
+
+
+def record_key_of(data: Any) -> str | None:
+    """A human handle on a raw record: its request id and type when it has them."""
+    if not isinstance(data, dict):
+        return None
+    parts = []
+    for name in ("type", "request_id", "idempotency_key"):
+        value = data.get(name)
+        if isinstance(value, str | int):
+            parts.append(f"{name}={str(value)[:80]}")
+    return " ".join(parts) or None
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    error = exc.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in error["loc"]) or "(record)"
+    return field, str(error["msg"]).removeprefix("Value error, ")
+
+
+def validate_event(data: Any, *, max_text_chars: int = 200_000, max_messages: int = 512) -> Event:
+    """Validate one raw mapping into an event, or raise :class:`InvalidEventError`."""
+    key = record_key_of(data)
+    if not isinstance(data, dict):
+        raise InvalidEventError(
+            f"expected a JSON object, got {type(data).__name__}", record_key=key
+        )
+    kind = data.get("type")
+    if kind is None:
+        raise InvalidEventError("missing event type", field="type", record_key=key)
+    if kind not in EVENT_TYPES:
+        raise InvalidEventError(
+            f"unknown event type {kind!r} (expected one of: {', '.join(EVENT_TYPES)})",
+            field="type",
+            record_key=key,
+        )
+    _check_sizes(data, key, max_text_chars=max_text_chars, max_messages=max_messages)
+    adapter = _interaction_adapter if kind == INTERACTION_TYPE else _feedback_adapter
+    try:
+        return adapter.validate_python(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        field, reason = _first_error(exc)
+        raise InvalidEventError(reason, field=field, record_key=key) from None
+
+
+def _check_sizes(
+    data: dict[str, Any], key: str | None, *, max_text_chars: int, max_messages: int
+) -> None:
+    for name in ("response", "edited_text"):
+        value = data.get(name)
+        if isinstance(value, str) and len(value) > max_text_chars:
+            raise InvalidEventError(
+                f"text is {len(value)} characters, over the {max_text_chars} limit",
+                field=name,
+                record_key=key,
+            )
+    messages = data.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > max_messages:
+            raise InvalidEventError(
+                f"{len(messages)} messages, over the {max_messages} limit",
+                field="messages",
+                record_key=key,
+            )
+        total = 0
+        for index, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                total += len(content)
+                if total > max_text_chars:
+                    raise InvalidEventError(
+                        f"prompt is over the {max_text_chars} character limit",
+                        field=f"messages.{index}.content",
+                        record_key=key,
+                    )

@@ -1,0 +1,1 @@
+"""Importers that turn other feedback formats into flywheel events."""

@@ -1,0 +1,71 @@
+"""Which business line a conversation belongs to: ordered, configurable rules.
+
+A rule matches on the conversation's language and on keywords (whole words,
+case-insensitive; for Chinese, substrings) in its opening prompt. The first
+rule that matches wins; otherwise the default line applies.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from feedback.events import BUSINESS_LINE
+
+
+class BusinessRule(BaseModel):
+    """Send conversations in ``languages`` mentioning any of ``keywords`` to ``business_line``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    business_line: str = Field(pattern=BUSINESS_LINE)
+    languages: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str] | None:
+        if not self.keywords:
+            return None
+        words = sorted(self.keywords, key=len, reverse=True)
+        parts = [
+            re.escape(w) if re.search(r"[\u4e00-\u9fff]", w) else rf"\b{re.escape(w)}\b"
+            for w in words
+        ]
+        return re.compile("|".join(parts), re.IGNORECASE)
+
+    def matches(self, text: str, language: str | None) -> bool:
+        """Whether this rule claims a conversation."""
+        if self.languages and (language or "") not in self.languages:
+            return False
+        pattern = self._pattern
+        return pattern is None or pattern.search(text) is not None
+
+
+class BusinessRules(BaseModel):
+    """An ordered rule list with a default line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: str = Field(default="general", pattern=BUSINESS_LINE)
+    rules: tuple[BusinessRule, ...] = ()
+
+    def business_line_for(self, text: str, language: str | None = None) -> str:
+        """The business line of a conversation opening with ``text``."""
+        for rule in self.rules:
+            if rule.matches(text, language):
+                return rule.business_line
+        return self.default
+
+
+def load_business_rules(path: Path | None = None) -> BusinessRules:
+    """Read rules from a YAML file, or the shipped defaults when ``path`` is None."""
+    if path is None:
+        text = resources.files("feedback.importers").joinpath("business_rules.yaml").read_text()
+    else:
+        text = path.read_text(encoding="utf-8")
+    return BusinessRules.model_validate(yaml.safe_load(text) or {})

@@ -1,0 +1,88 @@
+"""Streaming JSON Lines reading that never loses a line.
+
+Every physical line of the input comes back either as a parsed object or as a
+:class:`MalformedLine` that names the line and says what is wrong with it, with
+the raw bytes kept so a caller can quarantine it untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+MAX_LINE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class JsonlRecord:
+    """One well-formed JSON object and the 1-based line it came from."""
+
+    line_number: int
+    data: dict[str, Any]
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedLine:
+    """A line that is not a JSON object, with the reason and the raw bytes."""
+
+    line_number: int
+    reason: str
+    raw: bytes
+
+    def describe(self, source: str = "input") -> str:
+        """A one-line message naming the source and the line."""
+        return f"{source}:{self.line_number}: {self.reason}"
+
+
+JsonlItem = JsonlRecord | MalformedLine
+
+
+def parse_jsonl_line(line_number: int, raw: bytes) -> JsonlItem | None:
+    """Parse one physical line; ``None`` for a blank line (blank lines are allowed)."""
+    stripped = raw.strip()
+    if not stripped:
+        return None
+    if len(stripped) > MAX_LINE_BYTES:
+        return MalformedLine(
+            line_number, f"line is {len(stripped)} bytes, over the {MAX_LINE_BYTES} limit", raw
+        )
+    try:
+        stripped.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return MalformedLine(line_number, f"invalid UTF-8 at byte {exc.start}", raw)
+    try:
+        data = orjson.loads(stripped)
+    except orjson.JSONDecodeError as exc:
+        return MalformedLine(line_number, f"not valid JSON: {exc}", raw)
+    if not isinstance(data, dict):
+        return MalformedLine(line_number, f"expected a JSON object, got {type(data).__name__}", raw)
+    return JsonlRecord(line_number, data, raw)
+
+
+def iter_jsonl_lines(lines: Iterable[bytes]) -> Iterator[JsonlItem]:
+    """Parse an iterable of raw lines (bytes, newline optional) into items."""
+    for line_number, raw in enumerate(lines, start=1):
+        item = parse_jsonl_line(line_number, raw)
+        if item is not None:
+            yield item
+
+
+def iter_jsonl_stream(stream: BinaryIO) -> Iterator[JsonlItem]:
+    """Parse a binary stream line by line, in constant memory."""
+    yield from iter_jsonl_lines(stream)
+
+
+def iter_jsonl(path: Path) -> Iterator[JsonlItem]:
+    """Parse a JSONL file line by line, in constant memory."""
+    with path.open("rb") as stream:
+        yield from iter_jsonl_stream(stream)
+
+
+def dumps_line(data: Any) -> bytes:
+    """Serialise one record as a JSONL line (UTF-8, newline-terminated)."""
+    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n"

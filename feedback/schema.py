@@ -1,0 +1,147 @@
+"""Tables of the feedback store (SQLAlchemy 2), shared by PostgreSQL and SQLite.
+
+Alembic migrations in ``feedback/migrations`` create exactly these tables; a
+test compares the two so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+ID_LENGTH = 128
+BUSINESS_LINE_LENGTH = 64
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+PrimaryKey = BigInteger().with_variant(Integer(), "sqlite")
+JsonDocument = JSON().with_variant(JSONB(), "postgresql")
+NOW = func.current_timestamp()
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite keeps no offsets)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; convert to UTC first")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the store's tables."""
+
+
+class Interaction(Base):
+    """One request to the LLM service and the answer it got."""
+
+    __tablename__ = "interactions"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(ID_LENGTH), unique=True)
+    session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    user_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    adapter_name: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    adapter_version: Mapped[int | None] = mapped_column(Integer)
+    base_model: Mapped[str] = mapped_column(String(256))
+    arm: Mapped[str | None] = mapped_column(String(16))
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(JsonDocument)
+    response: Mapped[str] = mapped_column(Text)
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str | None] = mapped_column(String(32))
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JsonDocument, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ingested_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=NOW)
+
+    __table_args__ = (
+        Index("ix_interactions_line_created", "business_line", "created_at"),
+        Index("ix_interactions_session_prompt", "session_id", "prompt_hash"),
+        Index("ix_interactions_user", "user_id"),
+    )
+
+
+class FeedbackEvent(Base):
+    """A signal about one interaction: thumbs, regenerate, edit, abandon, outcome, rank."""
+
+    __tablename__ = "feedback_events"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    idempotency_key: Mapped[str] = mapped_column(String(256), unique=True)
+    request_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("interactions.request_id", ondelete="CASCADE")
+    )
+    type: Mapped[str] = mapped_column(String(16))
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    user_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    edited_text: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    replaced_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JsonDocument, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ingested_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=NOW)
+
+    __table_args__ = (
+        Index("ix_feedback_request", "request_id"),
+        Index("ix_feedback_line_type_created", "business_line", "type", "created_at"),
+        Index("ix_feedback_user", "user_id"),
+    )
+
+
+class QuarantinedRecord(Base):
+    """An input record that was refused, kept whole with the reason."""
+
+    __tablename__ = "quarantine"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    source: Mapped[str] = mapped_column(String(512))
+    line_number: Mapped[int | None] = mapped_column(Integer)
+    record_key: Mapped[str | None] = mapped_column(String(256))
+    field: Mapped[str | None] = mapped_column(String(256))
+    reason: Mapped[str] = mapped_column(Text)
+    raw: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=NOW)
+
+    __table_args__ = (Index("ix_quarantine_created", "created_at"),)
+
+
+interactions_table = Interaction.__table__
+feedback_table = FeedbackEvent.__table__
+quarantine_table = QuarantinedRecord.__table__

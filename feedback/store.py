@@ -1,0 +1,485 @@
+"""The feedback store: engine set-up, migrations, batched idempotent ingest, counts.
+
+The same code runs on PostgreSQL (production) and SQLite (embedded default).
+Ingest validates a batch, looks up the interactions its feedback refers to,
+then writes good records and quarantined ones in one transaction per batch:
+a batch is stored whole or not at all, and replays store nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from psycopg import sql
+from sqlalchemy import JSON, Connection, Engine, Table, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+
+from feedback.events import (
+    SIGNAL_TYPES,
+    FeedbackEventIn,
+    InteractionEvent,
+    InvalidEventError,
+    record_key_of,
+    validate_event,
+)
+from feedback.jsonl import JsonlRecord, MalformedLine
+from feedback.schema import feedback_table, interactions_table, quarantine_table
+from flywheel.settings import Settings, StoreSettings
+
+IngestItem = JsonlRecord | MalformedLine | dict[str, Any]
+# Below this many rows a plain multi-row INSERT beats setting up a COPY.
+COPY_THRESHOLD = 64
+MIGRATIONS = "feedback:migrations"
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def create_store_engine(url: str) -> Engine:
+    """An engine for the store URL, tuned per backend (SQLite: WAL, foreign keys on)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
+            connect_args={"check_same_thread": False, "timeout": 30},
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        return engine
+    return create_engine(
+        url,
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+        pool_pre_ping=True,
+    )
+
+
+def _alembic_config(connection: Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", MIGRATIONS)
+    config.attributes["connection"] = connection
+    return config
+
+
+@cache
+def head_revision() -> str:
+    """The newest migration revision shipped with this code."""
+    config = Config()
+    config.set_main_option("script_location", MIGRATIONS)
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (``None`` for an empty database)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade_schema(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (idempotent; serialised on PostgreSQL)."""
+    with engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), revision)
+
+
+def downgrade_schema(engine: Engine, revision: str) -> None:
+    """Roll migrations back to ``revision`` (``base`` for an empty database)."""
+    with engine.begin() as connection:
+        command.downgrade(_alembic_config(connection), revision)
+
+
+@dataclass(slots=True)
+class Rejection:
+    """A record refused by ingest, on its way to the quarantine table."""
+
+    reason: str
+    raw: bytes
+    line_number: int | None = None
+    record_key: str | None = None
+    field: str | None = None
+
+    def describe(self, source: str) -> str:
+        """One line naming where the record came from, the field and the reason."""
+        where = f"{source}:{self.line_number}" if self.line_number else source
+        who = f" ({self.record_key})" if self.record_key else ""
+        what = f" field '{self.field}':" if self.field else ""
+        return f"{where}{who}:{what} {self.reason}"
+
+
+@dataclass(slots=True)
+class IngestReport:
+    """What one ingest did: counts, and the first few rejections in words."""
+
+    source: str
+    read: int = 0
+    interactions_added: int = 0
+    feedback_added: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+    batches: int = 0
+    rejections: list[str] = field(default_factory=list)
+
+    MAX_MESSAGES = 20
+
+    @property
+    def added(self) -> int:
+        """Records newly stored."""
+        return self.interactions_added + self.feedback_added
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "source": self.source,
+            "read": self.read,
+            "interactions_added": self.interactions_added,
+            "feedback_added": self.feedback_added,
+            "duplicates": self.duplicates,
+            "quarantined": self.quarantined,
+            "batches": self.batches,
+            "rejections": self.rejections,
+        }
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One batch, validated: what to insert and what to quarantine."""
+
+    interactions: list[InteractionEvent] = field(default_factory=list)
+    feedback: list[tuple[FeedbackEventIn, Rejection]] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+def _raw_of(item: IngestItem) -> bytes:
+    if isinstance(item, JsonlRecord | MalformedLine):
+        return item.raw
+    try:
+        return orjson.dumps(item, default=str)
+    except TypeError:
+        return repr(item).encode("utf-8", "backslashreplace")
+
+
+def plan_batch(items: Iterable[IngestItem], limits: StoreSettings) -> BatchPlan:
+    """Validate a batch (pure, no I/O).
+
+    Feedback keeps its raw form in case its interaction turns out to be missing.
+    """
+    plan = BatchPlan()
+    for item in items:
+        line = item.line_number if isinstance(item, JsonlRecord | MalformedLine) else None
+        if isinstance(item, MalformedLine):
+            plan.rejected.append(Rejection(item.reason, item.raw, line))
+            continue
+        data = item.data if isinstance(item, JsonlRecord) else item
+        try:
+            parsed = validate_event(
+                data, max_text_chars=limits.max_text_chars, max_messages=limits.max_messages
+            )
+        except InvalidEventError as exc:
+            plan.rejected.append(
+                Rejection(exc.reason, _raw_of(item), line, exc.record_key, exc.field)
+            )
+            continue
+        if isinstance(parsed, InteractionEvent):
+            plan.interactions.append(parsed)
+        else:
+            plan.feedback.append(
+                (parsed, Rejection("", _raw_of(item), line, record_key_of(data), "request_id"))
+            )
+    return plan
+
+
+def interaction_row(event: InteractionEvent) -> dict[str, Any]:
+    """The table row for an interaction."""
+    return {
+        "request_id": event.request_id,
+        "session_id": event.session_id,
+        "user_id": event.user_id,
+        "business_line": event.business_line,
+        "adapter_name": event.adapter_name,
+        "adapter_version": event.adapter_version,
+        "base_model": event.base_model,
+        "arm": event.arm.value if event.arm else None,
+        "messages": [{"role": m.role, "content": m.content} for m in event.messages],
+        "response": event.response,
+        "prompt_hash": event.prompt_hash,
+        "latency_ms": event.latency_ms,
+        "ttft_ms": event.ttft_ms,
+        "status": event.status.value,
+        "source": event.source,
+        "metadata": event.metadata,
+        "created_at": event.created_at,
+    }
+
+
+def feedback_row(event: FeedbackEventIn, business_line: str) -> dict[str, Any]:
+    """The table row for a feedback event, with its interaction's business line."""
+    return {
+        "idempotency_key": event.key(),
+        "request_id": event.request_id,
+        "type": event.type.value,
+        "business_line": business_line,
+        "user_id": event.user_id,
+        "edited_text": event.edited_text,
+        "outcome": event.outcome.value if event.outcome else None,
+        "rank": event.rank,
+        "replaced_by": event.replaced_by,
+        "metadata": event.metadata,
+        "created_at": event.created_at,
+    }
+
+
+def quarantine_row(rejection: Rejection, source: str) -> dict[str, Any]:
+    """The quarantine row for a refused record (fingerprinted so replays store it once)."""
+    return {
+        "fingerprint": hashlib.sha256(rejection.raw).hexdigest(),
+        "source": source[:512],
+        "line_number": rejection.line_number,
+        "record_key": rejection.record_key[:256] if rejection.record_key else None,
+        "field": rejection.field[:256] if rejection.field else None,
+        "reason": rejection.reason,
+        "raw": rejection.raw,
+    }
+
+
+def _copy_insert_new(
+    connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
+) -> int:
+    """PostgreSQL fast path: COPY into a temporary table, then INSERT .. ON CONFLICT DO NOTHING.
+
+    Parsing a multi-row INSERT with tens of thousands of parameters costs more
+    than the insert itself; COPY streams the rows instead.
+    """
+    columns = [table.c[name] for name in rows[0]]
+    names = sql.SQL(", ").join(sql.Identifier(column.name) for column in columns)
+    target = sql.Identifier(table.name)
+    stage = sql.Identifier(f"flywheel_stage_{table.name}")
+    json_columns = {i for i, column in enumerate(columns) if column.type._type_affinity is JSON}
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE IF NOT EXISTS {stage} ON COMMIT DELETE ROWS AS "
+                "SELECT {names} FROM {target} WITH NO DATA"
+            ).format(stage=stage, names=names, target=target)
+        )
+        copy_rows = sql.SQL("COPY {stage} ({names}) FROM STDIN")
+        with cursor.copy(copy_rows.format(stage=stage, names=names)) as copy:
+            for row in rows:
+                values = list(row.values())
+                for i in json_columns:
+                    if values[i] is not None:
+                        values[i] = _json_dumps(values[i])
+                copy.write_row(values)
+        cursor.execute(
+            sql.SQL(
+                "INSERT INTO {target} ({names}) SELECT {names} FROM {stage} "
+                "ON CONFLICT ({key}) DO NOTHING"
+            ).format(target=target, names=names, stage=stage, key=sql.Identifier(key))
+        )
+        inserted = cursor.rowcount
+        cursor.execute(sql.SQL("TRUNCATE {stage}").format(stage=stage))
+    return inserted
+
+
+def _batched(items: Iterable[IngestItem], size: int) -> Iterator[list[IngestItem]]:
+    batch: list[IngestItem] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class FeedbackStore:
+    """Reads and writes interactions, feedback events and quarantined records."""
+
+    def __init__(self, engine: Engine, limits: StoreSettings | None = None) -> None:
+        self.engine = engine
+        self.limits = limits or StoreSettings()
+
+    @classmethod
+    def open(cls, settings: Settings, *, migrate: bool = True) -> FeedbackStore:
+        """Open the configured store, bringing its schema to the newest revision."""
+        settings.home.mkdir(parents=True, exist_ok=True)
+        engine = create_store_engine(settings.resolved_database_url)
+        if migrate and current_revision(engine) != head_revision():
+            upgrade_schema(engine)
+        return cls(engine, settings.store)
+
+    def close(self) -> None:
+        """Release pooled connections."""
+        self.engine.dispose()
+
+    @property
+    def dialect(self) -> str:
+        """``postgresql`` or ``sqlite``."""
+        return self.engine.dialect.name
+
+    def _insert(self, table: Table) -> Any:
+        if self.dialect == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    def ingest(
+        self,
+        items: Iterable[IngestItem],
+        *,
+        source: str,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> IngestReport:
+        """Store records in batches, one transaction per batch; duplicates are skipped.
+
+        Good records are stored, bad ones quarantined with their reason and raw
+        payload; the report counts both and keeps the first reasons in words.
+        """
+        report = IngestReport(source=source)
+        for batch in _batched(items, self.limits.batch_size):
+            self._ingest_batch(batch, source, report)
+            report.batches += 1
+            if on_progress is not None:
+                on_progress(len(batch))
+        return report
+
+    def _ingest_batch(self, batch: list[IngestItem], source: str, report: IngestReport) -> None:
+        plan = plan_batch(batch, self.limits)
+        report.read += len(batch)
+        interaction_rows: dict[str, dict[str, Any]] = {}
+        for interaction in plan.interactions:
+            if interaction.request_id in interaction_rows:
+                report.duplicates += 1
+                continue
+            interaction_rows[interaction.request_id] = interaction_row(interaction)
+        with self.engine.begin() as connection:
+            lines = {rid: row["business_line"] for rid, row in interaction_rows.items()}
+            wanted = {f.request_id for f, _ in plan.feedback} - lines.keys()
+            lines.update(self._business_lines_of(connection, wanted))
+            feedback_rows: dict[str, dict[str, Any]] = {}
+            for event_in, rejection in plan.feedback:
+                line = lines.get(event_in.request_id)
+                if line is None:
+                    rejection.reason = f"interaction {event_in.request_id!r} does not exist"
+                    plan.rejected.append(rejection)
+                    continue
+                row = feedback_row(event_in, line)
+                if row["idempotency_key"] in feedback_rows:
+                    report.duplicates += 1
+                    continue
+                feedback_rows[row["idempotency_key"]] = row
+            added_interactions = self._insert_new(
+                connection, interactions_table, "request_id", list(interaction_rows.values())
+            )
+            added_feedback = self._insert_new(
+                connection, feedback_table, "idempotency_key", list(feedback_rows.values())
+            )
+            if plan.rejected:
+                self._insert_new(
+                    connection,
+                    quarantine_table,
+                    "fingerprint",
+                    [quarantine_row(r, source) for r in plan.rejected],
+                )
+        report.interactions_added += added_interactions
+        report.feedback_added += added_feedback
+        report.duplicates += (len(interaction_rows) - added_interactions) + (
+            len(feedback_rows) - added_feedback
+        )
+        report.quarantined += len(plan.rejected)
+        for rejection in plan.rejected:
+            if len(report.rejections) < IngestReport.MAX_MESSAGES:
+                report.rejections.append(rejection.describe(source))
+
+    def _business_lines_of(self, connection: Connection, request_ids: set[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        ids = sorted(request_ids)
+        for start in range(0, len(ids), 1_000):
+            chunk = ids[start : start + 1_000]
+            query = select(
+                interactions_table.c.request_id, interactions_table.c.business_line
+            ).where(interactions_table.c.request_id.in_(chunk))
+            found.update(dict(connection.execute(query).tuples().all()))
+        return found
+
+    def _insert_new(
+        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
+    ) -> int:
+        """Insert rows whose ``key`` is new; returns how many were inserted."""
+        if not rows:
+            return 0
+        if self.dialect == "postgresql" and len(rows) >= COPY_THRESHOLD:
+            return _copy_insert_new(connection, table, key, rows)
+        statement = (
+            self._insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c.id)
+        )
+        return len(connection.execute(statement, rows).all())
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of interactions and signals, overall and per business line."""
+        lines: dict[str, dict[str, Any]] = {}
+
+        def line_entry(name: str) -> dict[str, Any]:
+            return lines.setdefault(
+                name, {"interactions": 0, "events": dict.fromkeys(SIGNAL_TYPES, 0)}
+            )
+
+        totals: dict[str, int] = dict.fromkeys(SIGNAL_TYPES, 0)
+        interactions = 0
+        with self.engine.connect() as connection:
+            per_line = select(interactions_table.c.business_line, func.count()).group_by(
+                interactions_table.c.business_line
+            )
+            for name, count in connection.execute(per_line):
+                line_entry(name)["interactions"] = count
+                interactions += count
+            per_type = select(
+                feedback_table.c.business_line, feedback_table.c.type, func.count()
+            ).group_by(feedback_table.c.business_line, feedback_table.c.type)
+            for name, kind, count in connection.execute(per_type):
+                entry = line_entry(name)["events"]
+                entry[kind] = entry.get(kind, 0) + count
+                totals[kind] = totals.get(kind, 0) + count
+            quarantined = connection.execute(select(func.count()).select_from(quarantine_table))
+            quarantine_count = quarantined.scalar_one()
+        return {
+            "interactions": interactions,
+            "events": totals,
+            "business_lines": dict(sorted(lines.items())),
+            "quarantined": quarantine_count,
+        }
+
+    def quarantined(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+        """Quarantined records, newest first, raw payload included as bytes."""
+        query = (
+            select(quarantine_table)
+            .order_by(quarantine_table.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        with self.engine.connect() as connection:
+            return [dict(row._mapping) for row in connection.execute(query)]

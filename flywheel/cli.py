@@ -1,0 +1,336 @@
+"""The ``flywheel`` command line: thin wrappers over the packages, errors turned into exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
+from flywheel.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from feedback.store import FeedbackStore, IngestReport
+
+app = typer.Typer(
+    name="flywheel",
+    help="Turn user feedback on an LLM service into better LoRA adapters, safely.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="The feedback store's schema.", no_args_is_help=True)
+import_app = typer.Typer(help="Import feedback from files.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(import_app, name="import")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+def _open_store(settings: Settings) -> FeedbackStore:
+    from sqlalchemy.exc import OperationalError
+
+    from feedback.store import FeedbackStore
+
+    try:
+        return FeedbackStore.open(settings)
+    except OperationalError as exc:
+        raise StoreUnavailableError(_store_error(settings, exc)) from None
+
+
+def _store_error(settings: Settings, exc: Exception) -> str:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    return f"cannot reach the feedback store at {url}: {reason}"
+
+
+def _print_report(report: IngestReport) -> None:
+    out.print(
+        f"[bold]{report.source}[/]: read {report.read}, added {report.interactions_added} "
+        f"interactions and {report.feedback_added} feedback events, "
+        f"{report.duplicates} duplicates skipped, {report.quarantined} quarantined"
+    )
+    for message in report.rejections:
+        err.print(f"[yellow]quarantined[/] {message}", markup=True, highlight=False)
+    if report.quarantined > len(report.rejections):
+        err.print(
+            f"... and {report.quarantined - len(report.rejections)} more (flywheel quarantine)"
+        )
+
+
+def _finish(report: IngestReport) -> None:
+    _print_report(report)
+    if report.quarantined:
+        raise typer.Exit(1)
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] = "head") -> None:
+    """Apply the store's migrations (every other command also does this on first use)."""
+    from feedback.store import create_store_engine, current_revision, upgrade_schema
+
+    settings = _settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    engine = create_store_engine(settings.resolved_database_url)
+    try:
+        upgrade_schema(engine, revision)
+        out.print(f"store at revision {current_revision(engine)}")
+    finally:
+        engine.dispose()
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the store's migration revision."""
+    from feedback.store import create_store_engine, current_revision, head_revision
+
+    settings = _settings()
+    engine = create_store_engine(settings.resolved_database_url)
+    try:
+        out.print(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
+    finally:
+        engine.dispose()
+
+
+@import_app.command("jsonl")
+def import_jsonl(
+    path: Annotated[Path, typer.Argument(help="JSONL file in flywheel's event format.")],
+) -> None:
+    """Import flywheel JSONL events; bad lines are quarantined with their reason."""
+    from feedback.jsonl import iter_jsonl
+    from flywheel.progress import progress_bar
+
+    _require_file(path)
+    store = _open_store(_settings())
+    with progress_bar(f"importing {path.name}") as advance:
+        report = store.ingest(iter_jsonl(path), source=str(path), on_progress=advance)
+    _finish(report)
+
+
+@import_app.command("oasst")
+def import_oasst(
+    path: Annotated[Path, typer.Argument(help="OpenAssistant trees, one JSON tree a line.")],
+    rules: Annotated[
+        Path | None, typer.Option(help="YAML rules mapping a tree to a business line.")
+    ] = None,
+) -> None:
+    """Import OpenAssistant conversation trees as interactions, thumbs, regenerations, ranks."""
+    from pydantic import ValidationError
+
+    from feedback.importers.business_rules import load_business_rules
+    from feedback.importers.oasst import oasst_items
+    from feedback.jsonl import iter_jsonl
+    from flywheel.progress import progress_bar
+
+    _require_file(path)
+    if rules is not None:
+        _require_file(rules)
+    try:
+        business_rules = load_business_rules(rules)
+    except ValidationError as exc:
+        raise UsageError(f"invalid rules file {rules}: {exc}") from None
+    store = _open_store(_settings())
+    with progress_bar(f"importing {path.name}") as advance:
+        report = store.ingest(
+            oasst_items(iter_jsonl(path), business_rules), source=str(path), on_progress=advance
+        )
+    _finish(report)
+
+
+def _parse_start(start: str | None) -> datetime:
+    if start is None:
+        today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        return today - timedelta(days=1)
+    try:
+        value = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--start {start!r} is not an ISO-8601 time") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@app.command()
+def simulate(
+    requests: Annotated[int, typer.Option(min=1, help="Number of interactions.")] = 1_000,
+    seed: Annotated[int, typer.Option(help="Same seed, same traffic.")] = 0,
+    start: Annotated[
+        str | None,
+        typer.Option(help="ISO time of the first request (default: yesterday 00:00 UTC)."),
+    ] = None,
+    hours: Annotated[float, typer.Option(min=0.001, help="Time span of the traffic.")] = 24.0,
+    lines: Annotated[
+        str | None, typer.Option(help="Comma-separated business lines (default: settings).")
+    ] = None,
+    chinese_share: Annotated[float, typer.Option(min=0, max=1)] = 0.35,
+    pii_share: Annotated[float, typer.Option(min=0, max=1)] = 0.2,
+    flood_share: Annotated[float, typer.Option(min=0, max=1)] = 0.1,
+    rate: Annotated[
+        list[str] | None,
+        typer.Option(help="Signal rate, e.g. --rate thumbs_down=0.2 (repeatable)."),
+    ] = None,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Write JSONL here instead of the store.")
+    ] = None,
+) -> None:
+    """Generate realistic traffic with feedback and store it (or write it as JSONL)."""
+    from pydantic import ValidationError
+
+    from feedback.jsonl import dumps_line
+    from feedback.simulate import SignalRates, SimulationSettings, TrafficSimulator
+    from flywheel.progress import progress_bar
+
+    settings = _settings()
+    try:
+        rates = SignalRates(**_parse_rates(rate or []))
+        simulation = SimulationSettings(
+            requests=requests,
+            seed=seed,
+            start=_parse_start(start),
+            span=timedelta(hours=hours),
+            business_lines=tuple(lines.split(",")) if lines else settings.business_lines,
+            chinese_share=chinese_share,
+            pii_share=pii_share,
+            flood_share=flood_share,
+            rates=rates,
+        )
+        events = TrafficSimulator(simulation).events()
+        if out_path is not None:
+            count = 0
+            with out_path.open("wb") as sink, progress_bar("simulating") as advance:
+                for event in events:
+                    sink.write(dumps_line(event))
+                    count += 1
+                    advance(1)
+            out.print(f"wrote {count} events to {out_path}")
+            return
+        store = _open_store(settings)
+        with progress_bar("simulating") as advance:
+            report = store.ingest(events, source=f"simulate:seed={seed}", on_progress=advance)
+    except (ValidationError, ValueError) as exc:
+        raise UsageError(f"invalid simulation settings: {exc}") from None
+    _finish(report)
+
+
+def _parse_rates(pairs: list[str]) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--rate {pair!r}: expected SIGNAL=RATE, e.g. thumbs_down=0.2")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--rate {pair!r}: {value!r} is not a number") from None
+    return rates
+
+
+@app.command()
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Counts of interactions and feedback signals, overall and per business line."""
+    counts = _open_store(_settings()).stats()
+    if as_json:
+        sys.stdout.write(orjson.dumps(counts, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    _print_buckets(counts)
+
+
+@app.command()
+def buckets() -> None:
+    """The per-business-line counts of ``flywheel stats`` as a table."""
+    _print_buckets(_open_store(_settings()).stats())
+
+
+def _print_buckets(counts: dict[str, Any]) -> None:
+    signals = list(counts["events"])
+    table = Table(title="feedback by business line")
+    table.add_column("business line")
+    table.add_column("interactions", justify="right")
+    for signal in signals:
+        table.add_column(signal, justify="right")
+    for name, entry in counts["business_lines"].items():
+        row = [name, str(entry["interactions"])]
+        row += [str(entry["events"].get(s, 0)) for s in signals]
+        table.add_row(*row)
+    total = ["[bold]all[/]", str(counts["interactions"])]
+    total += [str(counts["events"][s]) for s in signals]
+    table.add_row(*total)
+    out.print(table)
+    if counts.get("quarantined"):
+        out.print(f"{counts['quarantined']} records in quarantine (flywheel quarantine)")
+
+
+@app.command()
+def quarantine(
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List quarantined records, newest first, with the reason each was refused."""
+    rows = _open_store(_settings()).quarantined(limit=limit, offset=offset)
+    if as_json:
+        for row in rows:
+            row["raw"] = row["raw"].decode("utf-8", "backslashreplace")
+            row["created_at"] = row["created_at"].isoformat()
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return
+    table = Table(title=f"quarantine ({len(rows)} shown)")
+    for column in ("id", "source", "line", "record", "field", "reason", "raw"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        raw = row["raw"].decode("utf-8", "backslashreplace")
+        table.add_row(
+            str(row["id"]),
+            row["source"],
+            str(row["line_number"] or ""),
+            row["record_key"] or "",
+            row["field"] or "",
+            row["reason"],
+            raw[:120] + ("..." if len(raw) > 120 else ""),
+        )
+    out.print(table)
+
+
+def main() -> None:
+    """Entry point: run the app; errors become a message on stderr and an exit code."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        app()
+    except FlywheelError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        sys.exit(exc.exit_code)
+    except OperationalError as exc:
+        err.print(f"[red]error:[/] the feedback store failed: {str(exc.orig).strip()}")
+        sys.exit(StoreUnavailableError.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("FLYWHEEL_DEBUG"):
+            raise
+        err.print(
+            f"[red]internal error:[/] {type(exc).__name__}: {exc} "
+            "(set FLYWHEEL_DEBUG=1 for the traceback)",
+            highlight=False,
+        )
+        sys.exit(70)

@@ -1,0 +1,58 @@
+"""Typed settings for every flywheel component, loaded explicitly from the environment.
+
+Nothing here runs at import time: call :func:`load_settings` at the edge (the
+CLI, a flow, a server factory) and pass the result down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BUSINESS_LINES = ("customer_service", "medical", "legal")
+
+
+class StoreSettings(BaseSettings):
+    """Limits on what the feedback store accepts."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_STORE_", frozen=True, extra="ignore")
+
+    batch_size: int = Field(default=2_000, ge=1, le=100_000)
+    max_text_chars: int = Field(default=200_000, ge=1_000, le=10_000_000)
+    max_messages: int = Field(default=512, ge=1, le=100_000)
+
+
+class Settings(BaseSettings):
+    """Root settings (env prefix ``FLYWHEEL_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", frozen=True, extra="ignore")
+
+    home: Path = Field(
+        default=Path.home() / ".flywheel",
+        description="Local data folder: SQLite store, MLflow store, models, datasets, spool.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the feedback store; SQLite inside FLYWHEEL_HOME when unset.",
+    )
+    business_lines: tuple[str, ...] = Field(default=DEFAULT_BUSINESS_LINES, min_length=1)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+
+    @field_validator("home")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The store URL: the configured one, or SQLite under ``home``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'flywheel.db'}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment (``FLYWHEEL_*``), with explicit overrides on top."""
+    return Settings(**overrides)  # type: ignore[arg-type]
