@@ -1,0 +1,65 @@
+"""Shared fixtures: settings on a temporary home, and a fresh PostgreSQL database per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flywheel.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+POSTGRES_ADMIN_URL = os.environ.get(
+    "FLYWHEEL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def shared_file(relative: str) -> Path:
+    """A file of ../shared/data, or a clean skip when this checkout has none."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        pytest.skip(f"{path} is absent (public test data lives beside the repo, not in it)")
+    return path
+
+
+def services_required() -> bool:
+    """CI sets FLYWHEEL_REQUIRE_SERVICES=1 so a missing service fails instead of skipping."""
+    return os.environ.get("FLYWHEEL_REQUIRE_SERVICES") == "1"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings on an empty home folder with the embedded SQLite store."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    return load_settings()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A brand-new PostgreSQL database on the real server, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"flywheel_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        if services_required():
+            raise
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL}: {exc.orig}")
+    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

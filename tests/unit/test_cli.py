@@ -1,0 +1,92 @@
+"""The flywheel command on the embedded store: fresh homes, imports, stats, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flywheel.cli import app
+from flywheel.settings import Settings
+
+runner = CliRunner()
+
+
+def test_stats_on_a_fresh_home_needs_no_upgrade(settings: Settings) -> None:
+    result = runner.invoke(app, ["stats", "--json"])
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.stdout)
+    assert counts["interactions"] == 0
+    assert set(counts["events"]) >= {
+        "thumbs_up",
+        "thumbs_down",
+        "regenerate",
+        "edit",
+        "abandon",
+        "task_outcome",
+    }
+    assert (settings.home / "flywheel.db").exists()
+
+
+def test_simulate_to_file_then_import_matches_direct(settings: Settings, tmp_path: Path) -> None:
+    out = tmp_path / "traffic.jsonl"
+    written = runner.invoke(
+        app, ["simulate", "--requests", "400", "--seed", "3", "--out", str(out)]
+    )
+    assert written.exit_code == 0, written.output
+    imported = runner.invoke(app, ["import", "jsonl", str(out)])
+    assert imported.exit_code == 0, imported.output
+    via_file = json.loads(runner.invoke(app, ["stats", "--json"]).stdout)
+    direct = runner.invoke(app, ["simulate", "--requests", "400", "--seed", "3"])
+    assert direct.exit_code == 0
+    assert "added 0 interactions and 0 feedback events" in direct.stdout
+    assert json.loads(runner.invoke(app, ["stats", "--json"]).stdout) == via_file
+    assert via_file["interactions"] >= 400
+
+
+def test_import_with_bad_lines_exits_1_and_quarantines(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(
+        b'{"type": "interaction", "request_id": "r1", "business_line": "legal",'
+        b' "base_model": "m", "messages": [{"role": "user", "content": "hi"}],'
+        b' "response": "hello", "created_at": "2026-11-01T00:00:00Z"}\n'
+        b'{"type": "thumbs_up", "request_id": "r1", "created_at": "2026-11-01T00:01:00Z"}\n'
+        b'{"type": "smile", "request_id": "r1"}\n'
+    )
+    result = runner.invoke(app, ["import", "jsonl", str(path)])
+    assert result.exit_code == 1
+    assert "mixed.jsonl:3" in result.stderr
+    assert "unknown event type 'smile'" in result.stderr
+    listed = runner.invoke(app, ["quarantine", "--json"])
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [row["line_number"] for row in rows] == [3]
+    assert rows[0]["raw"].startswith('{"type": "smile"')
+    table = runner.invoke(app, ["buckets"])
+    assert "legal" in table.stdout
+
+
+def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FLYWHEEL_HOME": str(home)}
+    env.pop("FLYWHEEL_DATABASE_URL", None)
+    flywheel = Path(sys.executable).with_name("flywheel")
+    return subprocess.run(
+        [str(flywheel), *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def test_user_errors_are_messages_with_exit_codes(tmp_path: Path) -> None:
+    missing = cli("import", "jsonl", str(tmp_path / "nope.jsonl"), home=tmp_path)
+    assert missing.returncode == 2
+    assert "no such file" in missing.stderr
+    bad_rate = cli("simulate", "--requests", "5", "--rate", "thumbs_up", home=tmp_path)
+    assert bad_rate.returncode == 2
+    assert "expected SIGNAL=RATE" in bad_rate.stderr
+    out_of_range = cli("simulate", "--requests", "5", "--rate", "thumbs_up=3", home=tmp_path)
+    assert out_of_range.returncode == 2
+    assert "less than or equal to 1" in out_of_range.stderr
+    for result in (missing, bad_rate, out_of_range):
+        assert "Traceback" not in result.stderr
