@@ -1,1 +1,1 @@
-"""feedback"""
+"""Event model, feedback store, importers, simulation, PII scrubbing, dedup and datasets."""

@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from typing_extensions import TypedDict
 
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
 BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
@@ -85,36 +86,18 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-def _check_text(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"is not valid UTF-8 text (lone surrogate at {exc.start})") from exc
-    return value
+class ChatMessage(TypedDict):
+    """One message of the prompt, in the OpenAI chat format (kept as a plain dict)."""
 
-
-class ChatMessage(BaseModel):
-    """One message of the prompt, in the OpenAI chat format."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
 
-    @field_validator("content")
-    @classmethod
-    def _content_is_text(cls, value: str) -> str:
-        return _check_text(value)
-
 
 def prompt_hash(messages: list[ChatMessage] | list[dict[str, Any]]) -> str:
     """A stable hash of a prompt (roles and contents), for logging and regenerate detection."""
-    canonical = [
-        (m.role, m.content) if isinstance(m, ChatMessage) else (m["role"], m["content"])
-        for m in messages
-    ]
+    canonical = [(m["role"], m["content"]) for m in messages]
     return hashlib.sha256(orjson.dumps(canonical)).hexdigest()
 
 
@@ -150,11 +133,6 @@ class InteractionEvent(_EventBase):
     status: InteractionStatus = InteractionStatus.OK
     source: str | None = Field(default=None, max_length=32)
 
-    @field_validator("response")
-    @classmethod
-    def _response_is_text(cls, value: str) -> str:
-        return _check_text(value)
-
     @model_validator(mode="after")
     def _fill_prompt_hash(self) -> InteractionEvent:
         expected = prompt_hash(self.messages)
@@ -176,11 +154,6 @@ class FeedbackEventIn(_EventBase):
     outcome: TaskOutcome | None = None
     rank: int | None = Field(default=None, ge=0, le=1_000)
     replaced_by: str | None = Field(default=None, pattern=IDENTIFIER)
-
-    @field_validator("edited_text")
-    @classmethod
-    def _edited_is_text(cls, value: str | None) -> str | None:
-        return None if value is None else _check_text(value)
 
     @model_validator(mode="after")
     def _payload_matches_type(self) -> FeedbackEventIn:
@@ -233,10 +206,22 @@ def record_key_of(data: Any) -> str | None:
     return " ".join(parts) or None
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
-    error = exc.errors(include_url=False)[0]
-    field = ".".join(str(p) for p in error["loc"]) or "(record)"
-    return field, str(error["msg"]).removeprefix("Value error, ")
+def _describe_errors(exc: ValidationError) -> tuple[str, str]:
+    """The first failing field, and a reason that also names up to three more."""
+    errors = exc.errors(include_url=False)
+
+    def loc(error: Any) -> str:
+        return ".".join(str(p) for p in error["loc"]) or "(record)"
+
+    def msg(error: Any) -> str:
+        return str(error["msg"]).removeprefix("Value error, ")
+
+    reason = msg(errors[0])
+    others = [f"{loc(e)} ({msg(e)})" for e in errors[1:4]]
+    if others:
+        more = f" and {len(errors) - 4} more" if len(errors) > 4 else ""
+        reason += f"; also {', '.join(others)}{more}"
+    return loc(errors[0]), reason
 
 
 def validate_event(data: Any, *, max_text_chars: int = 200_000, max_messages: int = 512) -> Event:
@@ -255,26 +240,23 @@ def validate_event(data: Any, *, max_text_chars: int = 200_000, max_messages: in
             field="type",
             record_key=key,
         )
-    _check_sizes(data, key, max_text_chars=max_text_chars, max_messages=max_messages)
+    _check_texts(data, key, max_text_chars=max_text_chars, max_messages=max_messages)
     adapter = _interaction_adapter if kind == INTERACTION_TYPE else _feedback_adapter
     try:
         return adapter.validate_python(data)  # type: ignore[no-any-return]
     except ValidationError as exc:
-        field, reason = _first_error(exc)
+        field, reason = _describe_errors(exc)
         raise InvalidEventError(reason, field=field, record_key=key) from None
 
 
-def _check_sizes(
+def _check_texts(
     data: dict[str, Any], key: str | None, *, max_text_chars: int, max_messages: int
 ) -> None:
+    """Size limits and NUL characters, checked on the raw record before parsing."""
     for name in ("response", "edited_text"):
         value = data.get(name)
-        if isinstance(value, str) and len(value) > max_text_chars:
-            raise InvalidEventError(
-                f"text is {len(value)} characters, over the {max_text_chars} limit",
-                field=name,
-                record_key=key,
-            )
+        if isinstance(value, str):
+            _check_text(value, name, key, max_text_chars)
     messages = data.get("messages")
     if isinstance(messages, list):
         if len(messages) > max_messages:
@@ -288,9 +270,18 @@ def _check_sizes(
             content = message.get("content") if isinstance(message, dict) else None
             if isinstance(content, str):
                 total += len(content)
-                if total > max_text_chars:
-                    raise InvalidEventError(
-                        f"prompt is over the {max_text_chars} character limit",
-                        field=f"messages.{index}.content",
-                        record_key=key,
-                    )
+                _check_text(
+                    content, f"messages.{index}.content", key, max_text_chars - total + len(content)
+                )
+
+
+def _check_text(value: str, field: str, key: str | None, limit: int) -> None:
+    if len(value) > limit:
+        what = (
+            "the prompt is" if field.startswith("messages") else f"text is {len(value)} characters,"
+        )
+        raise InvalidEventError(
+            f"{what} over the {limit} character limit", field=field, record_key=key
+        )
+    if "\x00" in value:
+        raise InvalidEventError("contains a NUL character", field=field, record_key=key)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -169,7 +171,7 @@ class BatchPlan:
     """One batch, validated: what to insert and what to quarantine."""
 
     interactions: list[InteractionEvent] = field(default_factory=list)
-    feedback: list[tuple[FeedbackEventIn, Rejection]] = field(default_factory=list)
+    feedback: list[tuple[FeedbackEventIn, IngestItem]] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
 
 
@@ -185,7 +187,7 @@ def _raw_of(item: IngestItem) -> bytes:
 def plan_batch(items: Iterable[IngestItem], limits: StoreSettings) -> BatchPlan:
     """Validate a batch (pure, no I/O).
 
-    Feedback keeps its raw form in case its interaction turns out to be missing.
+    Feedback keeps its input item in case its interaction turns out to be missing.
     """
     plan = BatchPlan()
     for item in items:
@@ -206,10 +208,20 @@ def plan_batch(items: Iterable[IngestItem], limits: StoreSettings) -> BatchPlan:
         if isinstance(parsed, InteractionEvent):
             plan.interactions.append(parsed)
         else:
-            plan.feedback.append(
-                (parsed, Rejection("", _raw_of(item), line, record_key_of(data), "request_id"))
-            )
+            plan.feedback.append((parsed, item))
     return plan
+
+
+def _missing_interaction(event: FeedbackEventIn, item: IngestItem) -> Rejection:
+    data = item.data if isinstance(item, JsonlRecord) else item
+    line = item.line_number if isinstance(item, JsonlRecord) else None
+    return Rejection(
+        f"interaction {event.request_id!r} does not exist",
+        _raw_of(item),
+        line,
+        record_key_of(data),
+        "request_id",
+    )
 
 
 def interaction_row(event: InteractionEvent) -> dict[str, Any]:
@@ -223,7 +235,7 @@ def interaction_row(event: InteractionEvent) -> dict[str, Any]:
         "adapter_version": event.adapter_version,
         "base_model": event.base_model,
         "arm": event.arm.value if event.arm else None,
-        "messages": [{"role": m.role, "content": m.content} for m in event.messages],
+        "messages": event.messages,
         "response": event.response,
         "prompt_hash": event.prompt_hash,
         "latency_ms": event.latency_ms,
@@ -268,38 +280,63 @@ def quarantine_row(rejection: Rejection, source: str) -> dict[str, Any]:
 def _copy_insert_new(
     connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
 ) -> int:
-    """PostgreSQL fast path: COPY into a temporary table, then INSERT .. ON CONFLICT DO NOTHING.
+    """PostgreSQL fast path: drop rows whose key exists, COPY the rest straight in.
 
     Parsing a multi-row INSERT with tens of thousands of parameters costs more
-    than the insert itself; COPY streams the rows instead.
+    than the insert itself; COPY streams the rows. If a concurrent writer adds
+    one of the same keys in between, the COPY fails as a unit inside a
+    savepoint and the batch goes through a staging table with ON CONFLICT.
     """
     columns = [table.c[name] for name in rows[0]]
     names = sql.SQL(", ").join(sql.Identifier(column.name) for column in columns)
     target = sql.Identifier(table.name)
-    stage = sql.Identifier(f"flywheel_stage_{table.name}")
+    key_column = sql.Identifier(table.c[key].name)
     json_columns = {i for i, column in enumerate(columns) if column.type._type_affinity is JSON}
     driver = connection.connection.driver_connection
     assert driver is not None
+
+    def copy_into(cursor: Any, destination: sql.Composable, batch: list[dict[str, Any]]) -> None:
+        statement = sql.SQL("COPY {into} ({names}) FROM STDIN").format(
+            into=destination, names=names
+        )
+        with cursor.copy(statement) as copy:
+            for row in batch:
+                values = list(row.values())
+                for i in json_columns:
+                    if values[i] is not None:
+                        values[i] = _json_dumps(values[i])
+                copy.write_row(values)
+
     with driver.cursor() as cursor:
+        cursor.execute(
+            sql.SQL("SELECT {key} FROM {target} WHERE {key} = ANY(%s)").format(
+                key=key_column, target=target
+            ),
+            ([row[key] for row in rows],),
+        )
+        existing = {found for (found,) in cursor.fetchall()}
+        fresh = [row for row in rows if row[key] not in existing]
+        if not fresh:
+            return 0
+        try:
+            with driver.transaction():
+                copy_into(cursor, target, fresh)
+            return len(fresh)
+        except psycopg.errors.UniqueViolation:
+            pass
+        stage = sql.Identifier(f"flywheel_stage_{table.name}")
         cursor.execute(
             sql.SQL(
                 "CREATE TEMP TABLE IF NOT EXISTS {stage} ON COMMIT DELETE ROWS AS "
                 "SELECT {names} FROM {target} WITH NO DATA"
             ).format(stage=stage, names=names, target=target)
         )
-        copy_rows = sql.SQL("COPY {stage} ({names}) FROM STDIN")
-        with cursor.copy(copy_rows.format(stage=stage, names=names)) as copy:
-            for row in rows:
-                values = list(row.values())
-                for i in json_columns:
-                    if values[i] is not None:
-                        values[i] = _json_dumps(values[i])
-                copy.write_row(values)
+        copy_into(cursor, stage, fresh)
         cursor.execute(
             sql.SQL(
                 "INSERT INTO {target} ({names}) SELECT {names} FROM {stage} "
                 "ON CONFLICT ({key}) DO NOTHING"
-            ).format(target=target, names=names, stage=stage, key=sql.Identifier(key))
+            ).format(target=target, names=names, stage=stage, key=key_column)
         )
         inserted = cursor.rowcount
         cursor.execute(sql.SQL("TRUNCATE {stage}").format(stage=stage))
@@ -360,16 +397,25 @@ class FeedbackStore:
         payload; the report counts both and keeps the first reasons in words.
         """
         report = IngestReport(source=source)
-        for batch in _batched(items, self.limits.batch_size):
-            self._ingest_batch(batch, source, report)
-            report.batches += 1
-            if on_progress is not None:
-                on_progress(len(batch))
+        # Validation (CPU, this thread) overlaps the previous batch's write (database,
+        # writer thread). One write in flight keeps batches in order, so feedback can
+        # name an interaction from the batch before.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-ingest") as writer:
+            in_flight: Future[None] | None = None
+            for batch in _batched(items, self.limits.batch_size):
+                plan = plan_batch(batch, self.limits)
+                report.read += len(batch)
+                if in_flight is not None:
+                    in_flight.result()
+                in_flight = writer.submit(self._write_batch, plan, source, report)
+                report.batches += 1
+                if on_progress is not None:
+                    on_progress(len(batch))
+            if in_flight is not None:
+                in_flight.result()
         return report
 
-    def _ingest_batch(self, batch: list[IngestItem], source: str, report: IngestReport) -> None:
-        plan = plan_batch(batch, self.limits)
-        report.read += len(batch)
+    def _write_batch(self, plan: BatchPlan, source: str, report: IngestReport) -> None:
         interaction_rows: dict[str, dict[str, Any]] = {}
         for interaction in plan.interactions:
             if interaction.request_id in interaction_rows:
@@ -381,11 +427,10 @@ class FeedbackStore:
             wanted = {f.request_id for f, _ in plan.feedback} - lines.keys()
             lines.update(self._business_lines_of(connection, wanted))
             feedback_rows: dict[str, dict[str, Any]] = {}
-            for event_in, rejection in plan.feedback:
+            for event_in, item in plan.feedback:
                 line = lines.get(event_in.request_id)
                 if line is None:
-                    rejection.reason = f"interaction {event_in.request_id!r} does not exist"
-                    plan.rejected.append(rejection)
+                    plan.rejected.append(_missing_interaction(event_in, item))
                     continue
                 row = feedback_row(event_in, line)
                 if row["idempotency_key"] in feedback_rows:
@@ -423,7 +468,7 @@ class FeedbackStore:
             query = select(
                 interactions_table.c.request_id, interactions_table.c.business_line
             ).where(interactions_table.c.request_id.in_(chunk))
-            found.update(dict(connection.execute(query).tuples().all()))
+            found.update({row[0]: row[1] for row in connection.execute(query)})
         return found
 
     def _insert_new(

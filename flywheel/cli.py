@@ -31,8 +31,8 @@ import_app = typer.Typer(help="Import feedback from files.", no_args_is_help=Tru
 app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _settings() -> Settings:
@@ -51,11 +51,8 @@ def _open_store(settings: Settings) -> FeedbackStore:
 
 
 def _store_error(settings: Settings, exc: Exception) -> str:
-    from sqlalchemy.engine import make_url
-
-    url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
     reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    return f"cannot reach the feedback store at {url}: {reason}"
+    return f"cannot reach the feedback store at {_safe_url(settings)}: {reason}"
 
 
 def _print_report(report: IngestReport) -> None:
@@ -260,13 +257,21 @@ def buckets() -> None:
     _print_buckets(_open_store(_settings()).stats())
 
 
+SHORT_NAMES = {
+    "thumbs_up": "up",
+    "thumbs_down": "down",
+    "regenerate": "regen",
+    "task_outcome": "outcome",
+}
+
+
 def _print_buckets(counts: dict[str, Any]) -> None:
     signals = list(counts["events"])
     table = Table(title="feedback by business line")
-    table.add_column("business line")
-    table.add_column("interactions", justify="right")
+    table.add_column("line", no_wrap=True)
+    table.add_column("requests", justify="right")
     for signal in signals:
-        table.add_column(signal, justify="right")
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right")
     for name, entry in counts["business_lines"].items():
         row = [name, str(entry["interactions"])]
         row += [str(entry["events"].get(s, 0)) for s in signals]
@@ -308,6 +313,59 @@ def quarantine(
             raw[:120] + ("..." if len(raw) > 120 else ""),
         )
     out.print(table)
+
+
+@app.command()
+def demo(
+    requests: Annotated[int, typer.Option(min=1, help="Simulated interactions.")] = 2_000,
+    seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,
+    oasst: Annotated[
+        Path | None, typer.Option(help="Also import these OpenAssistant trees (JSONL).")
+    ] = None,
+) -> None:
+    """The main job on embedded defaults: capture traffic and feedback, then report the buckets.
+
+    Later stages (cleaning, training, gating, canary) join this command as they land.
+    """
+    from feedback.simulate import SimulationSettings, TrafficSimulator
+    from flywheel.progress import progress_bar
+
+    settings = _settings()
+    store = _open_store(settings)
+    out.print(f"[bold]1/3[/] feedback store: {_safe_url(settings)}")
+    if oasst is not None:
+        from feedback.importers.business_rules import load_business_rules
+        from feedback.importers.oasst import oasst_items
+        from feedback.jsonl import iter_jsonl
+
+        _require_file(oasst)
+        with progress_bar(f"importing {oasst.name}") as advance:
+            report = store.ingest(
+                oasst_items(iter_jsonl(oasst), load_business_rules()),
+                source=str(oasst),
+                on_progress=advance,
+            )
+        _print_report(report)
+    simulation = SimulationSettings(
+        requests=requests,
+        seed=seed,
+        start=_parse_start(None),
+        business_lines=settings.business_lines,
+    )
+    out.print(f"[bold]2/3[/] simulating {requests} requests with feedback (seed {seed})")
+    with progress_bar("simulating", total=requests) as advance:
+        report = store.ingest(TrafficSimulator(simulation).events(), source=f"simulate:seed={seed}")
+        advance(requests)
+    _print_report(report)
+    out.print("[bold]3/3[/] feedback buckets")
+    _print_buckets(store.stats())
+    out.print(f"store: {_safe_url(settings)}  (flywheel stats --json for machine-readable counts)")
+
+
+def _safe_url(settings: Settings) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
 
 
 def main() -> None:

@@ -1,1 +1,1 @@
-"""registry"""
+"""MLflow registry (versions, aliases, lineage), the vLLM adapter admin client, rollout state."""

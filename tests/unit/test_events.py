@@ -73,7 +73,7 @@ def test_oversized_text_is_refused_before_parsing() -> None:
     with pytest.raises(InvalidEventError) as caught:
         validate_event(interaction(response="x" * 2_001), max_text_chars=2_000)
     assert caught.value.field == "response"
-    assert "over the 2000 limit" in caught.value.reason
+    assert "over the 2000 character limit" in caught.value.reason
 
 
 def test_oversized_prompt_names_the_message() -> None:
