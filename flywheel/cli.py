@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.settings import Settings, load_settings
 
@@ -30,6 +31,7 @@ db_app = typer.Typer(help="The feedback store's schema.", no_args_is_help=True)
 import_app = typer.Typer(help="Import feedback from files.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
+app.command("dedup")(dedup_command)
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
 from array import array
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-)
 
 from feedback.dedup import DedupBatch, DedupDecision, DedupInputError, DedupSettings
 from feedback.jsonl import JsonlRecord, MalformedLine, dumps_line, iter_jsonl
+from flywheel.progress import progress_bar
 
 
 def dedup(
@@ -97,11 +87,9 @@ def _mark_duplicates(in_path: Path, out_path: Path, field: str, settings: DedupS
     batch = DedupBatch(field=field, settings=settings)
     good_lines = array("q")
     bad_lines = 0
-    console = Console(stderr=True)
-    with _progress(console) as progress:
-        task = progress.add_task("signing", total=in_path.stat().st_size)
+    with progress_bar(f"signing {in_path.name}") as advance:
         for item in iter_jsonl(in_path):
-            progress.advance(task, len(item.raw))
+            advance(1)
             if isinstance(item, MalformedLine):
                 typer.echo(item.describe(source), err=True)
                 bad_lines += 1
@@ -113,20 +101,22 @@ def _mark_duplicates(in_path: Path, out_path: Path, field: str, settings: DedupS
                 bad_lines += 1
                 continue
             good_lines.append(item.line_number)
+    decisions = batch.decide()
 
-        decisions = batch.decide()
-        task = progress.add_task("writing", total=in_path.stat().st_size)
-        # Written beside the target and renamed at the end, so a failed run
-        # never leaves a half-written output behind.
-        partial = out_path.with_name(f".{out_path.name}.partial")
-        try:
-            with partial.open("wb") as sink:
-                records = _good_records(in_path, good_lines, progress, task)
-                for position, record in enumerate(records):
-                    sink.write(dumps_line(_with_decision(record, decisions[position], good_lines)))
-            os.replace(partial, out_path)
-        finally:
-            partial.unlink(missing_ok=True)
+    # Written beside the target and renamed at the end, so a failed run never
+    # leaves a half-written output behind.
+    partial = out_path.with_name(f".{out_path.name}.partial")
+    try:
+        with (
+            progress_bar(f"writing {out_path.name}", total=len(decisions)) as advance,
+            partial.open("wb") as sink,
+        ):
+            for position, record in enumerate(_good_records(in_path, good_lines)):
+                sink.write(dumps_line(_with_decision(record, decisions[position], good_lines)))
+                advance(1)
+        os.replace(partial, out_path)
+    finally:
+        partial.unlink(missing_ok=True)
 
     kept = sum(decision.keep for decision in decisions)
     clusters = len({decision.cluster for decision in decisions})
@@ -134,13 +124,10 @@ def _mark_duplicates(in_path: Path, out_path: Path, field: str, settings: DedupS
     return bad_lines
 
 
-def _good_records(
-    in_path: Path, good_lines: array[int], progress: Progress, task: TaskID
-) -> Iterator[JsonlRecord]:
+def _good_records(in_path: Path, good_lines: array[int]) -> Iterator[JsonlRecord]:
     expected = iter(good_lines)
     wanted = next(expected, None)
     for item in iter_jsonl(in_path):
-        progress.advance(task, len(item.raw))
         if isinstance(item, JsonlRecord) and item.line_number == wanted:
             yield item
             wanted = next(expected, None)
@@ -160,17 +147,3 @@ def _with_decision(
         "keep": decision.keep,
         "dedup_reason": reason,
     }
-
-
-@contextmanager
-def _progress(console: Console) -> Iterator[Progress]:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not sys.stderr.isatty(),
-        transient=True,
-    ) as progress:
-        yield progress

@@ -1,0 +1,88 @@
+"""Typed, frozen settings for exact and near-duplicate removal."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class DedupSettings(BaseModel):
+    """How records are compared, clustered and capped.
+
+    Near duplicates are found with MinHash LSH: ``num_perm`` min-hashes per
+    record, cut into ``bands`` bands of ``rows`` values; two records that agree
+    on a whole band become candidates, and a candidate pair is merged when its
+    estimated Jaccard similarity of shingles is at least ``threshold``.
+    Shingles are n-grams of tokens (words, or overlapping character bigrams in
+    Chinese, Japanese and Thai text) for every n in ``shingle_sizes``.
+
+    Records are only ever compared inside one *scope*: the same business line
+    and the same values of every field in ``signal_fields``, so a negative
+    (``thumbs_down``, ``rejected``, KTO ``label: false``) is never collapsed into
+    a positive twin. Records sharing a ``pair_id_field`` value are never merged
+    with each other.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    threshold: float = Field(
+        default=0.7,
+        gt=0.0,
+        le=1.0,
+        description="Estimated Jaccard similarity at which two records merge.",
+    )
+    num_perm: int = Field(default=128, ge=16, le=1024, description="Min-hashes per record.")
+    bands: int = Field(default=32, ge=1, le=512, description="LSH bands.")
+    rows: int = Field(default=4, ge=1, le=64, description="Min-hashes per LSH band.")
+    shingle_sizes: tuple[int, ...] = Field(
+        default=(1, 2),
+        min_length=1,
+        max_length=5,
+        description="Token n-gram sizes used as shingles.",
+    )
+    mask_digits: bool = Field(
+        default=True, description="Treat every token with a digit as one placeholder token."
+    )
+    near_duplicates: bool = Field(default=True, description="False: exact duplicates only.")
+    max_kept_per_cluster: int = Field(
+        default=1, ge=1, le=1_000_000, description="Earliest records kept per cluster (flood cap)."
+    )
+    seed: int = Field(default=0, ge=0, lt=2**32, description="Seed of the hash functions.")
+    business_line_field: str = Field(default="business_line", min_length=1)
+    signal_fields: tuple[str, ...] = Field(
+        default=("signal", "role", "label"),
+        description="Records merge only when all these fields are equal (missing equals missing).",
+    )
+    pair_id_field: str = Field(default="pair_id", min_length=1)
+    created_at_field: str = Field(default="created_at", min_length=1)
+
+    @field_validator("shingle_sizes")
+    @classmethod
+    def _sizes_distinct_and_small(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 or size > 5 for size in sizes):
+            raise ValueError(f"shingle sizes must be between 1 and 5, got {sizes}")
+        return tuple(sorted(set(sizes)))
+
+    @model_validator(mode="after")
+    def _bands_fit_and_reach_threshold(self) -> Self:
+        if self.bands * self.rows > self.num_perm:
+            raise ValueError(
+                f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}"
+            )
+        if self.near_duplicates and self.candidate_threshold > self.threshold:
+            raise ValueError(
+                f"{self.bands} bands of {self.rows} rows rarely find pairs below a similarity of "
+                f"{self.candidate_threshold:.2f}, above threshold {self.threshold}; "
+                "use more bands or fewer rows"
+            )
+        return self
+
+    @property
+    def candidate_threshold(self) -> float:
+        """Similarity where the LSH S-curve is steepest, ``(1 / bands) ** (1 / rows)``.
+
+        Pairs well above it almost surely become candidates; pairs well below
+        it almost never do.
+        """
+        return float((1.0 / self.bands) ** (1.0 / self.rows))

@@ -1,0 +1,1 @@
+"""Commands of the `flywheel` CLI that own enough options to live in their own module."""
