@@ -23,7 +23,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from psycopg import sql
-from sqlalchemy import JSON, Connection, Engine, Table, create_engine, event, func, select
+from sqlalchemy import JSON, Connection, Engine, Table, create_engine, delete, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
@@ -343,6 +343,14 @@ def _copy_insert_new(
     return inserted
 
 
+def _names_user(raw: bytes, user_id: str) -> bool:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return user_id.encode() in raw
+    return isinstance(data, dict) and data.get("user_id") == user_id
+
+
 def _batched(items: Iterable[IngestItem], size: int) -> Iterator[list[IngestItem]]:
     batch: list[IngestItem] = []
     for item in items:
@@ -516,6 +524,39 @@ class FeedbackStore:
             "events": totals,
             "business_lines": dict(sorted(lines.items())),
             "quarantined": quarantine_count,
+        }
+
+    def business_lines(self) -> list[str]:
+        """Every business line with at least one interaction."""
+        line = interactions_table.c.business_line
+        with self.engine.connect() as connection:
+            return list(connection.execute(select(line).distinct().order_by(line)).scalars())
+
+    def forget_user(self, user_id: str) -> dict[str, int]:
+        """Delete every interaction and feedback event of a user, in one transaction.
+
+        Interactions by the user go with all their feedback; feedback the user gave
+        on other interactions goes too, and so do quarantined records naming them.
+        """
+        i, f, q = interactions_table.c, feedback_table.c, quarantine_table.c
+        with self.engine.begin() as connection:
+            owned = select(i.request_id).where(i.user_id == user_id)
+            on_theirs = connection.execute(delete(feedback_table).where(f.request_id.in_(owned)))
+            given = connection.execute(delete(feedback_table).where(f.user_id == user_id))
+            interactions = connection.execute(
+                delete(interactions_table).where(i.user_id == user_id)
+            )
+            doomed = [
+                row.id
+                for row in connection.execute(select(q.id, q.raw))
+                if _names_user(row.raw, user_id)
+            ]
+            if doomed:
+                connection.execute(delete(quarantine_table).where(q.id.in_(doomed)))
+        return {
+            "interactions": interactions.rowcount,
+            "feedback_events": on_theirs.rowcount + given.rowcount,
+            "quarantined": len(doomed),
         }
 
     def quarantined(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

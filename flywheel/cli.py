@@ -29,6 +29,10 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="The feedback store's schema.", no_args_is_help=True)
 import_app = typer.Typer(help="Import feedback from files.", no_args_is_help=True)
+datasets_app = typer.Typer(
+    help="Training datasets built from cleaned feedback.", no_args_is_help=True
+)
+app.add_typer(datasets_app, name="datasets")
 app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
 app.command("dedup")(dedup_command)
@@ -260,6 +264,10 @@ def buckets() -> None:
 
 
 SHORT_NAMES = {
+    "regenerated": "regen",
+    "task_failure": "failed",
+    "task_success": "solved",
+    "abandon": "aband",
     "thumbs_up": "up",
     "thumbs_down": "down",
     "regenerate": "regen",
@@ -315,6 +323,102 @@ def quarantine(
             raw[:120] + ("..." if len(raw) > 120 else ""),
         )
     out.print(table)
+
+
+@datasets_app.command("build")
+def datasets_build(
+    line: Annotated[
+        list[str] | None, typer.Option("--line", help="Business line (repeatable; default: all).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only signals at or after this ISO time.")
+    ] = None,
+    eval_fraction: Annotated[float, typer.Option(min=0, max=0.9)] = 0.1,
+    max_user_share: Annotated[float, typer.Option(min=0.001, max=1.0)] = 0.1,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Scrub, filter, dedup and turn each line's feedback into SFT, DPO and KTO datasets."""
+    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+    from feedback.datasets import DatasetSettings
+    from feedback.pii import build_scrubber
+    from flywheel.progress import progress_bar
+
+    settings = _settings()
+    store = _open_store(settings)
+    lines = line or store.business_lines()
+    unknown = sorted(set(lines) - set(store.business_lines()))
+    if unknown:
+        raise UsageError(f"no interactions for business line(s): {', '.join(unknown)}")
+    cleaning = CleaningSettings(
+        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
+    )
+    scrub = scrub_with(build_scrubber())
+    results = []
+    for name in lines:
+        with progress_bar(f"cleaning {name}") as advance:
+            result = clean_line(
+                store.engine,
+                name,
+                scrub=scrub,
+                settings=cleaning,
+                dataset_root=settings.datasets_dir,
+                since=_parse_start(since) if since else None,
+                on_progress=advance,
+            )
+        results.append(result)
+    if as_json:
+        rows = [
+            {
+                "business_line": r.business_line,
+                "funnel": r.funnel.as_dict(),
+                "dataset": str(r.dataset.path) if r.dataset else None,
+                "content_hash": r.dataset.content_hash if r.dataset else None,
+            }
+            for r in results
+        ]
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for result in results:
+        _print_funnel(result.business_line, result.funnel.as_dict())
+        where = result.dataset.path if result.dataset else "no examples, nothing written"
+        out.print(f"  dataset: {where}")
+
+
+def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
+    steps = funnel["steps"]
+    signals = sorted({s for counts in steps.values() for s in counts})
+    table = Table(title=f"{line}: records by signal after each cleaning step")
+    table.add_column("step", no_wrap=True)
+    for signal in signals:
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right")
+    table.add_column("total", justify="right")
+    for step, counts in steps.items():
+        table.add_row(step, *[str(counts.get(s, 0)) for s in signals], str(sum(counts.values())))
+    out.print(table)
+    dropped = ", ".join(f"{k} {v}" for k, v in funnel["dropped"].items()) or "none"
+    found = ", ".join(f"{k} {v}" for k, v in funnel["pii"].items()) or "none"
+    examples = ", ".join(f"{k} {v}" for k, v in funnel["examples"].items())
+    out.print(f"  dropped: {dropped}\n  PII replaced: {found}\n  examples: {examples}")
+
+
+@app.command()
+def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -> None:
+    """Delete a user's events and list every dataset manifest that contained them."""
+    from feedback.datasets import manifests_with_user
+
+    settings = _settings()
+    deleted = _open_store(settings).forget_user(user_id)
+    out.print(
+        f"deleted {deleted['interactions']} interactions, {deleted['feedback_events']} feedback "
+        f"events and {deleted['quarantined']} quarantined records of the user"
+    )
+    manifests = manifests_with_user(settings.datasets_dir, user_id)
+    if manifests:
+        out.print(f"{len(manifests)} dataset(s) contained the user; rebuild them and retrain:")
+        for path in manifests:
+            out.print(f"  {path}")
+    else:
+        out.print("no dataset contained the user")
 
 
 @app.command()

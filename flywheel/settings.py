@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         return value.expanduser().resolve()
 
     @property
+    def datasets_dir(self) -> Path:
+        """Where training datasets and their manifests are written."""
+        return self.home / "datasets"
+
+    @property
     def resolved_database_url(self) -> str:
         """The store URL: the configured one, or SQLite under ``home``."""
         if self.database_url:

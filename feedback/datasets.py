@@ -1,0 +1,225 @@
+"""Training datasets on disk: per-user caps, a time split, parquet files and a manifest.
+
+A dataset folder holds ``{kind}_{split}.parquet`` files (Hugging Face
+``datasets`` parquet, trl's conversational columns plus lineage columns) and a
+``manifest.json`` with the content hash, counts, the cleaning funnel and, per
+example, its source ids, model versions, business line, time and hashed users.
+Folders are written to a temporary name and renamed when complete, so a crash
+never leaves a half-written dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from feedback.examples import ExampleKind, TrainingExample, user_digest
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "eval")
+
+
+class DatasetSettings(BaseModel):
+    """How examples become datasets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
+    max_user_share: float = Field(default=0.1, gt=0, le=1)
+    max_pairs_per_prompt: int = Field(default=4, ge=1, le=1_000)
+    min_prompt_chars: int = Field(
+        default=4,
+        ge=0,
+        le=1_000,
+        description="Prompts shorter than this once PII is removed are dropped.",
+    )
+
+
+def user_cap(counts: Sequence[int], share: float) -> int:
+    """The largest per-user count ``c`` such that every user's capped count is at most
+    ``share`` of the capped total (and at least one example per user)."""
+    if not counts:
+        return 0
+    low, high = 1, max(counts)
+    while low < high:
+        middle = (low + high + 1) // 2
+        total = sum(min(n, middle) for n in counts)
+        if middle <= share * total:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def cap_per_user(
+    examples: list[TrainingExample], share: float
+) -> tuple[list[TrainingExample], int]:
+    """Keep each user's newest examples up to the cap; returns the kept list and how many went."""
+    per_user: dict[str | None, list[TrainingExample]] = defaultdict(list)
+    for example in examples:
+        per_user[example.lineage.owner].append(example)
+    counts = [len(items) for owner, items in per_user.items() if owner is not None]
+    cap = user_cap(counts, share)
+    kept: list[TrainingExample] = []
+    for owner, items in per_user.items():
+        if owner is None:
+            kept.extend(items)
+            continue
+        kept.extend(sorted(items, key=lambda e: e.lineage.time)[-cap:])
+    kept.sort(key=lambda e: (e.lineage.time, e.example_id))
+    return kept, len(examples) - len(kept)
+
+
+def split_by_time(
+    examples: list[TrainingExample], eval_fraction: float
+) -> dict[str, list[TrainingExample]]:
+    """The newest ``eval_fraction`` of examples (at least one when there are two) is eval."""
+    ordered = sorted(examples, key=lambda e: (e.lineage.time, e.example_id))
+    n_eval = round(len(ordered) * eval_fraction)
+    if eval_fraction > 0 and n_eval == 0 and len(ordered) >= 2:
+        n_eval = 1
+    cut = len(ordered) - n_eval
+    return {"train": ordered[:cut], "eval": ordered[cut:]}
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetBuild:
+    """A dataset written to disk."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        """Hash of every example id with its kind and split."""
+        return str(self.manifest["content_hash"])
+
+
+def content_hash(splits: dict[ExampleKind, dict[str, list[TrainingExample]]]) -> str:
+    """A hash of the dataset's content: kinds, splits and example ids, in order."""
+    digest = hashlib.sha256()
+    for kind in sorted(splits):
+        for split in SPLITS:
+            for example in splits[kind][split]:
+                digest.update(f"{kind}/{split}/{example.example_id}\n".encode())
+    return digest.hexdigest()
+
+
+def write_dataset(
+    root: Path,
+    business_line: str,
+    splits: dict[ExampleKind, dict[str, list[TrainingExample]]],
+    *,
+    funnel: dict[str, Any],
+    source: dict[str, Any],
+    settings: DatasetSettings,
+) -> DatasetBuild:
+    """Write parquet files and the manifest under ``root/<line>/<hash>/`` (atomically).
+
+    The same content written twice lands in the same folder, which is reused.
+    """
+    import datasets
+    from datasets import Dataset
+
+    datasets.disable_progress_bars()
+    digest = content_hash(splits)
+    final = root / business_line / digest[:16]
+    if (final / MANIFEST).exists():
+        return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
+    staging = root / business_line / f".tmp-{digest[:16]}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    files: dict[str, Any] = {}
+    lineage: list[dict[str, Any]] = []
+    counts: dict[str, dict[str, int]] = {}
+    for kind, by_split in sorted(splits.items()):
+        counts[kind] = {}
+        for split in SPLITS:
+            examples = by_split[split]
+            counts[kind][split] = len(examples)
+            if not examples:
+                continue
+            name = f"{kind}_{split}.parquet"
+            Dataset.from_list([e.as_row() for e in examples]).to_parquet(str(staging / name))
+            files[name] = _sha256(staging / name)
+            lineage.extend(
+                {
+                    "example_id": e.example_id,
+                    "kind": kind,
+                    "split": split,
+                    "rule": e.rule,
+                    "source_request_ids": list(e.lineage.request_ids),
+                    "source_event_ids": list(e.lineage.event_ids),
+                    "model_versions": list(e.lineage.model_versions),
+                    "business_line": e.lineage.business_line,
+                    "time": e.lineage.time,
+                    "users": list(e.lineage.users),
+                }
+                for e in examples
+            )
+    manifest = {
+        "business_line": business_line,
+        "content_hash": digest,
+        "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "counts": counts,
+        "rules": dict(Counter(f"{item['kind']}:{item['rule']}" for item in lineage)),
+        "files": files,
+        "funnel": funnel,
+        "source": source,
+        "settings": settings.model_dump(mode="json"),
+        "examples": lineage,
+    }
+    (staging / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    try:
+        staging.rename(final)
+    except OSError:
+        # Another writer finished the same content first; theirs is identical.
+        shutil.rmtree(staging, ignore_errors=True)
+    return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def iter_manifests(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every complete dataset manifest under ``root``."""
+    if not root.exists():
+        return
+    for path in sorted(root.glob(f"*/*/{MANIFEST}")):
+        if not path.parent.name.startswith("."):
+            yield path, orjson.loads(path.read_bytes())
+
+
+def latest_dataset(root: Path, business_line: str) -> DatasetBuild | None:
+    """The newest dataset of a line, if any."""
+    builds = [
+        DatasetBuild(path.parent, manifest)
+        for path, manifest in iter_manifests(root)
+        if manifest["business_line"] == business_line
+    ]
+    return max(builds, key=lambda b: b.manifest["created_at"], default=None)
+
+
+def manifests_with_user(root: Path, user_id: str) -> list[Path]:
+    """Manifests of datasets with at least one example from ``user_id``."""
+    digest = user_digest(user_id)
+    return [
+        path
+        for path, manifest in iter_manifests(root)
+        if any(digest in example["users"] for example in manifest["examples"])
+    ]

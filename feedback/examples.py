@@ -1,0 +1,251 @@
+"""Signal → training example rules: pure functions from cleaned feedback records.
+
+- SFT: an edited answer (prompt → edit) and an approved answer (thumbs up, not
+  also thumbs down or edited) become supervised examples.
+- DPO: an edit gives edited ≻ original; for one prompt, a thumbs-up answer is
+  preferred over a thumbs-down or regenerated-away answer; OASST ranks give
+  lower rank ≻ higher rank among sibling answers.
+- KTO: thumbs on answers that ended up in no pair become unpaired labels;
+  negatives are kept as ``label=False``.
+
+Every example carries its lineage: the request ids and feedback event ids it
+came from, the adapter (model version) that produced the answers, the business
+line, the newest source time and the (hashed) users behind it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any, Literal
+
+import orjson
+
+ExampleKind = Literal["sft", "dpo", "kto"]
+
+
+def user_digest(user_id: str | None) -> str | None:
+    """A stable hash of a user id: manifests name users without storing their ids."""
+    if user_id is None:
+        return None
+    return hashlib.sha256(f"flywheel-user:{user_id}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where an example came from."""
+
+    request_ids: tuple[str, ...]
+    event_ids: tuple[int, ...]
+    model_versions: tuple[str, ...]
+    business_line: str
+    time: str
+    users: tuple[str, ...]
+
+    @property
+    def owner(self) -> str | None:
+        """The user the example counts against for the per-user share cap."""
+        return self.users[0] if self.users else None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingExample:
+    """One SFT example, DPO pair or KTO label, in trl's conversational format."""
+
+    kind: ExampleKind
+    prompt: tuple[dict[str, str], ...]
+    lineage: Lineage
+    completion: str | None = None
+    chosen: str | None = None
+    rejected: str | None = None
+    label: bool | None = None
+    rule: str = ""
+
+    @property
+    def example_id(self) -> str:
+        """A content hash: the same example built twice has the same id."""
+        body = [
+            self.kind,
+            list(self.prompt),
+            self.completion,
+            self.chosen,
+            self.rejected,
+            self.label,
+        ]
+        return hashlib.sha256(orjson.dumps(body)).hexdigest()[:32]
+
+    def as_row(self) -> dict[str, Any]:
+        """The dataset row: trl columns first, lineage columns after."""
+        prompt = list(self.prompt)
+        row: dict[str, Any] = {"example_id": self.example_id, "prompt": prompt}
+        if self.kind == "sft":
+            row["completion"] = [{"role": "assistant", "content": self.completion}]
+        elif self.kind == "dpo":
+            row["chosen"] = [{"role": "assistant", "content": self.chosen}]
+            row["rejected"] = [{"role": "assistant", "content": self.rejected}]
+        else:
+            row["completion"] = [{"role": "assistant", "content": self.completion}]
+            row["label"] = self.label
+        row.update(
+            rule=self.rule,
+            source_request_ids=list(self.lineage.request_ids),
+            source_event_ids=list(self.lineage.event_ids),
+            model_versions=list(self.lineage.model_versions),
+            business_line=self.lineage.business_line,
+            time=self.lineage.time,
+        )
+        return row
+
+
+@dataclass(slots=True)
+class ExampleSet:
+    """The examples built from one batch of records, by kind."""
+
+    sft: list[TrainingExample] = field(default_factory=list)
+    dpo: list[TrainingExample] = field(default_factory=list)
+    kto: list[TrainingExample] = field(default_factory=list)
+
+    def by_kind(self) -> dict[ExampleKind, list[TrainingExample]]:
+        """The three lists keyed by kind."""
+        return {"sft": self.sft, "dpo": self.dpo, "kto": self.kto}
+
+
+def _model_version(record: dict[str, Any]) -> str:
+    return record.get("adapter_name") or record.get("base_model") or "unknown"
+
+
+def _lineage(records: Sequence[dict[str, Any]], events: Iterable[int] = ()) -> Lineage:
+    users = [user_digest(r.get("user_id")) for r in records]
+    return Lineage(
+        request_ids=tuple(r["request_id"] for r in records),
+        event_ids=tuple(sorted(set(events))),
+        model_versions=tuple(dict.fromkeys(_model_version(r) for r in records)),
+        business_line=records[0]["business_line"],
+        time=max(r["created_at"] for r in records),
+        users=tuple(dict.fromkeys(u for u in users if u is not None)),
+    )
+
+
+def _events(record: dict[str, Any], *kinds: str) -> list[int]:
+    return [e["id"] for e in record.get("feedback", []) if e["type"] in kinds]
+
+
+def _prompt(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
+    return tuple({"role": m["role"], "content": m["content"]} for m in record["messages"])
+
+
+def _kinds(record: dict[str, Any]) -> set[str]:
+    return {e["type"] for e in record.get("feedback", [])}
+
+
+def build_examples(
+    records: Sequence[dict[str, Any]], *, max_pairs_per_prompt: int = 4
+) -> ExampleSet:
+    """Apply the signal rules to cleaned records of one business line (pure)."""
+    examples = ExampleSet()
+    paired: set[str] = set()
+    by_prompt: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_prompt[record["prompt_hash"]].append(record)
+        kinds = _kinds(record)
+        edit = record.get("edit")
+        if edit and edit.strip() and edit != record["response"]:
+            lineage = _lineage([record], _events(record, "edit"))
+            examples.sft.append(
+                TrainingExample("sft", _prompt(record), lineage, completion=edit, rule="edit")
+            )
+            examples.dpo.append(
+                TrainingExample(
+                    "dpo",
+                    _prompt(record),
+                    lineage,
+                    chosen=edit,
+                    rejected=record["response"],
+                    rule="edit>original",
+                )
+            )
+            paired.add(record["request_id"])
+        elif "thumbs_up" in kinds and "thumbs_down" not in kinds and record["response"]:
+            lineage = _lineage([record], _events(record, "thumbs_up"))
+            examples.sft.append(
+                TrainingExample(
+                    "sft", _prompt(record), lineage, completion=record["response"], rule="thumbs_up"
+                )
+            )
+    for group in by_prompt.values():
+        if len(group) > 1:
+            examples.dpo.extend(_prompt_pairs(group, paired, max_pairs_per_prompt))
+    for record in records:
+        if record["request_id"] in paired or not record["response"]:
+            continue
+        kinds = _kinds(record)
+        up, down = "thumbs_up" in kinds, "thumbs_down" in kinds
+        if up != down:
+            lineage = _lineage([record], _events(record, "thumbs_up", "thumbs_down"))
+            examples.kto.append(
+                TrainingExample(
+                    "kto",
+                    _prompt(record),
+                    lineage,
+                    completion=record["response"],
+                    label=up,
+                    rule="thumbs_up" if up else "thumbs_down",
+                )
+            )
+    return examples
+
+
+def _rank_of(record: dict[str, Any]) -> int | None:
+    ranks = [e["rank"] for e in record.get("feedback", []) if e["type"] == "rank"]
+    return ranks[-1] if ranks else None
+
+
+def _prompt_pairs(
+    group: list[dict[str, Any]], paired: set[str], limit: int
+) -> list[TrainingExample]:
+    """Pairs among answers to one prompt: thumbs up over thumbs down/regenerated (at most
+    ``limit``), then every rank order among siblings."""
+    pairs: list[TrainingExample] = []
+    seen: set[tuple[str, str]] = set()
+
+    def add(good: dict[str, Any], bad: dict[str, Any], rule: str, events: list[int]) -> None:
+        key = (good["request_id"], bad["request_id"])
+        if key in seen or good["response"] == bad["response"]:
+            return
+        seen.add(key)
+        paired.update(key)
+        pairs.append(
+            TrainingExample(
+                "dpo",
+                _prompt(good),
+                _lineage([good, bad], events),
+                chosen=good["response"],
+                rejected=bad["response"],
+                rule=rule,
+            )
+        )
+
+    liked = [r for r in group if "thumbs_up" in _kinds(r) and "thumbs_down" not in _kinds(r)]
+    disliked = [r for r in group if {"thumbs_down", "regenerate"} & _kinds(r)]
+    # Floods of one prompt must not turn into thousands of near-identical pairs.
+    for good, bad in list(product(liked, disliked))[: limit * 4]:
+        if good is not bad and good["response"] and len(pairs) < limit:
+            rule = (
+                "thumbs_up>thumbs_down" if "thumbs_down" in _kinds(bad) else "thumbs_up>regenerated"
+            )
+            add(
+                good,
+                bad,
+                rule,
+                _events(good, "thumbs_up") + _events(bad, "thumbs_down", "regenerate"),
+            )
+    ranked = sorted(
+        ((rank, r) for r in group if (rank := _rank_of(r)) is not None), key=lambda item: item[0]
+    )
+    for (rank_a, a), (rank_b, b) in product(ranked, ranked):
+        if rank_a < rank_b and a["response"] and b["response"]:
+            add(a, b, "rank", _events(a, "rank") + _events(b, "rank"))
+    return pairs

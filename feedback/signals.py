@@ -1,0 +1,136 @@
+"""Signals per interaction: pull an interaction with its feedback, and name its main signal.
+
+A *feedback record* is one interaction joined with every feedback event about
+it: the unit that cleaning, dedup and dataset building work on. Edited text is
+lifted to the record's ``edit`` field (the newest edit wins) so scrubbing sees
+every user-written text in one place, and the feedback list keeps only ids,
+types and times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, or_, select, true
+
+from feedback.schema import feedback_table, interactions_table
+
+# Strongest first: an edit says the most about what the user wanted.
+SIGNAL_PRIORITY: tuple[str, ...] = (
+    "edit",
+    "thumbs_down",
+    "thumbs_up",
+    "regenerated",
+    "abandon",
+    "task_failure",
+    "task_success",
+    "ranked",
+    "none",
+)
+NEGATIVE_SIGNALS = frozenset({"thumbs_down", "regenerated", "abandon", "task_failure"})
+
+
+def primary_signal(feedback: list[dict[str, Any]], has_edit: bool) -> str:
+    """The record's main signal, used to scope dedup and to report buckets."""
+    kinds = {event["type"] for event in feedback}
+    outcomes = {event.get("outcome") for event in feedback if event["type"] == "task_outcome"}
+    present = {
+        "edit": has_edit,
+        "thumbs_down": "thumbs_down" in kinds,
+        "thumbs_up": "thumbs_up" in kinds,
+        "regenerated": "regenerate" in kinds,
+        "abandon": "abandon" in kinds,
+        "task_failure": "failure" in outcomes,
+        "task_success": "success" in outcomes,
+        "ranked": "rank" in kinds,
+    }
+    for signal in SIGNAL_PRIORITY[:-1]:
+        if present[signal]:
+            return signal
+    return "none"
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def to_record(interaction: Any, events: list[Any]) -> dict[str, Any]:
+    """One feedback record from an interaction row and its feedback rows."""
+    events = sorted(events, key=lambda e: (e.created_at, e.id))
+    edits = [e.edited_text for e in events if e.type == "edit" and e.edited_text]
+    feedback = [
+        {
+            "id": event.id,
+            "type": event.type,
+            "outcome": event.outcome,
+            "rank": event.rank,
+            "replaced_by": event.replaced_by,
+            "user_id": event.user_id,
+            "created_at": _iso(event.created_at),
+        }
+        for event in events
+    ]
+    return {
+        "request_id": interaction.request_id,
+        "session_id": interaction.session_id,
+        "user_id": interaction.user_id,
+        "business_line": interaction.business_line,
+        "adapter_name": interaction.adapter_name,
+        "adapter_version": interaction.adapter_version,
+        "base_model": interaction.base_model,
+        "messages": interaction.messages,
+        "response": interaction.response,
+        "prompt_hash": interaction.prompt_hash,
+        "status": interaction.status,
+        "source": interaction.source,
+        "created_at": _iso(interaction.created_at),
+        "feedback": feedback,
+        "edit": edits[-1] if edits else None,
+        "signal": primary_signal(feedback, bool(edits)),
+    }
+
+
+def pull_records(
+    engine: Engine,
+    business_line: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    page_size: int = 5_000,
+) -> Iterator[dict[str, Any]]:
+    """Feedback records of one line in ingest order, streamed a page at a time.
+
+    With a window (``since`` inclusive, ``until`` exclusive), a record is pulled
+    when its interaction or any of its feedback falls inside it: a task outcome
+    that arrives days after the answer brings the answer back in.
+    """
+    i, f = interactions_table.c, feedback_table.c
+    conditions = [i.business_line == business_line]
+    if since is not None or until is not None:
+        in_window = [
+            (column >= since if since is not None else true())
+            & (column < until if until is not None else true())
+            for column in (i.created_at, f.created_at)
+        ]
+        late = select(f.request_id).where(f.business_line == business_line, in_window[1])
+        conditions.append(or_(in_window[0], i.request_id.in_(late)))
+    last_id = 0
+    with engine.connect() as connection:
+        while True:
+            page = connection.execute(
+                select(interactions_table)
+                .where(*conditions, i.id > last_id)
+                .order_by(i.id)
+                .limit(page_size)
+            ).all()
+            if not page:
+                return
+            last_id = page[-1].id
+            ids = [row.request_id for row in page]
+            events: dict[str, list[Any]] = {rid: [] for rid in ids}
+            for event in connection.execute(select(feedback_table).where(f.request_id.in_(ids))):
+                events[event.request_id].append(event)
+            for row in page:
+                yield to_record(row, events[row.request_id])

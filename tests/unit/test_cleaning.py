@@ -1,0 +1,100 @@
+"""The cleaning stage's own logic, with a stand-in scrubber (the real one has its own tests)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from feedback.cleaning import CleaningSettings, clean_records, drop_reason
+
+SECRET = re.compile(r"SECRET\d+")
+
+
+def fake_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for record in batch:
+        copy = dict(record)
+        copy["messages"] = [
+            {**m, "content": SECRET.sub("<PERSON_1>", m["content"])} for m in record["messages"]
+        ]
+        copy["response"] = SECRET.sub("<PERSON_1>", record["response"])
+        found = sum(len(SECRET.findall(m["content"])) for m in record["messages"])
+        copy["pii"] = {"PERSON": found} if found else {}
+        out.append(copy)
+    return out
+
+
+def rec(rid: str, prompt: str, response: str, signal: str, **extra: Any) -> dict[str, Any]:
+    feedback = [{"id": len(rid), "type": signal, "rank": None}] if signal != "none" else []
+    return {
+        "request_id": rid,
+        "user_id": extra.get("user_id", f"user-{rid}"),
+        "business_line": "legal",
+        "adapter_name": None,
+        "base_model": "base",
+        "messages": [{"role": "user", "content": prompt}],
+        "response": response,
+        "prompt_hash": extra.get("prompt_hash", rid),
+        "status": extra.get("status", "ok"),
+        "created_at": f"2026-11-01T00:{len(rid):02d}:00Z",
+        "feedback": feedback,
+        "edit": extra.get("edit"),
+        "signal": signal,
+    }
+
+
+def test_drop_reasons() -> None:
+    assert (
+        drop_reason(
+            rec("a", "SECRET1", "x", "none")
+            | {"messages": [{"role": "user", "content": "<PERSON_1>"}]},
+            4,
+        )
+        == "pii_only"
+    )
+    assert drop_reason(rec("a", "hello there", "", "none"), 4) == "failed_request"
+    assert drop_reason(rec("a", "hello there", "x", "none", status="error"), 4) == "failed_request"
+    assert drop_reason(rec("a", "?!", "x", "none"), 4) == "empty_prompt"
+    assert drop_reason(rec("a", "Can I sue my landlord?", "x", "none"), 4) is None
+
+
+def test_funnel_counts_each_step_and_reason(tmp_path: Path) -> None:
+    records = [
+        rec(
+            "keep1",
+            "My landlord keeps the deposit, SECRET1 says.",
+            "Write to them first.",
+            "thumbs_up",
+        ),
+        rec(
+            "dup1",
+            "My landlord keeps the deposit, SECRET2 says.",
+            "Write to them first.",
+            "thumbs_up",
+        ),
+        rec("only", "SECRET3", "Hello.", "thumbs_down"),
+        rec("fail", "Can I break my lease?", "", "none", status="error"),
+        rec("neg", "Is a verbal contract valid?", "No idea.", "thumbs_down"),
+    ]
+    result = clean_records(
+        records,
+        "legal",
+        scrub=fake_scrub,
+        settings=CleaningSettings(),
+        dataset_root=tmp_path,
+        source={"records": len(records)},
+    )
+    funnel = result.funnel.as_dict()
+    assert funnel["steps"]["pulled"] == {"none": 1, "thumbs_down": 2, "thumbs_up": 2}
+    assert funnel["steps"]["filtered"] == {"thumbs_down": 1, "thumbs_up": 2}
+    assert funnel["steps"]["deduplicated"] == {"thumbs_down": 1, "thumbs_up": 1}
+    assert funnel["dropped"] == {"exact_duplicate": 1, "failed_request": 1, "pii_only": 1}
+    assert funnel["pii"] == {"PERSON": 3}
+    assert result.dataset is not None
+    text = "".join(p.read_bytes().decode("latin-1") for p in result.dataset.path.iterdir())
+    assert "SECRET" not in text
+    counts = result.dataset.manifest["counts"]
+    assert counts["sft"]["train"] + counts["sft"]["eval"] == 1
+    rules = sorted(e["rule"] for e in result.dataset.manifest["examples"] if e["kind"] == "kto")
+    assert rules == ["thumbs_down", "thumbs_up"]  # the negative survives as a KTO label

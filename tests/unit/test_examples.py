@@ -1,0 +1,195 @@
+"""Signal → example rules, per-user caps, time splits and dataset manifests."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from feedback.datasets import (
+    DatasetSettings,
+    cap_per_user,
+    iter_manifests,
+    manifests_with_user,
+    split_by_time,
+    user_cap,
+    write_dataset,
+)
+from feedback.examples import build_examples, user_digest
+from feedback.importers.hh_rlhf import pair_from_row, pairs_from_rows, read_hh_rlhf
+from tests.conftest import shared_file
+
+PROMPT = [{"role": "user", "content": "How do I return shoes?"}]
+
+
+def record(rid: str, response: str, *feedback: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    events = [{"id": i + 1000 * len(rid), "rank": None, **f} for i, f in enumerate(feedback)]
+    return {
+        "request_id": rid,
+        "user_id": extra.pop("user_id", "u1"),
+        "business_line": "customer_service",
+        "adapter_name": "customer_service-v3",
+        "base_model": "base",
+        "messages": extra.pop("messages", PROMPT),
+        "response": response,
+        "prompt_hash": extra.pop("prompt_hash", "p1"),
+        "created_at": extra.pop("created_at", f"2026-11-01T00:00:{len(rid):02d}Z"),
+        "feedback": events,
+        "edit": extra.pop("edit", None),
+        **extra,
+    }
+
+
+def test_edit_gives_sft_and_a_pair() -> None:
+    examples = build_examples(
+        [record("a", "No.", {"type": "edit"}, edit="Open Orders, choose Return.")]
+    )
+    assert [e.rule for e in examples.sft] == ["edit"]
+    assert examples.sft[0].completion == "Open Orders, choose Return."
+    pair = examples.dpo[0]
+    assert (pair.rule, pair.chosen, pair.rejected) == (
+        "edit>original",
+        "Open Orders, choose Return.",
+        "No.",
+    )
+    assert pair.lineage.request_ids == ("a",)
+    assert pair.lineage.model_versions == ("customer_service-v3",)
+    assert examples.kto == []
+
+
+def test_thumbs_up_beats_thumbs_down_and_regenerated_answers_to_the_same_prompt() -> None:
+    records = [
+        record("good", "Open Orders and choose Return.", {"type": "thumbs_up"}),
+        record("bad", "Check the FAQ.", {"type": "thumbs_down"}, user_id="u2"),
+        record("gone", "No idea.", {"type": "regenerate", "replaced_by": "good"}),
+        record("other", "Unrelated.", {"type": "thumbs_down"}, prompt_hash="p2"),
+    ]
+    examples = build_examples(records)
+    rules = sorted((e.rule, e.chosen, e.rejected) for e in examples.dpo)
+    assert rules == [
+        ("thumbs_up>regenerated", "Open Orders and choose Return.", "No idea."),
+        ("thumbs_up>thumbs_down", "Open Orders and choose Return.", "Check the FAQ."),
+    ]
+    assert [e.rule for e in examples.sft] == ["thumbs_up"]
+    # only the unpaired thumbs becomes a KTO label, and it stays a negative
+    assert [(e.lineage.request_ids, e.label) for e in examples.kto] == [(("other",), False)]
+    pair = next(e for e in examples.dpo if e.rule == "thumbs_up>thumbs_down")
+    assert set(pair.lineage.users) == {user_digest("u1"), user_digest("u2")}
+    assert set(pair.lineage.event_ids) == {4000, 3000}
+
+
+def test_ranks_order_siblings() -> None:
+    records = [
+        record(f"r{rank}", f"answer {rank}", {"type": "rank", "rank": rank}) for rank in (2, 0, 1)
+    ]
+    pairs = build_examples(records).dpo
+    assert sorted((p.chosen, p.rejected) for p in pairs) == [
+        ("answer 0", "answer 1"),
+        ("answer 0", "answer 2"),
+        ("answer 1", "answer 2"),
+    ]
+
+
+def test_flood_of_one_prompt_is_capped() -> None:
+    records = [record(f"u{i}", f"good {i}", {"type": "thumbs_up"}) for i in range(10)]
+    records += [record(f"d{i}", f"bad {i}", {"type": "thumbs_down"}) for i in range(10)]
+    assert len(build_examples(records, max_pairs_per_prompt=3).dpo) == 3
+
+
+@pytest.mark.parametrize(
+    ("counts", "share", "cap"),
+    [
+        ([1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 0.1, 1),
+        ([50, 5, 5, 5, 5, 5, 5, 5, 5, 5], 0.2, 11),
+        ([7], 0.1, 1),
+    ],
+)
+def test_user_cap(counts: list[int], share: float, cap: int) -> None:
+    assert user_cap(counts, share) == cap
+    total = sum(min(n, cap) for n in counts)
+    assert cap == 1 or cap <= share * total
+
+
+def test_one_user_cannot_steer_a_bucket() -> None:
+    records = [
+        record(f"a{i}", f"answer {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}")
+        for i in range(40)
+    ]
+    records += [
+        record(f"b{i}", f"other {i}", {"type": "thumbs_up"}, prompt_hash=f"k{i}", user_id=f"v{i}")
+        for i in range(10)
+    ]
+    kept, removed = cap_per_user(build_examples(records).sft, 0.2)
+    owners = Counter(e.lineage.owner for e in kept)
+    assert removed > 0
+    assert max(owners.values()) <= 0.2 * len(kept)
+
+
+def test_split_keeps_the_newest_for_eval() -> None:
+    records = [
+        record(
+            f"x{i}",
+            f"a{i}",
+            {"type": "thumbs_up"},
+            created_at=f"2026-11-{i + 1:02d}T00:00:00Z",
+            prompt_hash=f"h{i}",
+        )
+        for i in range(20)
+    ]
+    split = split_by_time(build_examples(records).sft, 0.1)
+    assert len(split["eval"]) == 2
+    assert min(e.lineage.time for e in split["eval"]) > max(e.lineage.time for e in split["train"])
+
+
+def test_dataset_files_manifest_and_forget_lookup(tmp_path: Path) -> None:
+    records = [
+        record("a", "No.", {"type": "edit"}, edit="Open Orders, choose Return.", user_id="alice"),
+        record("b", "Fine answer", {"type": "thumbs_up"}, user_id="bob", prompt_hash="p9"),
+    ]
+    examples = build_examples(records)
+    splits = {kind: split_by_time(items, 0.0) for kind, items in examples.by_kind().items()}
+    build = write_dataset(
+        tmp_path, "customer_service", splits, funnel={}, source={}, settings=DatasetSettings()
+    )
+    manifest = build.manifest
+    assert manifest["counts"]["sft"] == {"train": 2, "eval": 0}
+    assert set(manifest["files"]) == {"sft_train.parquet", "dpo_train.parquet", "kto_train.parquet"}
+    table = pq.read_table(build.path / "dpo_train.parquet").to_pylist()
+    assert table[0]["chosen"] == [{"role": "assistant", "content": "Open Orders, choose Return."}]
+    assert table[0]["source_request_ids"] == ["a"]
+    assert "alice" not in (build.path / "manifest.json").read_text()
+    again = write_dataset(
+        tmp_path, "customer_service", splits, funnel={}, source={}, settings=DatasetSettings()
+    )
+    assert again.path == build.path
+    assert len(list(iter_manifests(tmp_path))) == 1
+    assert manifests_with_user(tmp_path, "alice") == [build.path / "manifest.json"]
+    assert manifests_with_user(tmp_path, "carol") == []
+
+
+def test_hh_rlhf_pairs() -> None:
+    good = {
+        "chosen": "\n\nHuman: hi\n\nAssistant: hello",
+        "rejected": "\n\nHuman: hi\n\nAssistant: go away",
+    }
+    pair = pair_from_row(good, 0)
+    assert pair.as_row()["prompt"] == [{"role": "user", "content": "hi"}]  # type: ignore[union-attr]
+    differs = {
+        "chosen": "\n\nHuman: hi\n\nAssistant: a",
+        "rejected": "\n\nHuman: yo\n\nAssistant: b",
+    }
+    assert "differ before the last answer" in pair_from_row(differs, 1).reason  # type: ignore[union-attr]
+
+
+def test_hh_rlhf_file_keeps_2307_pairs_and_reports_5() -> None:
+    pairs, malformed = pairs_from_rows(
+        read_hh_rlhf(shared_file("hh-rlhf/harmless-base-test.jsonl.gz"))
+    )
+    assert len(pairs) == 2_307
+    assert len(malformed) == 5
+    assert {m.reason for m in malformed} == {
+        "chosen and rejected conversations differ before the last answer"
+    }
