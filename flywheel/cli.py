@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flywheel.commands.dedup import dedup as dedup_command
+from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.settings import Settings, load_settings
 
@@ -36,6 +37,7 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
 app.command("dedup")(dedup_command)
+app.command("scrub")(scrub_command)
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -259,8 +261,17 @@ def stats(
 
 @app.command()
 def buckets() -> None:
-    """The per-business-line counts of ``flywheel stats`` as a table."""
-    _print_buckets(_open_store(_settings()).stats())
+    """Per-line signal counts, and each line's latest cleaning funnel (raw → training data)."""
+    from feedback.datasets import latest_dataset
+
+    settings = _settings()
+    counts = _open_store(settings).stats()
+    _print_buckets(counts)
+    for line in counts["business_lines"]:
+        build = latest_dataset(settings.datasets_dir, line)
+        if build is not None:
+            _print_funnel(line, build.manifest["funnel"])
+            out.print(f"  dataset: {build.path}")
 
 
 SHORT_NAMES = {

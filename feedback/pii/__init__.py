@@ -1,0 +1,33 @@
+"""PII scrubbing for English and Chinese text, on Presidio, offline.
+
+Build a :class:`Scrubber` once with :func:`build_scrubber` and pass it to
+:func:`scrub_records` (a batch of records, several fields each) or
+:func:`scrub_text` (one text). Nothing heavy happens at import.
+"""
+
+from feedback.pii.language import TextLanguage, cjk_share, detect_language
+from feedback.pii.scrubber import (
+    PlaceholderBook,
+    ScrubbedSpan,
+    Scrubber,
+    ScrubResult,
+    build_scrubber,
+    scrub_records,
+    scrub_text,
+)
+from feedback.pii.settings import SUPPORTED_ENTITIES, ScrubberSettings
+
+__all__ = [
+    "SUPPORTED_ENTITIES",
+    "PlaceholderBook",
+    "ScrubResult",
+    "ScrubbedSpan",
+    "Scrubber",
+    "ScrubberSettings",
+    "TextLanguage",
+    "build_scrubber",
+    "cjk_share",
+    "detect_language",
+    "scrub_records",
+    "scrub_text",
+]

@@ -1,0 +1,215 @@
+"""Recognizers for English and international text: US SSN, phone numbers, street addresses.
+
+Phone numbers and addresses are written in many national formats; these
+patterns aim at the common shapes (grouped digits with a country code, a
+house number and a street type, a street type word before or after the
+name, military and PO box addresses) and then grow an address over the
+unit, city, region, postcode and country that follow it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from presidio_analyzer import EntityRecognizer, RecognizerResult
+from presidio_analyzer.nlp_engine import NlpArtifacts
+
+from feedback.pii.recognizers import CompiledPatternRecognizer, has_context
+
+_SSN_CONTEXT = re.compile(r"ssn|social security|social sec|ss#|ss #", re.I)
+_PHONE_CONTEXT = re.compile(
+    r"phone|call|tel\b|mobile|cell|fax|desk|office|whatsapp|text me|reach me|number", re.I
+)
+
+
+class SocialSecurityNumberRecognizer(CompiledPatternRecognizer):
+    """US social security numbers: 3-2-4 digits with dashes or spaces (bare 9 digits need a cue).
+
+    Numbers the SSA never issues (area 000 or 666, group 00, serial 0000) are rejected.
+    """
+
+    ENTITY = "US_SSN"
+    PATTERN = re.compile(r"(?<![0-9A-Za-z-])(\d{3})([- ]?)(\d{2})\2(\d{4})(?![0-9A-Za-z-])")
+    SCORE = 0.85
+
+    def score_match(self, match: re.Match[str], text: str) -> float | None:
+        """Reject impossible numbers; a bare 9-digit run needs an SSN cue before it."""
+        area, separator, group, serial = match.groups()
+        if area in {"000", "666"} or group == "00" or serial == "0000":
+            return None
+        if not separator and not has_context(text, match.start(), _SSN_CONTEXT):
+            return None
+        return self.SCORE
+
+
+class PhoneNumberRecognizer(CompiledPatternRecognizer):
+    """Phone numbers in international and national formats, 7 to 15 digits.
+
+    ``+41 (0)62 585 51 90``, ``(579)888-3058``, ``0489 25 37 29``,
+    ``+1-903-140-4508x769``, ``5403926876``. Dates, thousands and year ranges
+    that share the shape are rejected.
+    """
+
+    ENTITY = "PHONE_NUMBER"
+    PATTERN = re.compile(
+        r"(?<![0-9A-Za-z_.+/-])"
+        r"(?P<number>(?:(?:\+|00)\d{1,3}[ .-]?(?:\(0\)[ ]?)?)?"
+        r"(?:\(\d{1,5}\)[ .-]?\d{1,5}(?:[ .-]\d{1,5}){0,4}"
+        r"|\d{1,5}(?:[ .-]\d{1,8}){1,5}"
+        r"|\d{7,15}))"
+        r"(?:[ ]?(?:x|ext\.?|#)[ ]?\d{1,6})?"
+        r"(?![0-9A-Za-z_/])"
+    )
+    SCORE = 0.6
+    _DATE = re.compile(r"\d{4}([-./ ])\d{1,2}\1\d{1,2}|\d{1,2}([-./ ])\d{1,2}\2\d{2,4}")
+    _THOUSANDS = re.compile(r"\d{1,3}(?:\.\d{3})+")
+    _YEARS = re.compile(r"(?:19|20)\d\d[ -](?:19|20)\d\d")
+
+    def score_match(self, match: re.Match[str], text: str) -> float | None:
+        """Keep 7 to 15 digits that are not a date, a thousands figure or a year range."""
+        number = match.group("number")
+        digits = sum(ch.isdigit() for ch in number)
+        if not 7 <= digits <= 15:
+            return None
+        if self._DATE.fullmatch(number) or self._THOUSANDS.fullmatch(number):
+            return None
+        if self._YEARS.fullmatch(number):
+            return None
+        if has_context(text, match.start(), _PHONE_CONTEXT):
+            return 0.8
+        return self.SCORE
+
+
+_STREET_TYPES = (
+    "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Place|Pl|Square|Sq|"
+    "Terrace|Way|Parkway|Pkwy|Highway|Hwy|Circle|Cir|Trail|Alley|Crescent|Close|Row|Walk|Loop|"
+    "Turnpike|Pike|Unions?|Forks?|Greens?|Park|Plaza|Points?|Ridges?|Ranch|Heights|Hills?|Mews|"
+    "Gardens?|Groves?|Hollow|Junctions?|Crossing|Expressway|Freeway|Str|Pass|Path|Bridge|Club|"
+    "Villages?|Vista|View|Station|Estates?|Fords?|Run|Keys?|Tunnel|Trace|Ports?|Center|Centre|"
+    "Orchard|Manors?|Gateway|Mission|Ferry|Passage|Forges?|Plains?|Fort|Summit|Bypass|Shores?|"
+    "Harbou?r|Islands?|Fields?|Wells?|Pines|Curve|Meadows?|Mills?|Landing|Falls|Rapids?|Divide|"
+    "Burgs?|Lakes?|Springs?|Stream|Valley|Camp|Canyon|Cape|Causeway|Common|Corners?|Course|Cove|"
+    "Creek|Crest|Dale|Dam|Extension|Flats?|Glen|Haven|Inlet|Isle|Knolls?|Lights?|Locks?|Lodge|"
+    "Motorway|Mount|Mountain|Neck|Oval|Overpass|Parade|Prairie|Quay|Rest|Rise|Route|Shoals?|"
+    "Skyway|Spurs?|Throughway|Track|Trafficway|Underpass|Viaduct|Ville|Wall|Wharf|Wynd|Esplanade"
+)
+_STREET_PREFIXES = (
+    "Rue|Rua|Rúa|Via|Viale|Piazza|Piazzale|Piazzetta|Strada|Stradella|Calle|Carrer|Avenida|"
+    "Avinguda|Av\\.|Avenue|Plaza|Praça|Paseo|Passeig|Camino|Travessa|Travesía|Largo|Alameda|Ronda|"
+    "Rambla|Carretera|Callejón|Corso|Vicolo|Contrada|Borgo|Località|ul\\.|ulica|al\\.|aleja|pl\\.|"
+    "plac|os\\.|Pod|Chemin|Allée|Place|Quai|Impasse|Route|Boulevard|trg|cesta|Jalan|Jl\\.|Drumul|"
+    "Aleea|Bulevardul|Intrarea|Estrada|Rodovia|Vila|Quadra|Postbox|Bygget|Gran\\s+Vía"
+)
+_STREET_ENDINGS = (
+    "katu|tie|kuja|polku|väg|vägen|gatan|gata|gate|gaten|veien|vei|vej|gade|straße|strasse|str\\.|"
+    "weg|gasse|allee|platz|damm|laan|straat|plein|gracht|dijk|kade|singel|braut|vegur|stræti|"
+    "stræde|utca|steeg|dreef|torget|gränd|stigen|bakken|haugen|lia|brekka|hof|baan|pad|ring"
+)
+_WORD = r"[^\W\d_][\w'’.-]*"
+_CAP = r"[^\W\d_a-z][\w'’.-]*"
+_HOUSE = r"\d{1,6}[A-Za-z]?(?:[-/]\d{1,4})?"
+_AFTER_TYPES = r"u\.|út|utca|tér|körút|köz|sétány|ulica|cesta|put|gata|gade|vej|weg"
+
+_ADDRESS_CORES = re.compile(
+    "|".join(
+        [
+            # 2450 Crown St, 363 52 Huntly Street, 1317 Kimberly Way
+            rf"\b{_HOUSE}\s+(?:\d{{1,5}}\s+)?(?:[NSEW]\.?\s+)?(?:{_CAP}\s+){{0,3}}{_CAP}\s+"
+            rf"(?i:{_STREET_TYPES})\b\.?",
+            # Koskikatu 25, 6750 Koskikatu 25, tawastintie 6, Nieuwe Baan 473
+            rf"(?:\b{_HOUSE}\s+)?(?:\b{_CAP}\s+){{0,2}}\b[^\W\d_][\w'’-]*(?i:{_STREET_ENDINGS})\s+"
+            rf"{_HOUSE}\b\.?",
+            # Rua Diadema 1903, Via dei Fiorentini 1, ul. Więckowskiego Stefana 28
+            rf"(?:\b{_HOUSE}\s+)?(?<![\w.])(?i:{_STREET_PREFIXES})\s+(?:{_WORD}\s+){{0,4}}?"
+            rf"{_HOUSE}\b\.?",
+            # Király u. 15., hegyalja út 98.
+            rf"\b(?:{_WORD}\s+){{0,2}}{_WORD}\s+(?i:{_AFTER_TYPES})\s+{_HOUSE}\b\.?",
+            # 5100 Quadra 104, 22829 Jagerij 64: a number, a street name, a number.
+            rf"\b\d{{3,6}}\s+(?:{_CAP}\s+){{0,2}}{_CAP}\s+\d{{1,4}}[A-Za-z]?\b",
+            # PSC 0729, Box 5797 / APO AP 96854, USS Mahler / FPO AA 70489
+            r"\b(?:PSC|Unit|CMR)\s+\d{3,5},?\s+Box\s+\d{3,5}\s+(?:APO|FPO|DPO)\s+(?:AA|AE|AP)\s+\d{5}\b",
+            r"\b(?:USNS|USNV|USS|USCGC)\s+(?:[^\W\d_][\w'-]*\s+){1,2}(?:FPO|APO|DPO)\s+"
+            r"(?:AA|AE|AP)\s+\d{5}\b",
+            # P.O. Box 149, PO Box 12
+            r"(?<!\w)(?:\d{1,6}\s+)?(?i:P\.?\s?O\.?\s*Box)\s+\d{1,6}\b",
+            # the corner of 35 Pentelis Str. and Waechter Turnpike
+            r"\b(?i:(?:the\s+)?corner\s+of)\s+[^.,;!?\n]{3,60}?\s+and\s+[^.,;!?\n]{3,40}?(?=[.,;!?\n]|$)",
+        ]
+    )
+)
+_UNIT = re.compile(
+    r"(?:Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Room|Floor|Fl\.?)\s*#?\s*\d{1,5}[A-Za-z]?\b", re.I
+)
+_PARTICLES = "de|del|la|le|na|am|an|der|di|do|da|dos|sur|upon|on"
+_TAIL_SEPARATOR = re.compile(r"[ \t>?]*(?:[,\n][ \t>?]*){0,3}")
+_TAIL_PART = re.compile(
+    r"(?P<unit>(?:Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Room|Floor)\s*#?\s*\d{1,5}[A-Za-z]?\b)"
+    r"|(?P<postcode>[A-Z]\d[A-Z][ ]?\d[A-Z]\d\b|[A-Z]{1,2}\d[A-Z\d]?[ ]?\d[A-Z]{2}\b"
+    r"|\d{4,6}(?:-\d{4})?\b)"
+    r"|(?P<region>[A-Z]{2}\b|nan\b)"
+    rf"|(?P<word>{_CAP}(?:[ \t]+(?:{_CAP}|{_PARTICLES})){{0,3}})"
+    r"|(?P<lower>[^\W\d_][\w'’-]*(?:[ \t][^\W\d_][\w'’-]*){0,2})"
+)
+_ADDRESS_CUES = re.compile(
+    r"(?:\baddress(?:\s+is)?|\blives?\s+(?:on|at|in)|\blocated\s+(?:at|on)|\bmeet\s+(?:me|you)\s+at|"
+    r"\bsent\s+to|\bmoved\s+to|\bstop\s+at|\bdeliver(?:ed)?\s+to|\bship(?:ped)?\s+to)[\s:]*$",
+    re.I,
+)
+_LABEL_LINE = re.compile(r"[A-Za-z -]{2,20}:")
+
+
+class StreetAddressRecognizer(EntityRecognizer):
+    """Street addresses in English and European formats, grown over the lines that follow."""
+
+    ENTITY = "STREET_ADDRESS"
+
+    def __init__(self) -> None:
+        super().__init__(supported_entities=[self.ENTITY], supported_language="en")
+
+    def load(self) -> None:
+        """Nothing to load: patterns are compiled with the module."""
+
+    def analyze(
+        self,
+        text: str,
+        entities: list[str] | None = None,
+        nlp_artifacts: NlpArtifacts | None = None,
+    ) -> list[RecognizerResult]:
+        """Find street addresses in ``text`` (Presidio's recognizer interface)."""
+        if entities and self.ENTITY not in entities:
+            return []
+        results = []
+        for match in _ADDRESS_CORES.finditer(text):
+            start, end = match.span()
+            end = self._grow(text, end)
+            score = 0.75 if _ADDRESS_CUES.search(text, max(0, start - 30), start) else 0.6
+            results.append(RecognizerResult(self.ENTITY, start, end, score))
+        for match in _UNIT.finditer(text):
+            results.append(
+                RecognizerResult(self.ENTITY, match.start(), self._grow(text, match.end()), 0.5)
+            )
+        return results
+
+    @staticmethod
+    def _grow(text: str, end: int) -> int:
+        """Extend an address over the unit, city, region, postcode and country after it.
+
+        A name-like part is taken only as a new component (after a comma or a
+        line break) or when the address ends right after it, so that prose
+        following an address is not swallowed.
+        """
+        for _ in range(8):
+            separator = _TAIL_SEPARATOR.match(text, end)
+            assert separator is not None  # the pattern matches the empty string
+            start = separator.end()
+            part = _TAIL_PART.match(text, start)
+            if part is None or _LABEL_LINE.match(text, start):
+                break
+            new_component = "," in separator.group() or "\n" in separator.group()
+            ends_here = text[part.end() : part.end() + 1] in ("", "\n", ",", ".", ";", "?", "!")
+            if part.lastgroup == "word" and not (new_component or ends_here):
+                break
+            if part.lastgroup == "lower" and not ("," in separator.group() and ends_here):
+                break
+            end = part.end()
+        return end

@@ -1,0 +1,535 @@
+"""Chinese recognizers: phone numbers, resident IDs, person names and addresses.
+
+Numbers are plain patterns with check digits. Names and addresses need word
+boundaries, which come from jieba (loaded on first use, never at import).
+jieba's own person tag (``nr``) finds only about half of the names people
+write on social media, so names are also taken from @-mentions, from a
+surname followed or preceded by a cue (a title, ``叫``, ``感谢``…), and from
+familiar forms (``老王``, ``小李``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from presidio_analyzer import EntityRecognizer, RecognizerResult
+from presidio_analyzer.nlp_engine import NlpArtifacts
+
+from feedback.pii.checksums import cn_resident_id_valid
+from feedback.pii.recognizers import CompiledPatternRecognizer, has_context
+from feedback.pii.surnames_zh import COMPOUND_SURNAMES, GIVEN_NAME_CHARS, SINGLE_SURNAMES
+
+_PHONE_CONTEXT = re.compile(r"电话|手机|座机|联系|致电|打给|拨打|号码|tel|phone|mobile|call", re.I)
+
+
+class ChineseMobileRecognizer(CompiledPatternRecognizer):
+    """Mainland mobile numbers (1[3-9]x xxxx xxxx), optionally with +86."""
+
+    ENTITY = "PHONE_NUMBER"
+    LANGUAGE = "zh"
+    PATTERN = re.compile(
+        r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2}(?![0-9A-Za-z])"
+    )
+    SCORE = 0.9
+
+
+class ChineseLandlineRecognizer(CompiledPatternRecognizer):
+    """Mainland landlines: area code 0xx or 0xxx (bracketed or not), 7 or 8 digits, extension."""
+
+    ENTITY = "PHONE_NUMBER"
+    LANGUAGE = "zh"
+    PATTERN = re.compile(
+        r"(?<![0-9A-Za-z])(?:(?:\+|00)86[ -]?)?(?:[(（]0?\d{2,3}[)）]|0\d{2,3})[ -]?"
+        r"[2-9]\d{2,3}[ -]?\d{4}(?:-\d{1,5})?(?![0-9A-Za-z])"
+    )
+    SCORE = 0.7
+
+    def score_match(self, match: re.Match[str], text: str) -> float | None:
+        """Higher with a cue such as ``电话`` just before the number."""
+        return 0.9 if has_context(text, match.start(), _PHONE_CONTEXT, window=12) else self.SCORE
+
+
+class ChineseResidentIdRecognizer(CompiledPatternRecognizer):
+    """18-character resident identity numbers with a real birth date and a valid check char."""
+
+    ENTITY = "CN_RESIDENT_ID"
+    LANGUAGE = "zh"
+    PATTERN = re.compile(
+        r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])"
+        r"\d{3}[0-9Xx](?![0-9A-Za-z])"
+    )
+    SCORE = 1.0
+
+    def score_match(self, match: re.Match[str], text: str) -> float | None:
+        """Keep only numbers whose check character (GB 11643) is right."""
+        return self.SCORE if cn_resident_id_valid(match.group()) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One jieba word with its part-of-speech flag and character offsets."""
+
+    word: str
+    flag: str
+    start: int
+    end: int
+
+
+class ChineseSegmenter:
+    """jieba's part-of-speech segmenter, loaded on first use.
+
+    The HMM that guesses unknown words is off: it is ten times slower, and
+    unknown names are caught by the surname rules instead.
+    """
+
+    def __init__(self) -> None:
+        self._tokenizer: Any = None
+
+    def _load(self) -> Any:
+        if self._tokenizer is None:
+            import jieba
+            import jieba.posseg
+
+            jieba.setLogLevel(logging.WARNING)
+            self._tokenizer = jieba.posseg.POSTokenizer(jieba.Tokenizer())
+            self._tokenizer.tokenizer.initialize()
+        return self._tokenizer
+
+    def load(self) -> None:
+        """Load jieba's dictionary now rather than on the first text."""
+        self._load()
+
+    def frequency(self, word: str) -> int:
+        """How often ``word`` occurs in jieba's dictionary (0 when it is not a word)."""
+        return int(self._load().tokenizer.FREQ.get(word, 0))
+
+    def new_words(self, text: str) -> list[Token]:
+        """Words jieba's HMM proposes that are not in its dictionary (often names)."""
+        tokenizer = self._load().tokenizer
+        out: list[Token] = []
+        position = 0
+        for word in tokenizer.cut(text, HMM=True):
+            end = position + len(word)
+            if len(word) > 1 and word not in tokenizer.FREQ:
+                out.append(Token(word, "new", position, end))
+            position = end
+        return out
+
+    def tokens(self, text: str) -> list[Token]:
+        """Segment ``text`` into tagged tokens with offsets."""
+        out: list[Token] = []
+        position = 0
+        for pair in self._load().cut(text, HMM=False):
+            end = position + len(pair.word)
+            out.append(Token(pair.word, pair.flag, position, end))
+            position = end
+        return out
+
+
+_HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_HAN_CHAR = re.compile(f"[{_HAN}]")
+_MENTION = re.compile(r"@([^\s@:：,，。.!！?？/\\()（）\[\]【】#“”\"'、;；~～〜|]{1,24})")
+_SPEAK_TO = re.compile(f"对([{_HAN}]{{2,4}}?)说")
+_TRANSLITERATION = re.compile(
+    "[阿埃艾爱安巴贝比波伯布达丹德迪蒂杜多厄尔法菲费夫弗盖戈格古哈海汉赫亨胡华霍基吉加杰卡凯科克库"
+    "拉莱兰劳勒雷里丽利莉连林琳卢鲁路伦罗洛马玛迈麦曼梅米敏莫姆默穆娜纳奈内尼妮诺帕佩皮普奇乔切萨塞"
+    "桑瑟森沙莎尚舍施什史斯索塔泰汤特提托瓦威维温沃乌西希谢辛休雅亚扬伊因英尤约泽詹朱兹佐东]{3,6}"
+)
+_SPECIFIC_TRANSLITERATION = frozenset(
+    "埃贝蒂厄弗赫亨杰凯莱勒玛迈姆默娜纳奈妮诺帕佩瑟莎舍兹佐斯尔曼克"
+)
+
+_TITLES = frozenset(
+    {
+        "先生", "女士", "小姐", "老师", "医生", "大夫", "教授", "同学", "师傅", "师父", "阿姨",
+        "叔叔", "大叔", "大爷", "爷爷", "奶奶", "姥姥", "外婆", "哥哥", "姐姐", "妹妹", "弟弟",
+        "经理", "主任", "书记", "局长", "院长", "校长", "律师", "警官", "总监", "老板", "董事长",
+        "总", "哥", "姐", "叔", "姨", "嫂", "童鞋", "君", "医师", "掌门", "大侠", "先森",
+        "女神", "男神", "老公", "老婆", "姑娘", "欧巴", "妹子", "大神", "亲爱的",
+    }
+)  # fmt: skip
+_NICKNAME_SUFFIXES = frozenset("哥姐子君叔")
+_FAMILIAR_PREFIXES = frozenset("小老阿")
+_NAMING_CUES = ("叫做", "名叫", "叫", "姓名", "名字是")
+_THANKING_CUES = ("感谢", "谢谢", "致")
+_AMBIGUOUS_SURNAMES = frozenset(
+    "都来和那时但祝于元成花路白牛连万米干哈信安钱包熊华车乐向管冷官盘由甘强留温原帅国羊康容全边關修"
+)
+"""Surnames that are far more often ordinary words; they need stronger evidence."""
+_NOT_DOUBLED = frozenset("心哈嘻呵嘿啦呜哇嗯哦啊嘛呀咯嘎哼噢喔泪爱棒笑赞萌")
+_NOT_GIVEN_NAME = frozenset(
+    "的了是在我你他她它们这那个就也都说和与及或把被给对向从到为很太最还又再不没有吗呢吧啊呀哦哈嘿么"
+    "着过得地上下里中来去会能要想看做年月日时分秒元块个位次天号一二三四五六七八九十百千万亿第"
+)
+_FUNCTION_FLAGS = frozenset(
+    {"uj", "ul", "uz", "uv", "ud", "ug", "u", "y", "e", "o", "m", "eng", "r"}
+)
+_BOUND_FLAGS = frozenset(
+    {"nr", "nrt", "g", "ng", "zg", "z", "x", "ag", "vg", "tg", "dg", "rg", "mg"}
+)
+"""Tags of characters the dictionary cannot place alone: a hint that they belong to a name."""
+_NAME_CHAR_FLAGS = frozenset({"nr", "nrt", "ng", "g"})
+_COMMON_WORD = 300
+"""Dictionary frequency above which a word is an ordinary word rather than a name."""
+
+
+def _is_han(text: str) -> bool:
+    return bool(text) and all(_HAN_CHAR.match(ch) for ch in text)
+
+
+def _likely_given(token: Token) -> bool:
+    return token.word in GIVEN_NAME_CHARS or token.flag in _BOUND_FLAGS
+
+
+def _name_capable(token: Token) -> bool:
+    """A lone character that could sit inside a name."""
+    return (
+        len(token.word) == 1
+        and token.flag not in _FUNCTION_FLAGS
+        and token.word not in _NOT_GIVEN_NAME
+        and _is_han(token.word)
+    )
+
+
+class _NameSpans(dict[tuple[int, int], float]):
+    """Candidate name spans with the best score seen for each."""
+
+    def add(self, start: int, end: int, score: float) -> None:
+        if end > start and self.get((start, end), 0.0) < score:
+            self[(start, end)] = score
+
+
+class ChineseNameRecognizer(EntityRecognizer):
+    """Chinese person names, @-mentions, nicknames and familiar forms (``老王``)."""
+
+    ENTITY = "PERSON"
+
+    def __init__(self, segmenter: ChineseSegmenter | None = None) -> None:
+        self.segmenter = segmenter or ChineseSegmenter()
+        super().__init__(supported_entities=[self.ENTITY], supported_language="zh")
+
+    def load(self) -> None:
+        """Load jieba's dictionary."""
+        self.segmenter.load()
+
+    def analyze(
+        self,
+        text: str,
+        entities: list[str] | None = None,
+        nlp_artifacts: NlpArtifacts | None = None,
+    ) -> list[RecognizerResult]:
+        """Find person names in ``text`` (Presidio's recognizer interface)."""
+        if entities and self.ENTITY not in entities:
+            return []
+        return self.find(text, self.segmenter.tokens(text), self.segmenter.new_words(text))
+
+    def find(
+        self, text: str, tokens: list[Token], new_words: list[Token]
+    ) -> list[RecognizerResult]:
+        """Find person names given jieba's dictionary tokens and new (unknown) words."""
+        found = _NameSpans()
+        char_flags = {t.start: t.flag for t in tokens if len(t.word) == 1}
+        for new_word in new_words:
+            self._new_word(new_word, char_flags, found)
+        self._mentions(text, found)
+        self._patterns(text, found)
+        for index, token in enumerate(tokens):
+            word = token.word
+            if word in COMPOUND_SURNAMES or (len(word) == 1 and word in SINGLE_SURNAMES):
+                self._after_surname(tokens, index, found)
+            elif 2 <= len(word) <= 3 and (
+                word[0] in SINGLE_SURNAMES or word[:2] in COMPOUND_SURNAMES
+            ):
+                self._surname_word(token, found)
+            if len(word) == 1 and index + 1 < len(tokens):
+                self._nickname(tokens, index, found)
+            elif token.flag not in {"a", "d", "v", "o", "y", "e"}:
+                self._doubled_word(token, found)
+            if word in _TITLES and len(word) > 1 and index > 0:
+                self._before_title(tokens, index, found)
+            if word.endswith(_NAMING_CUES) and index + 1 < len(tokens):
+                self._after_cue(tokens, index, found)
+            elif word in _THANKING_CUES and index + 1 < len(tokens):
+                self._after_thanks(text, tokens, index, found)
+        return [RecognizerResult(self.ENTITY, s, e, score) for (s, e), score in found.items()]
+
+    def _mentions(self, text: str, found: _NameSpans) -> None:
+        """@handles identify a user; a long all-Chinese run keeps only its first word."""
+        for match in _MENTION.finditer(text):
+            start, end = match.span(1)
+            handle = match.group(1)
+            delimited = text[end : end + 1] in ("", " ", "@", ":", "：", "\n")
+            if _is_han(handle) and len(handle) > 4 and not (delimited and len(handle) <= 8):
+                first = self.segmenter.tokens(handle)[0].word
+                end = start + (len(first) if 2 <= len(first) <= 4 else 3)
+            found.add(start, end, 0.7)
+
+    def _patterns(self, text: str, found: _NameSpans) -> None:
+        """对X说 (said to X) and transliterated foreign names (弗里曼)."""
+        for match in _SPEAK_TO.finditer(text):
+            name = match.group(1)
+            if self.segmenter.frequency(name) < _COMMON_WORD and name[0] not in "我你他她您大自":
+                found.add(*match.span(1), 0.5)
+        for match in _TRANSLITERATION.finditer(text):
+            name = match.group()
+            if any(ch in _SPECIFIC_TRANSLITERATION for ch in name) and (
+                self.segmenter.frequency(name) < _COMMON_WORD
+            ):
+                found.add(*match.span(), 0.45)
+
+    def _after_surname(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """A lone surname followed by a title, a given name of loose characters, or a rare word."""
+        surname = tokens[index]
+        following = tokens[index + 1 : index + 3]
+        if not following:
+            return
+        first = following[0]
+        if first.word in _TITLES:
+            found.add(surname.start, first.end, 0.6)
+            return
+        ambiguous = surname.word in _AMBIGUOUS_SURNAMES
+        if _name_capable(first) and first.word != surname.word:
+            second = following[1] if len(following) > 1 else None
+            if second is not None and _name_capable(second):
+                given = (first, second)
+                if all(t.word in GIVEN_NAME_CHARS for t in given) or (
+                    not ambiguous and any(_likely_given(t) for t in given)
+                ):
+                    found.add(surname.start, second.end, 0.55)
+            elif first.word in GIVEN_NAME_CHARS or not ambiguous:
+                found.add(surname.start, first.end, 0.5)
+            return
+        if (
+            not ambiguous
+            and len(first.word) == 2
+            and _is_han(first.word)
+            and (
+                all(ch in GIVEN_NAME_CHARS for ch in first.word)
+                or first.flag in {"ns", "nr", "nrt", "nz"}
+            )
+            and self.segmenter.frequency(first.word) < _COMMON_WORD
+        ):
+            found.add(surname.start, first.end, 0.5)
+
+    def _new_word(self, token: Token, char_flags: dict[int, str], found: _NameSpans) -> None:
+        """An unknown word that starts with a surname (杨素晗), or looks like a given name."""
+        word = token.word
+        surname = 2 if word[:2] in COMPOUND_SURNAMES else int(word[0] in SINGLE_SURNAMES)
+        if not _is_han(word) or len(word) > 4:
+            return
+        if surname and word[0] not in _AMBIGUOUS_SURNAMES and 2 <= len(word) - surname + 1 <= 3:
+            given = word[surname:]
+            if given[0] != word[0] and not any(ch in _NOT_GIVEN_NAME for ch in given):
+                found.add(token.start, token.end, 0.5)
+        elif (len(word) == 2 and word[0] in GIVEN_NAME_CHARS and word[1] in _NICKNAME_SUFFIXES) or (
+            len(word) == 2
+            and all(
+                ch in GIVEN_NAME_CHARS or char_flags.get(token.start + i) in _NAME_CHAR_FLAGS
+                for i, ch in enumerate(word)
+            )
+        ):
+            found.add(token.start, token.end, 0.45)
+
+    def _surname_word(self, token: Token, found: _NameSpans) -> None:
+        """A word tagged as a name that starts with a surname and is not a common word."""
+        given = token.word[2:] if token.word[:2] in COMPOUND_SURNAMES else token.word[1:]
+        if not given or token.flag not in {"nr", "nrfg"} or token.word[0] in _AMBIGUOUS_SURNAMES:
+            return
+        if self.segmenter.frequency(token.word) < _COMMON_WORD:
+            found.add(token.start, token.end, 0.5)
+
+    def _nickname(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """小玲, 老王, 泽哥, 雯子, 兔兔: a familiar prefix, a suffix, or a doubled character."""
+        token, nxt = tokens[index], tokens[index + 1]
+        if len(nxt.word) != 1 or self.segmenter.frequency(token.word + nxt.word) >= 100:
+            return
+        if token.word in _FAMILIAR_PREFIXES:
+            if nxt.word in SINGLE_SURNAMES or nxt.word in GIVEN_NAME_CHARS:
+                found.add(token.start, nxt.end, 0.5)
+        elif _name_capable(token) and (
+            (token.word in GIVEN_NAME_CHARS and nxt.word in _NICKNAME_SUFFIXES)
+            or (nxt.word == token.word in GIVEN_NAME_CHARS and token.word not in _NOT_DOUBLED)
+        ):
+            found.add(token.start, nxt.end, 0.5)
+
+    def _doubled_word(self, token: Token, found: _NameSpans) -> None:
+        """圆圆, 佳佳: a doubled character that the dictionary does not know as a word."""
+        word = token.word
+        if (
+            len(word) == 2
+            and word[0] == word[1]
+            and word[0] in GIVEN_NAME_CHARS
+            and word[0] not in _NOT_DOUBLED
+            and _is_han(word)
+            and self.segmenter.frequency(word) < 100
+        ):
+            found.add(token.start, token.end, 0.45)
+
+    def _before_title(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """倩萍小姐, 小丸子童鞋: two or three uncommon characters right before a title."""
+        run: list[Token] = []
+        for token in reversed(tokens[max(0, index - 3) : index]):
+            if not _is_han(token.word) or token.word in _NOT_GIVEN_NAME:
+                break
+            if token.flag in _FUNCTION_FLAGS or self.segmenter.frequency(token.word) >= 100:
+                break
+            run.insert(0, token)
+            if sum(len(t.word) for t in run) >= 2:
+                break
+        if 2 <= sum(len(t.word) for t in run) <= 3:
+            found.add(run[0].start, run[-1].end, 0.5)
+
+    def _after_thanks(self, text: str, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """感谢兔兔，: after a thank-you, two or three rare characters closed by punctuation."""
+        run: list[Token] = []
+        for token in tokens[index + 1 : index + 4]:
+            if not _is_han(token.word) or token.flag in _FUNCTION_FLAGS:
+                break
+            run.append(token)
+        while run:
+            length = sum(len(t.word) for t in run)
+            closed = text[run[-1].end : run[-1].end + 1] in (
+                "",
+                "，",
+                ",",
+                "。",
+                "！",
+                "!",
+                "、",
+                " ",
+            )
+            if 2 <= length <= 3 and closed:
+                if all(self.segmenter.frequency(t.word) < 100 for t in run):
+                    found.add(run[0].start, run[-1].end, 0.45)
+                return
+            run.pop()
+
+    def _after_cue(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """After 叫 or 名叫, a short run of uncommon words is taken as a name."""
+        run: list[Token] = []
+        for token in tokens[index + 1 : index + 4]:
+            if not _is_han(token.word) or token.word in _NOT_GIVEN_NAME:
+                break
+            if token.flag in _FUNCTION_FLAGS:
+                break
+            run.append(token)
+            if sum(len(t.word) for t in run) >= 3:
+                break
+        length = sum(len(t.word) for t in run)
+        if 2 <= length <= 3 and all(self.segmenter.frequency(t.word) < _COMMON_WORD for t in run):
+            found.add(run[0].start, run[-1].end, 0.5)
+
+
+_ADMIN_SUFFIXES = ("省", "自治区", "市", "区", "县", "州", "旗", "盟", "镇", "乡", "街道")
+_STREET_SUFFIXES = (
+    "路", "街", "道", "巷", "弄", "胡同", "号", "栋", "幢", "座", "单元", "楼", "室", "院", "村",
+    "组", "苑", "园", "大厦", "广场", "公寓", "小区", "段",
+)  # fmt: skip
+_NUMBER = re.compile(r"[0-9A-Za-z一二三四五六七八九十百零〇-]{1,8}")
+_POSTCODE = re.compile(r"\s*\d{6}(?!\d)")
+
+
+class ChineseAddressRecognizer(EntityRecognizer):
+    """Chinese postal addresses down to the street: 省/市/区 units, then 路/街/号/栋/室.
+
+    Works on jieba tokens: an address starts at a place name or an
+    administrative unit and runs over units, numbers and the short words in
+    front of a unit (``永川/罗/街``); it must reach street level.
+    """
+
+    ENTITY = "STREET_ADDRESS"
+
+    def __init__(self, segmenter: ChineseSegmenter | None = None) -> None:
+        self.segmenter = segmenter or ChineseSegmenter()
+        super().__init__(supported_entities=[self.ENTITY], supported_language="zh")
+
+    def load(self) -> None:
+        """Load jieba's dictionary."""
+        self.segmenter.load()
+
+    def analyze(
+        self,
+        text: str,
+        entities: list[str] | None = None,
+        nlp_artifacts: NlpArtifacts | None = None,
+    ) -> list[RecognizerResult]:
+        """Find addresses in ``text`` (Presidio's recognizer interface)."""
+        if entities and self.ENTITY not in entities:
+            return []
+        return self.find(text, self.segmenter.tokens(text))
+
+    def find(self, text: str, tokens: list[Token]) -> list[RecognizerResult]:
+        """Find addresses given jieba's tokens of ``text``."""
+        results: list[RecognizerResult] = []
+        index = 0
+        while index < len(tokens):
+            token = tokens[index]
+            if not _is_place_or_unit(token):
+                index += 1
+                continue
+            end_index, street = self._extend(tokens, index)
+            if street and end_index > index:
+                end = tokens[end_index].end
+                postcode = _POSTCODE.match(text, end)
+                if postcode:
+                    end = postcode.end()
+                results.append(RecognizerResult(self.ENTITY, token.start, end, 0.6))
+                index = end_index + 1
+            else:
+                index += 1
+        return results
+
+    @staticmethod
+    def _extend(tokens: list[Token], start: int) -> tuple[int, bool]:
+        """The last token of the address starting at ``start``, and whether it reaches a street."""
+        last, street, index = start, _ends_with_street(tokens[start].word), start + 1
+        while index < len(tokens):
+            token = tokens[index]
+            if _is_place_or_unit(token):
+                street = street or _ends_with_street(token.word)
+                last = index
+                index += 1
+                continue
+            if _NUMBER.fullmatch(token.word):
+                if index + 1 < len(tokens) and _is_place_or_unit(tokens[index + 1]):
+                    index += 1
+                    continue
+                if street:
+                    last = index  # a trailing room or building number
+                break
+            # Up to four characters of plain words before a unit: 永川/罗/街, 高/港/唐/路.
+            filler, chars = index, 0
+            while filler < len(tokens) and _is_filler(tokens[filler]):
+                chars += len(tokens[filler].word)
+                filler += 1
+            if filler == index or chars > 4 or filler >= len(tokens):
+                break
+            if not _is_place_or_unit(tokens[filler]):
+                break
+            index = filler
+        return last, street
+
+
+_FILLER_FLAGS = frozenset({"n", "nr", "nz", "nrt", "j", "a", "ng", "zg", "b", "s", "t", "l", "g"})
+
+
+def _is_filler(token: Token) -> bool:
+    return token.flag in _FILLER_FLAGS and _is_han(token.word) and not _is_place_or_unit(token)
+
+
+def _is_place_or_unit(token: Token) -> bool:
+    word = token.word
+    if token.flag == "ns" and _is_han(word):
+        return True
+    return _ends_with_unit(word) and (_is_han(word) or _NUMBER.fullmatch(word[:-1]) is not None)
+
+
+def _ends_with_unit(word: str) -> bool:
+    return word.endswith(_ADMIN_SUFFIXES) or word.endswith(_STREET_SUFFIXES)
+
+
+def _ends_with_street(word: str) -> bool:
+    return word.endswith(_STREET_SUFFIXES)

@@ -1,0 +1,464 @@
+"""Find PII in batches of texts and replace it with numbered placeholders.
+
+The scrubber runs Presidio recognizers directly rather than through
+``AnalyzerEngine``: pattern recognizers over every text, spaCy's NER (and
+nothing else of the pipeline) over a whole batch at once with ``nlp.pipe``,
+and the Chinese recognizers on one jieba segmentation per text. Replacement
+goes through Presidio's ``AnonymizerEngine``. Within one record the same
+value always gets the same placeholder, so a conversation stays readable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from presidio_analyzer import RecognizerResult
+from presidio_anonymizer import AnonymizerEngine
+from presidio_anonymizer.entities import RecognizerResult as AnonymizerResult
+
+from feedback.pii.language import TextLanguage, detect_language
+from feedback.pii.person_names import NameGazetteer, PersonNameFinder, load_name_gazetteer
+from feedback.pii.recognizers import (
+    CompiledPatternRecognizer,
+    CredentialUrlRecognizer,
+    EmailAddressRecognizer,
+    IbanCodeRecognizer,
+    IpAddressRecognizer,
+    PaymentCardRecognizer,
+    use_offline_suffix_list,
+)
+from feedback.pii.recognizers_en import (
+    PhoneNumberRecognizer,
+    SocialSecurityNumberRecognizer,
+    StreetAddressRecognizer,
+)
+from feedback.pii.recognizers_zh import (
+    ChineseAddressRecognizer,
+    ChineseLandlineRecognizer,
+    ChineseMobileRecognizer,
+    ChineseNameRecognizer,
+    ChineseResidentIdRecognizer,
+    ChineseSegmenter,
+)
+from feedback.pii.settings import ScrubberSettings
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+
+_CAPITALISED = re.compile(r"\b[A-Z][\w'’-]*")
+_LATIN_NAME_PART = re.compile(r"[^\W\d_]{3,}")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_CJK_RUN = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+")
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubbedSpan:
+    """Where the input text was replaced: offsets in the input, the type and the placeholder."""
+
+    start: int
+    end: int
+    entity_type: str
+    placeholder: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubResult:
+    """One scrubbed text: the new text, counts per entity type (never values), the spans."""
+
+    text: str
+    summary: dict[str, int]
+    spans: tuple[ScrubbedSpan, ...]
+    language: TextLanguage
+
+
+@dataclass
+class PlaceholderBook:
+    """Placeholders for one record: the same value always maps to the same placeholder."""
+
+    _numbers: dict[tuple[str, str], int] = field(default_factory=dict)
+    _counts: Counter[str] = field(default_factory=Counter)
+
+    def placeholder(self, entity_type: str, value: str) -> str:
+        """``<TYPE_n>`` for ``value``, numbered in order of first appearance per type."""
+        key = (entity_type, " ".join(value.split()).casefold())
+        number = self._numbers.get(key)
+        if number is None:
+            self._counts[entity_type] += 1
+            number = self._numbers[key] = self._counts[entity_type]
+        return f"{entity_type}_{number}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where a text of a record lives: a field, or the content of one message of a field."""
+
+    record: int
+    field: str
+    message: int | None
+
+
+class Scrubber:
+    """Scrubs texts and records; build it once with :func:`build_scrubber`."""
+
+    def __init__(
+        self,
+        settings: ScrubberSettings,
+        nlp: Language | None,
+        pattern_recognizers: Sequence[CompiledPatternRecognizer],
+        gazetteer: NameGazetteer,
+        street_addresses: StreetAddressRecognizer | None,
+        chinese_names: ChineseNameRecognizer | None,
+        chinese_addresses: ChineseAddressRecognizer | None,
+        segmenter: ChineseSegmenter | None,
+    ) -> None:
+        self.settings = settings
+        self._nlp = nlp
+        self._patterns = tuple(pattern_recognizers)
+        self._gazetteer = gazetteer
+        self._names = PersonNameFinder(gazetteer) if "PERSON" in settings.entities else None
+        self._street_addresses = street_addresses
+        self._chinese_names = chinese_names
+        self._chinese_addresses = chinese_addresses
+        self._segmenter = segmenter
+        self._entities = frozenset(settings.entities)
+        self._anonymizer = AnonymizerEngine()  # type: ignore[no-untyped-call]
+
+    def detect(self, texts: Sequence[str]) -> list[list[RecognizerResult]]:
+        """PII found in each text: merged, non-overlapping spans above the score threshold."""
+        pieces = list(self._pieces(texts))
+        languages = [
+            detect_language(piece, self.settings.zh_share_threshold) for _, _, piece in pieces
+        ]
+        entities = self._spacy_entities([piece for _, _, piece in pieces], languages)
+        found: list[list[RecognizerResult]] = [[] for _ in texts]
+        for (index, offset, piece), language, ents in zip(pieces, languages, entities, strict=True):
+            for result in self._detect_one(piece, language, ents):
+                result.start += offset
+                result.end += offset
+                found[index].append(result)
+        return [self._merge(results) for results in found]
+
+    def _pieces(self, texts: Sequence[str]) -> Iterator[tuple[int, int, str]]:
+        """Texts cut at whitespace into pieces no longer than ``max_text_chars``."""
+        limit = self.settings.max_text_chars
+        for index, text in enumerate(texts):
+            offset = 0
+            while len(text) - offset > limit:
+                cut = max(
+                    text.rfind("\n", offset, offset + limit),
+                    text.rfind(" ", offset, offset + limit),
+                )
+                cut = cut if cut > offset else offset + limit
+                yield index, offset, text[offset:cut]
+                offset = cut
+            yield index, offset, text[offset:]
+
+    def _needs_ner(self, text: str, language: TextLanguage) -> bool:
+        if self._nlp is None or language is TextLanguage.ZH:
+            return False
+        # Without a capitalised word that is not a common word, NER finds no name.
+        return any(not self._gazetteer.is_common(m.group()) for m in _CAPITALISED.finditer(text))
+
+    def _spacy_entities(
+        self, texts: Sequence[str], languages: Sequence[TextLanguage]
+    ) -> list[list[tuple[int, int, str]]]:
+        entities: list[list[tuple[int, int, str]]] = [[] for _ in texts]
+        selected = [i for i, text in enumerate(texts) if self._needs_ner(text, languages[i])]
+        if not selected or self._nlp is None:
+            return entities
+        docs = self._nlp.pipe(
+            (_latin_view(texts[i], languages[i]) for i in selected),
+            batch_size=self.settings.batch_size,
+        )
+        for index, doc in zip(selected, docs, strict=True):
+            entities[index] = [(e.start_char, e.end_char, e.label_) for e in doc.ents]
+        return entities
+
+    def _detect_one(
+        self, text: str, language: TextLanguage, ents: list[tuple[int, int, str]]
+    ) -> list[RecognizerResult]:
+        results: list[RecognizerResult] = []
+        for recognizer in self._patterns:
+            results.extend(recognizer.analyze(text))
+        if language is not TextLanguage.ZH and "en" in self.settings.languages:
+            latin = _latin_view(text, language)
+            if self._names is not None:
+                results.extend(self._names.find(latin, ents))
+            if self._street_addresses is not None:
+                results.extend(self._street_addresses.analyze(latin))
+        if language is not TextLanguage.EN and self._segmenter is not None:
+            tokens = self._segmenter.tokens(text)
+            if self._chinese_names is not None:
+                results.extend(
+                    self._chinese_names.find(text, tokens, self._segmenter.new_words(text))
+                )
+            if self._chinese_addresses is not None:
+                results.extend(self._chinese_addresses.find(text, tokens))
+        return results
+
+    def _merge(self, results: list[RecognizerResult]) -> list[RecognizerResult]:
+        """Drop low scores and unwanted types, then fuse overlapping spans into one.
+
+        Overlaps are fused (not resolved to one winner) so that no piece of a
+        value survives; the fused span takes the type of its strongest part.
+        """
+        kept = sorted(
+            (
+                r
+                for r in results
+                if r.entity_type in self._entities
+                and r.score >= self.settings.score_threshold
+                and r.end > r.start
+            ),
+            key=lambda r: (r.start, -r.end),
+        )
+        merged: list[RecognizerResult] = []
+        for result in kept:
+            if merged and result.start < merged[-1].end:
+                last = merged[-1]
+                best = max((last, result), key=lambda r: (r.score, r.end - r.start, r.entity_type))
+                merged[-1] = RecognizerResult(
+                    best.entity_type, last.start, max(last.end, result.end), best.score
+                )
+            else:
+                merged.append(
+                    RecognizerResult(result.entity_type, result.start, result.end, result.score)
+                )
+        return merged
+
+    def _propagate(self, texts: Sequence[str], found: list[list[RecognizerResult]]) -> None:
+        """Mark every other mention of a name already found in the same record.
+
+        "Brad L Key ... starring Key": the second mention would otherwise leak.
+        """
+        parts: set[str] = set()
+        for text, results in zip(texts, found, strict=True):
+            for result in results:
+                if result.entity_type != "PERSON":
+                    continue
+                value = text[result.start : result.end]
+                if _CJK.search(value):
+                    if len(value) >= 2:
+                        parts.add(value)
+                    continue
+                for part in _LATIN_NAME_PART.findall(value):
+                    if part[0].isupper() and not self._gazetteer.is_function_word(part):
+                        parts.add(part)
+        if not parts:
+            return
+        for index, text in enumerate(texts):
+            extra = [
+                RecognizerResult("PERSON", start, start + len(part), 0.5)
+                for part in parts
+                for start in _whole_word_occurrences(text, part)
+                if not any(r.start < start + len(part) and start < r.end for r in found[index])
+            ]
+            if extra:
+                found[index] = self._merge(found[index] + extra)
+
+    def _apply(
+        self, text: str, results: list[RecognizerResult], book: PlaceholderBook
+    ) -> ScrubResult:
+        spans = []
+        operations = []
+        for result in results:
+            name = book.placeholder(result.entity_type, text[result.start : result.end])
+            spans.append(ScrubbedSpan(result.start, result.end, result.entity_type, f"<{name}>"))
+            operations.append(AnonymizerResult(name, result.start, result.end, result.score))
+        scrubbed = self._anonymizer.anonymize(text, operations).text if operations else text
+        summary = dict(Counter(span.entity_type for span in spans))
+        language = detect_language(text, self.settings.zh_share_threshold)
+        return ScrubResult(scrubbed, summary, tuple(spans), language)
+
+    def scrub_text(self, text: str) -> ScrubResult:
+        """Scrub one text; placeholders are numbered within this text."""
+        return self.scrub_texts([text])[0]
+
+    def scrub_texts(self, texts: Sequence[str]) -> list[ScrubResult]:
+        """Scrub independent texts in one batch; each text numbers its own placeholders."""
+        found = self.detect(texts)
+        results = []
+        for text, detections in zip(texts, found, strict=True):
+            single = [detections]
+            self._propagate([text], single)
+            results.append(self._apply(text, single[0], PlaceholderBook()))
+        return results
+
+    def scrub_records(
+        self, records: Sequence[Mapping[str, Any]], fields: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """Copies of ``records`` with ``fields`` scrubbed and a ``"pii"`` summary added.
+
+        A field may be a string or a list of chat messages (``{"role", "content"}``,
+        whose ``content`` strings are scrubbed). Fields a record lacks, or that
+        hold anything else, are left as they are. The summary counts mentions
+        per entity type over all scrubbed fields of the record.
+        """
+        wanted = list(dict.fromkeys(fields))
+        slots: list[_Slot] = []
+        texts: list[str] = []
+        for index, record in enumerate(records):
+            for name in wanted:
+                for slot, text in _texts_of(index, name, record.get(name)):
+                    slots.append(slot)
+                    texts.append(text)
+        found = self.detect(texts)
+
+        by_record: dict[int, list[int]] = {}
+        for position, slot in enumerate(slots):
+            by_record.setdefault(slot.record, []).append(position)
+        outputs = [_copy(record, wanted) for record in records]
+        summaries: list[Counter[str]] = [Counter() for _ in records]
+        for index, positions in by_record.items():
+            record_texts = [texts[p] for p in positions]
+            record_found = [found[p] for p in positions]
+            self._propagate(record_texts, record_found)
+            book = PlaceholderBook()
+            for position, text, detections in zip(
+                positions, record_texts, record_found, strict=True
+            ):
+                result = self._apply(text, detections, book)
+                summaries[index].update(result.summary)
+                _put(outputs[index], slots[position], result.text)
+        for output, summary in zip(outputs, summaries, strict=True):
+            output["pii"] = dict(sorted(summary.items()))
+        return outputs
+
+
+def _latin_view(text: str, language: TextLanguage) -> str:
+    """For mixed text, CJK runs blanked out (same length, so offsets hold).
+
+    spaCy's English tokenizer does not split "Smith见面", so it would miss the name.
+    """
+    if language is not TextLanguage.MIXED:
+        return text
+    return _CJK_RUN.sub(lambda m: " " * len(m.group()), text)
+
+
+def _whole_word_occurrences(text: str, part: str) -> Iterator[int]:
+    """Start offsets of ``part`` in ``text`` not inside a longer Latin word."""
+    start = text.find(part)
+    while start >= 0:
+        end = start + len(part)
+        before = text[start - 1 : start]
+        after = text[end : end + 1]
+        if _CJK.match(part) or not (_is_letter(before) or _is_letter(after)):
+            yield start
+        start = text.find(part, end)
+
+
+def _is_letter(ch: str) -> bool:
+    return ch.isalpha() and not _CJK.match(ch)
+
+
+def _texts_of(index: int, name: str, value: object) -> Iterator[tuple[_Slot, str]]:
+    if isinstance(value, str):
+        yield _Slot(index, name, None), value
+    elif isinstance(value, list):
+        for position, message in enumerate(value):
+            if isinstance(message, str):
+                yield _Slot(index, name, position), message
+            elif isinstance(message, Mapping) and isinstance(message.get("content"), str):
+                yield _Slot(index, name, position), message["content"]
+
+
+def _copy(record: Mapping[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    """A copy deep enough that scrubbing never touches the caller's record."""
+    output = dict(record)
+    for name in fields:
+        value = output.get(name)
+        if isinstance(value, list):
+            output[name] = [dict(m) if isinstance(m, Mapping) else m for m in value]
+    return output
+
+
+def _put(output: dict[str, Any], slot: _Slot, text: str) -> None:
+    if slot.message is None:
+        output[slot.field] = text
+        return
+    container = output[slot.field]
+    if isinstance(container[slot.message], str):
+        container[slot.message] = text
+    else:
+        container[slot.message]["content"] = text
+
+
+_SPACY_COMPONENTS_NOT_NEEDED = (
+    "tok2vec",
+    "tagger",
+    "parser",
+    "attribute_ruler",
+    "lemmatizer",
+    "senter",
+    "morphologizer",
+)
+
+
+def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
+    """Build a scrubber from settings: load spaCy (NER only) and jieba as the languages need.
+
+    Loading takes a second or two; build once and reuse. Works offline: the
+    spaCy model is an installed package and tldextract uses its bundled
+    public suffix list.
+    """
+    settings = settings or ScrubberSettings()
+    use_offline_suffix_list()
+    entities = set(settings.entities)
+    patterns: list[CompiledPatternRecognizer] = [
+        recognizer()
+        for recognizer in (
+            EmailAddressRecognizer,
+            PaymentCardRecognizer,
+            IbanCodeRecognizer,
+            IpAddressRecognizer,
+            CredentialUrlRecognizer,
+            SocialSecurityNumberRecognizer,
+            PhoneNumberRecognizer,
+            ChineseMobileRecognizer,
+            ChineseLandlineRecognizer,
+            ChineseResidentIdRecognizer,
+        )
+        if recognizer.ENTITY in entities
+    ]
+    nlp = None
+    english = "en" in settings.languages
+    if english and "PERSON" in entities:
+        import spacy
+
+        nlp = spacy.load(settings.spacy_model, exclude=list(_SPACY_COMPONENTS_NOT_NEEDED))
+        nlp.max_length = settings.max_text_chars + 1
+    segmenter = chinese_names = chinese_addresses = None
+    if "zh" in settings.languages and entities & {"PERSON", "STREET_ADDRESS"}:
+        segmenter = ChineseSegmenter()
+        segmenter.load()
+        if "PERSON" in entities:
+            chinese_names = ChineseNameRecognizer(segmenter)
+        if "STREET_ADDRESS" in entities:
+            chinese_addresses = ChineseAddressRecognizer(segmenter)
+    street = StreetAddressRecognizer() if english and "STREET_ADDRESS" in entities else None
+    return Scrubber(
+        settings,
+        nlp,
+        patterns,
+        load_name_gazetteer(),
+        street,
+        chinese_names,
+        chinese_addresses,
+        segmenter,
+    )
+
+
+def scrub_text(text: str, scrubber: Scrubber) -> ScrubResult:
+    """Scrub one text with ``scrubber`` (see :meth:`Scrubber.scrub_text`)."""
+    return scrubber.scrub_text(text)
+
+
+def scrub_records(
+    records: Sequence[Mapping[str, Any]], fields: Sequence[str], scrubber: Scrubber
+) -> list[dict[str, Any]]:
+    """Scrub ``fields`` of a batch of records (see :meth:`Scrubber.scrub_records`)."""
+    return scrubber.scrub_records(records, fields)
