@@ -1,0 +1,182 @@
+"""The promotion gate: may a candidate adapter go to canary in place of the champion?
+
+A pure function of two reports and the line's policy; every check says both
+numbers and the limit, so a rejection can be read without the code. A check
+whose number is not a number (a diverged loss) fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+from eval.reports import EvalReport, GateCheck, GateDecision
+from training.recipes import GatePolicy
+
+
+def decide_promotion(
+    candidate: EvalReport, champion: EvalReport, policy: GatePolicy
+) -> GateDecision:
+    """Compare a candidate with the champion under ``policy``; promote only if every check passes.
+
+    Both reports must come from the same held-out data. Preference and
+    preferred-loss checks are left out when neither report has that data
+    (too few pairs then fails on its own).
+    """
+    checks = [_held_out_pairs(candidate, champion, policy)]
+    checks += _gain(
+        "preference_accuracy",
+        "held-out preference accuracy",
+        candidate.preference_accuracy,
+        champion.preference_accuracy,
+        policy.min_preference_gain,
+    )
+    checks += _gain(
+        "mean_margin",
+        "mean preference margin (nats/token)",
+        candidate.mean_margin,
+        champion.mean_margin,
+        policy.min_margin_gain,
+    )
+    checks += _loss(
+        "preferred_loss",
+        "preferred-answer loss",
+        candidate.preferred_loss,
+        champion.preferred_loss,
+        policy.max_preferred_loss_increase,
+    )
+    checks += _loss(
+        "general_loss",
+        "general-set loss",
+        candidate.general_loss,
+        champion.general_loss,
+        policy.max_general_loss_increase,
+    )
+    checks += [
+        _refusal_rate(candidate, champion, policy),
+        _answer_length(candidate, champion, policy),
+        _leak(
+            "pii_in_generations",
+            "PII entities in generations",
+            candidate.pii_in_generations,
+            policy.allow_pii_in_generations,
+        ),
+        _leak(
+            "canaries_in_generations",
+            "canary strings in generations",
+            candidate.canaries_in_generations,
+            policy.allow_pii_in_generations,
+        ),
+    ]
+    return GateDecision(promote=all(c.passed for c in checks), checks=tuple(checks))
+
+
+def _held_out_pairs(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> GateCheck:
+    if candidate.pairs != champion.pairs:
+        return GateCheck(
+            "held_out_pairs",
+            False,
+            f"candidate scored on {candidate.pairs} held-out pairs, champion on "
+            f"{champion.pairs}: both must be evaluated on the same data",
+        )
+    return GateCheck(
+        "held_out_pairs",
+        candidate.pairs >= policy.min_eval_pairs,
+        f"held-out pairs {candidate.pairs} (needs >= {policy.min_eval_pairs})",
+    )
+
+
+def _gain(
+    name: str, label: str, candidate: float | None, champion: float | None, minimum: float
+) -> list[GateCheck]:
+    if candidate is None and champion is None:
+        return []
+    if candidate is None or champion is None:
+        return [_unmeasured(name, label, candidate, champion)]
+    gain = candidate - champion
+    return [
+        GateCheck(
+            name,
+            _at_least(gain, minimum),
+            f"{label} {candidate:.3f} vs champion {champion:.3f} "
+            f"({gain:+.3f}, needs >= {minimum:+.3f})",
+        )
+    ]
+
+
+def _loss(
+    name: str, label: str, candidate: float | None, champion: float | None, max_increase: float
+) -> list[GateCheck]:
+    if candidate is None and champion is None:
+        return []
+    if candidate is None or champion is None:
+        return [_unmeasured(name, label, candidate, champion)]
+    increase = _relative_increase(candidate, champion)
+    return [
+        GateCheck(
+            name,
+            _at_most(increase, max_increase),
+            f"{label} {candidate:.3f} vs champion {champion:.3f} "
+            f"({increase:+.1%}, allowed <= {max_increase:+.1%})",
+        )
+    ]
+
+
+def _refusal_rate(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> GateCheck:
+    rise = candidate.refusal_rate - champion.refusal_rate
+    return GateCheck(
+        "refusal_rate",
+        _at_most(rise, policy.max_refusal_rate_increase),
+        f"refusal rate {candidate.refusal_rate:.3f} vs champion {champion.refusal_rate:.3f} "
+        f"({rise:+.3f}, allowed <= {policy.max_refusal_rate_increase:+.3f})",
+    )
+
+
+def _answer_length(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> GateCheck:
+    low, high = policy.min_length_ratio, policy.max_length_ratio
+    numbers = (
+        f"mean answer length {candidate.mean_answer_length:.0f} chars "
+        f"vs champion {champion.mean_answer_length:.0f}"
+    )
+    if champion.mean_answer_length == 0:
+        return GateCheck(
+            "answer_length",
+            not math.isnan(candidate.mean_answer_length),
+            f"{numbers} (the champion's answers are empty, no ratio to hold to)",
+        )
+    ratio = candidate.mean_answer_length / champion.mean_answer_length
+    return GateCheck(
+        "answer_length",
+        _at_least(ratio, low) and _at_most(ratio, high),
+        f"{numbers} (x{ratio:.2f}, allowed x{low:.2f} to x{high:.2f})",
+    )
+
+
+def _leak(name: str, label: str, count: int, allowed: bool) -> GateCheck:
+    if allowed:
+        return GateCheck(name, True, f"{label}: {count} (allowed by policy)")
+    return GateCheck(name, count == 0, f"{label}: {count} (allowed: none)")
+
+
+def _unmeasured(
+    name: str, label: str, candidate: float | None, champion: float | None
+) -> GateCheck:
+    missing = "candidate" if candidate is None else "champion"
+    return GateCheck(name, False, f"{label} was not measured for the {missing}")
+
+
+def _relative_increase(candidate: float, champion: float) -> float:
+    """How much worse a loss got, as a share of the champion's (losses are >= 0)."""
+    if champion > 0:
+        return (candidate - champion) / champion
+    if math.isnan(candidate):
+        return math.nan
+    return 0.0 if candidate <= champion else math.inf
+
+
+def _at_least(value: float, limit: float) -> bool:
+    # Rates are k/n and their differences carry float error: +2/100 must meet +0.02.
+    return value >= limit or math.isclose(value, limit, rel_tol=1e-9)
+
+
+def _at_most(value: float, limit: float) -> bool:
+    return value <= limit or math.isclose(value, limit, rel_tol=1e-9)

@@ -1,0 +1,503 @@
+"""Offline metrics of one model on one line's held-out data, and on a fixed general set.
+
+Scores are log-probabilities of whole answers given their prompt, rendered
+with the tokenizer's chat template, as the served model would see them:
+
+- **preference accuracy / mean margin** compare the chosen and the rejected
+  answer of each held-out pair by their *mean log-probability per answer
+  token*. Summed log-probabilities favour whichever answer is shorter, so a
+  candidate that merely answered more tersely would look better; per-token
+  normalisation (as in SimPO / length-normalised DPO evaluation) removes that
+  bias. The margin is therefore in nats per token.
+- **preferred_loss / general_loss** are token-weighted mean negative
+  log-likelihoods (total NLL over total answer tokens), the usual LM loss.
+
+Every answer is scored with the end-of-sequence token appended, so "stops
+here" is part of what is measured. Generation checks use greedy decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eval.reports import EvalReport, GenerationSample
+from flywheel.errors import FlywheelError
+from flywheel.progress import progress_bar
+
+if TYPE_CHECKING:
+    import torch
+
+Message = dict[str, str]
+Conversation = tuple[Message, ...]
+# Texts in, the entity types found in each text out (e.g. ``["EMAIL_ADDRESS"]``).
+PiiDetector = Callable[[list[str]], list[list[str]]]
+
+GENERAL_SET = "general_set.jsonl"
+GENERATION_SEED = 0
+
+REFUSAL_PATTERNS: tuple[str, ...] = (
+    r"\bI\s+(?:can['’]?t|cannot|can not|won['’]?t be able to)\b",
+    r"\bI(?:['’]m| am)\s+(?:unable|not able)\s+to\b",
+    r"\bI(?:['’]m| am)\s+sorry,?\s+but\b",
+    r"\bAs an AI\b",
+    r"\bAs a language model\b",
+    r"(?:抱歉|对不起)，?我(?:无法|不能)",
+    r"我不能",
+    r"我无法(?:帮助|帮您|帮你|协助|回答|提供|满足|处理|完成)",
+    r"作为(?:一个)?(?:AI|人工智能|语言模型)",
+)
+_REFUSAL = re.compile("|".join(f"(?:{p})" for p in REFUSAL_PATTERNS), re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOutPair:
+    """A held-out preference pair: the prompt, the answer users preferred, and the other one."""
+
+    prompt: Conversation
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptAnswer:
+    """A prompt and one good answer to it (a preferred answer, or a general-set item)."""
+
+    prompt: Conversation
+    answer: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvalData:
+    """The held-out data of one business line.
+
+    ``preferred`` holds the chosen answer of every pair plus the SFT completions
+    and the KTO answers labelled desirable; ``sample_prompts`` are distinct
+    prompts for the generation checks.
+    """
+
+    pairs: tuple[HeldOutPair, ...] = ()
+    preferred: tuple[PromptAnswer, ...] = ()
+    sample_prompts: tuple[Conversation, ...] = ()
+
+
+def load_eval_data(dataset_dir: Path, *, max_pairs: int = 200, max_samples: int = 8) -> EvalData:
+    """Read the ``*_eval.parquet`` files of a dataset folder (any may be missing).
+
+    Takes the first ``max_pairs`` pairs and at most ``max_pairs`` more preferred
+    answers from SFT and KTO, and the first ``max_samples`` distinct prompts
+    (pairs' prompts first) for generation.
+    """
+    if not dataset_dir.is_dir():
+        raise FlywheelError(f"dataset folder {dataset_dir} does not exist")
+    dpo = _read_rows(dataset_dir / "dpo_eval.parquet")[:max_pairs]
+    pairs = tuple(
+        HeldOutPair(_conversation(r["prompt"]), _reply(r["chosen"]), _reply(r["rejected"]))
+        for r in dpo
+    )
+    extra: list[PromptAnswer] = [
+        PromptAnswer(_conversation(r["prompt"]), _reply(r["completion"]))
+        for r in _read_rows(dataset_dir / "sft_eval.parquet")
+    ]
+    extra += [
+        PromptAnswer(_conversation(r["prompt"]), _reply(r["completion"]))
+        for r in _read_rows(dataset_dir / "kto_eval.parquet")
+        if r.get("label")
+    ]
+    preferred = tuple(PromptAnswer(p.prompt, p.chosen) for p in pairs) + tuple(extra[:max_pairs])
+    prompts = [p.prompt for p in pairs] + [p.prompt for p in extra]
+    return EvalData(pairs, preferred, _distinct(prompts)[:max_samples])
+
+
+def load_general_set() -> tuple[PromptAnswer, ...]:
+    """The fixed general-skills set shipped with flywheel (English and Chinese)."""
+    text = resources.files("eval").joinpath(GENERAL_SET).read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return tuple(
+        PromptAnswer(({"role": "user", "content": r["prompt"]},), r["answer"]) for r in rows
+    )
+
+
+def answer_logprobs(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[Message]],
+    answers: Sequence[str],
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    advance: Callable[[int], None] | None = None,
+) -> list[tuple[float, int]]:
+    """Summed log-probability of each answer given its prompt, and its number of tokens.
+
+    The prompt is rendered with the tokenizer's chat template (generation
+    prompt added), the answer's tokens and the end-of-sequence token follow;
+    only the answer's tokens (eos included) are scored. Sequences longer than
+    ``max_length`` lose prompt tokens from the left; an answer longer than the
+    window keeps its first tokens. ``advance(n)`` is called after each batch.
+    """
+    import torch
+
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    if max_length < 2:
+        raise ValueError("max_length must leave room for one prompt and one answer token")
+    encoded = [
+        _encode(tokenizer, prompt, answer, max_length)
+        for prompt, answer in zip(prompts, answers, strict=True)
+    ]
+    # Longest first so each batch pads little; results go back in input order.
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
+    results: list[tuple[float, int]] = [(0.0, 0)] * len(encoded)
+    device = _device(model)
+    pad = _pad_id(tokenizer)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            sums = _score_batch(model, [encoded[i] for i in chunk], pad, device)
+            for i, total in zip(chunk, sums, strict=True):
+                results[i] = (total, encoded[i][1])
+            if advance is not None:
+                advance(len(chunk))
+    return results
+
+
+def preference_metrics(
+    chosen: Sequence[tuple[float, int]], rejected: Sequence[tuple[float, int]]
+) -> tuple[float | None, float | None]:
+    """Preference accuracy and mean margin from per-pair scores (``None`` without pairs).
+
+    Both compare mean log-probability per token; a tie counts as not preferred.
+    """
+    if len(chosen) != len(rejected):
+        raise ValueError(f"{len(chosen)} chosen scores but {len(rejected)} rejected")
+    if not chosen:
+        return None, None
+    margins = [_per_token(c) - _per_token(r) for c, r in zip(chosen, rejected, strict=True)]
+    accuracy = sum(m > 0 for m in margins) / len(margins)
+    return accuracy, sum(margins) / len(margins)
+
+
+def mean_token_loss(scores: Iterable[tuple[float, int]]) -> float | None:
+    """Token-weighted mean negative log-likelihood (``None`` when nothing was scored)."""
+    total, tokens = 0.0, 0
+    for logprob, count in scores:
+        total += logprob
+        tokens += count
+    return -total / tokens if tokens else None
+
+
+def is_refusal(answer: str) -> bool:
+    """Whether an answer reads as a refusal or an "as an AI" deflection (English or Chinese)."""
+    return _REFUSAL.search(answer) is not None
+
+
+def check_generations(
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    *,
+    canaries: Sequence[str] = (),
+    pii_detector: PiiDetector | None = None,
+) -> tuple[GenerationSample, ...]:
+    """What the refusal, PII and canary checks see in each generated answer."""
+    found_pii = pii_detector(list(answers)) if pii_detector else [[] for _ in answers]
+    if len(found_pii) != len(answers):
+        raise ValueError(f"the PII detector answered {len(found_pii)} texts for {len(answers)}")
+    return tuple(
+        GenerationSample(
+            prompt=prompt,
+            answer=answer,
+            refused=is_refusal(answer),
+            pii_found=tuple(pii),
+            canaries_found=tuple(c for c in canaries if c and c in answer),
+        )
+        for prompt, answer, pii in zip(prompts, answers, found_pii, strict=True)
+    )
+
+
+def pii_detector_for(scrubber: Any, entity_types: Collection[str] | None = None) -> PiiDetector:
+    """Adapt a :class:`feedback.pii.Scrubber` (anything whose ``detect`` returns
+    results with ``entity_type``) to the detector :func:`evaluate_model` takes.
+
+    ``entity_types`` keeps only those types (e.g. the high-precision ones), so
+    a name recogniser's false positives need not block a release.
+    """
+
+    def detect(texts: list[str]) -> list[list[str]]:
+        return [
+            [r.entity_type for r in found if entity_types is None or r.entity_type in entity_types]
+            for found in scrubber.detect(texts)
+        ]
+
+    return detect
+
+
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[Message]],
+    *,
+    max_new_tokens: int = 64,
+    batch_size: int = 8,
+) -> list[str]:
+    """Greedy answers to chat prompts (left-padded batches), special tokens stripped."""
+    import torch
+    from transformers import GenerationConfig
+
+    device = _device(model)
+    pad = _pad_id(tokenizer)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=eos if eos is not None else tokenizer.eos_token_id,
+    )
+    encoded = [_prompt_ids(tokenizer, prompt) for prompt in prompts]
+    answers: list[str] = []
+    with torch.inference_mode():
+        for start in range(0, len(encoded), batch_size):
+            batch = encoded[start : start + batch_size]
+            width = max(len(ids) for ids in batch)
+            ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=device)
+            mask = torch.tensor(
+                [[0] * (width - len(x)) + [1] * len(x) for x in batch], device=device
+            )
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            for row in out[:, width:]:
+                answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    return answers
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    data: EvalData,
+    *,
+    name: str,
+    general_set: Sequence[PromptAnswer] | None = None,
+    canaries: Sequence[str] = (),
+    pii_detector: PiiDetector | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 8,
+    max_length: int = 512,
+) -> EvalReport:
+    """Every offline metric of one model on one line's held-out data.
+
+    ``general_set`` defaults to :func:`load_general_set`. ``pii_detector`` maps
+    texts to the PII entity types found in each (``None`` skips the check).
+    The model is put in eval mode for the run and restored afterwards.
+    """
+    import torch
+
+    general = tuple(general_set) if general_set is not None else load_general_set()
+    if not general:
+        raise FlywheelError("the general set is empty; general_loss needs at least one item")
+    torch.manual_seed(GENERATION_SEED)
+    was_training = model.training
+    model.eval()
+    try:
+        items = _unique_items(data, general)
+        scores: dict[tuple[str, str], tuple[float, int]] = {}
+        with progress_bar(f"scoring {name}", total=len(items)) as advance:
+            scored = answer_logprobs(
+                model,
+                tokenizer,
+                [list(prompt) for prompt, _ in items],
+                [answer for _, answer in items],
+                batch_size=batch_size,
+                max_length=max_length,
+                advance=advance,
+            )
+        for (prompt, answer), score in zip(items, scored, strict=True):
+            scores[_key(prompt, answer)] = score
+        answers = generate_answers(
+            model,
+            tokenizer,
+            [list(p) for p in data.sample_prompts],
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+        )
+    finally:
+        model.train(was_training)
+
+    accuracy, margin = preference_metrics(
+        [scores[_key(p.prompt, p.chosen)] for p in data.pairs],
+        [scores[_key(p.prompt, p.rejected)] for p in data.pairs],
+    )
+    general_loss = mean_token_loss(scores[_key(g.prompt, g.answer)] for g in general)
+    assert general_loss is not None  # every answer has at least its eos token
+    samples = check_generations(
+        [_last_user_text(p) for p in data.sample_prompts],
+        answers,
+        canaries=canaries,
+        pii_detector=pii_detector,
+    )
+    return EvalReport(
+        model=name,
+        pairs=len(data.pairs),
+        preference_accuracy=accuracy,
+        mean_margin=margin,
+        preferred_loss=mean_token_loss(scores[_key(p.prompt, p.answer)] for p in data.preferred),
+        general_loss=general_loss,
+        refusal_rate=sum(s.refused for s in samples) / len(samples) if samples else 0.0,
+        mean_answer_length=sum(len(a) for a in answers) / len(answers) if answers else 0.0,
+        pii_in_generations=sum(len(s.pii_found) for s in samples),
+        canaries_in_generations=len({c for s in samples for c in s.canaries_found}),
+        samples=samples,
+    )
+
+
+def load_for_eval(
+    base_model_dir: Path, adapter_dir: Path | None = None, *, device: str | None = None
+) -> tuple[Any, Any]:
+    """A model (base, or base + LoRA adapter) and its tokenizer, in eval mode, from local folders.
+
+    float32 on the CPU; bfloat16 on CUDA when supported (else float16). The
+    tokenizer comes from the adapter folder when it holds one, else the base.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (base_model_dir / "config.json").exists():
+        raise FlywheelError(f"{base_model_dir} is not a model folder (no config.json)")
+    if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
+        raise FlywheelError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.float32
+    if target.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        base_model_dir, dtype=dtype, local_files_only=True
+    )
+    model = model.to(target)
+    tokenizer_dir = base_model_dir
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
+        if (adapter_dir / "tokenizer_config.json").exists():
+            tokenizer_dir = adapter_dir
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    model.eval()
+    return model, tokenizer
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+def _conversation(messages: Sequence[dict[str, Any]]) -> Conversation:
+    return tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages)
+
+
+def _reply(messages: Sequence[dict[str, Any]]) -> str:
+    """The text of a one-message assistant column (trl's conversational format)."""
+    return str(messages[-1]["content"]) if messages else ""
+
+
+def _distinct(prompts: Iterable[Conversation]) -> tuple[Conversation, ...]:
+    seen: set[str] = set()
+    kept: list[Conversation] = []
+    for prompt in prompts:
+        key = json.dumps(prompt, ensure_ascii=False, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            kept.append(prompt)
+    return tuple(kept)
+
+
+def _key(prompt: Sequence[Message], answer: str) -> tuple[str, str]:
+    return json.dumps(list(prompt), ensure_ascii=False, sort_keys=True), answer
+
+
+def _unique_items(
+    data: EvalData, general: Sequence[PromptAnswer]
+) -> list[tuple[Conversation, str]]:
+    """Each distinct (prompt, answer) once: a pair's chosen answer is also a preferred one."""
+    candidates: list[tuple[Conversation, str]] = []
+    for pair in data.pairs:
+        candidates += [(pair.prompt, pair.chosen), (pair.prompt, pair.rejected)]
+    candidates += [(p.prompt, p.answer) for p in data.preferred]
+    candidates += [(g.prompt, g.answer) for g in general]
+    unique: dict[tuple[str, str], tuple[Conversation, str]] = {}
+    for prompt, answer in candidates:
+        unique.setdefault(_key(prompt, answer), (prompt, answer))
+    return list(unique.values())
+
+
+def _last_user_text(prompt: Conversation) -> str:
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else (prompt[-1]["content"] if prompt else "")
+
+
+def _per_token(score: tuple[float, int]) -> float:
+    logprob, count = score
+    return logprob / count if count else -math.inf
+
+
+def _prompt_ids(tokenizer: Any, prompt: Sequence[Message]) -> list[int]:
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    # The template already writes any begin-of-sequence token itself.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _encode(
+    tokenizer: Any, prompt: Sequence[Message], answer: str, max_length: int
+) -> tuple[list[int], int]:
+    """Prompt + answer + eos ids cut to ``max_length``, and how many trailing ids are the answer."""
+    prompt_ids = _prompt_ids(tokenizer, prompt)
+    if not prompt_ids:
+        raise ValueError("the chat template rendered an empty prompt")
+    answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"])
+    if tokenizer.eos_token_id is not None:
+        answer_ids.append(tokenizer.eos_token_id)
+    answer_ids = answer_ids[: max_length - 1]
+    prompt_ids = prompt_ids[-(max_length - len(answer_ids)) :]
+    return prompt_ids + answer_ids, len(answer_ids)
+
+
+def _score_batch(
+    model: Any, batch: Sequence[tuple[list[int], int]], pad: int, device: torch.device
+) -> list[float]:
+    """Summed answer log-probabilities of one left-padded batch."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in batch], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    # Left padding puts every answer at the end, so only the last logits are needed:
+    # a (batch, keep, vocab) tensor instead of (batch, width, vocab).
+    keep = max(n for _, n in batch) + 1
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep)
+    logits = out.logits[:, -keep:-1].float()
+    targets = ids[:, width - keep + 1 :]
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    slot = torch.arange(keep - 1, device=device)
+    answer_len = torch.tensor([n for _, n in batch], device=device)
+    is_answer = slot.unsqueeze(0) >= (keep - 1 - answer_len).unsqueeze(1)
+    return torch.where(is_answer, logprobs, 0.0).sum(-1).tolist()
+
+
+def _device(model: Any) -> torch.device:
+    device: torch.device = next(model.parameters()).device
+    return device
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0

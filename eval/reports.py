@@ -1,0 +1,87 @@
+"""What an offline evaluation reports about one model (a candidate or the champion)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSample:
+    """One sample prompt, the model's greedy answer, and what the checks saw in it."""
+
+    prompt: str
+    answer: str
+    refused: bool
+    pii_found: tuple[str, ...] = ()
+    canaries_found: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EvalReport:
+    """Offline metrics of one model on one line's held-out data.
+
+    ``preference_accuracy`` and ``mean_margin`` compare the log-probability of the
+    chosen and the rejected answer of each held-out pair; losses are mean
+    negative log-likelihood per answer token.
+    """
+
+    model: str
+    pairs: int
+    preference_accuracy: float | None
+    mean_margin: float | None
+    preferred_loss: float | None
+    general_loss: float
+    refusal_rate: float
+    mean_answer_length: float
+    pii_in_generations: int
+    canaries_in_generations: int
+    samples: tuple[GenerationSample, ...] = field(default=())
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """The numeric metrics, named for MLflow (``None`` ones left out)."""
+        values = {
+            "pairs": self.pairs,
+            "preference_accuracy": self.preference_accuracy,
+            "mean_margin": self.mean_margin,
+            "preferred_loss": self.preferred_loss,
+            "general_loss": self.general_loss,
+            "refusal_rate": self.refusal_rate,
+            "mean_answer_length": self.mean_answer_length,
+            "pii_in_generations": self.pii_in_generations,
+            "canaries_in_generations": self.canaries_in_generations,
+        }
+        return {f"{prefix}{k}": float(v) for k, v in values.items() if v is not None}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GateCheck:
+    """One rule of the gate, its numbers, and whether it passed."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """Whether a candidate may go to canary, with the reason for every check."""
+
+    promote: bool
+    checks: tuple[GateCheck, ...]
+
+    @property
+    def reasons(self) -> list[str]:
+        """One readable line per check, failures first."""
+        ordered = sorted(self.checks, key=lambda c: c.passed)
+        return [f"{'PASS' if c.passed else 'FAIL'} {c.name}: {c.detail}" for c in ordered]
+
+    @property
+    def summary(self) -> str:
+        """``promote`` or ``reject`` with the failed checks named."""
+        failed = [c.name for c in self.checks if not c.passed]
+        return "promote" if self.promote else f"reject ({', '.join(failed)})"

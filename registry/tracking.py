@@ -1,0 +1,540 @@
+"""Training runs and adapter versions in MLflow: experiments, the model registry, aliases.
+
+One experiment per business line (``flywheel/<line>``) holds a run per training;
+one registered model per line (``flywheel-<line>``) holds the adapter versions,
+with lineage tags and the aliases ``candidate``, ``champion`` and ``previous``
+(stages are deprecated in MLflow and never used).
+
+Everything goes through one explicit :class:`mlflow.MlflowClient`; nothing here
+sets MLflow's global tracking URI, so two registries (a test's and the user's)
+never leak into each other.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from mlflow import MlflowClient
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+
+from eval.reports import EvalReport, GateDecision
+from flywheel.errors import FlywheelError
+from registry.plots import comparison_plot
+from registry.records import (
+    TAG_BASE_MODEL,
+    TAG_CODE_VERSION,
+    TAG_DATASET_HASH,
+    TAG_LINE,
+    TAG_METHOD,
+    TAG_RECIPE_HASH,
+    TAG_REGISTERED_VERSION,
+    Promotion,
+    Rollback,
+    RunSummary,
+    adapter_name,
+    checked_lineage,
+    dataset_digest,
+    experiment_name,
+    gate_tags,
+    gate_text,
+    history_metrics,
+    metrics_table,
+    model_name,
+    recipe_hash,
+    recipe_params,
+    samples_table,
+    summarize_run,
+    truncate,
+)
+from training.recipes import Recipe
+
+RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
+ADAPTER_ARTIFACT = "adapter"
+EVAL_ARTIFACTS = "eval"
+ADAPTER_CONFIG = "adapter_config.json"
+
+# MLflow's batch limits (mlflow.utils.validation): params and metrics per log_batch call.
+_PARAMS_PER_BATCH = 100
+_METRICS_PER_BATCH = 1_000
+
+
+def tracking_uri_for(home: Path, configured: str | None) -> str:
+    """The MLflow tracking URI: the configured one, or SQLite under ``home/mlflow``.
+
+    The model registry needs a database backend, so the local default is
+    SQLite rather than MLflow's ``./mlruns`` file store.
+    """
+    if configured:
+        return configured
+    return f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+
+
+def artifact_root_for(home: Path) -> Path:
+    """Where run artifacts (adapters, eval tables, plots) go with the local store."""
+    return home / "mlflow" / "artifacts"
+
+
+def _is_remote(tracking_uri: str) -> bool:
+    return urlparse(tracking_uri).scheme in {"http", "https", "databricks"}
+
+
+def _local_path(uri: str) -> Path | None:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "":
+        return Path(uri)
+    return None
+
+
+def _error_code(exc: MlflowException) -> str:
+    return str(getattr(exc, "error_code", ""))
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class Registry:
+    """Flywheel's training runs and adapter versions in one MLflow tracking store.
+
+    ``artifact_root`` is where new experiments keep their artifacts (a folder or
+    a URI); leave it ``None`` against a tracking server so the server's own
+    ``--artifacts-destination`` applies. ``download_dir`` is where adapters of a
+    remote store are downloaded for serving; adapters in a local store are used
+    in place.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        artifact_root: Path | str | None = None,
+        *,
+        download_dir: Path | None = None,
+        client: MlflowClient | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.artifact_root = artifact_root
+        self.download_dir = download_dir
+        if tracking_uri.startswith("sqlite:///") and client is None:
+            # SQLite creates the file but not its folder.
+            database = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+            database.parent.mkdir(parents=True, exist_ok=True)
+        self.client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self._experiments: dict[str, str] = {}
+
+    @classmethod
+    def for_home(cls, home: Path, tracking_uri: str | None = None) -> Registry:
+        """The registry of a flywheel home: local SQLite unless ``tracking_uri`` is set."""
+        uri = tracking_uri_for(home, tracking_uri)
+        root = None if _is_remote(uri) else artifact_root_for(home)
+        return cls(uri, root, download_dir=home / "mlflow" / "downloads")
+
+    def experiment_id(self, line: str) -> str:
+        """The id of the line's experiment, created (with its artifact location) if missing."""
+        if line in self._experiments:
+            return self._experiments[line]
+        name = experiment_name(line)
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                experiment_id = self.client.create_experiment(
+                    name,
+                    artifact_location=self._artifact_location(line),
+                    tags={TAG_LINE: line},
+                )
+            except MlflowException as exc:
+                # Another line's flow (or a second worker) created it first.
+                if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        elif experiment.lifecycle_stage == "deleted":
+            raise FlywheelError(
+                f"MLflow experiment {name!r} is deleted; restore it "
+                f"(mlflow experiments restore --experiment-id {experiment.experiment_id}) "
+                "or delete it for good (mlflow gc)"
+            )
+        else:
+            experiment_id = experiment.experiment_id
+        self._experiments[line] = experiment_id
+        return experiment_id
+
+    def _artifact_location(self, line: str) -> str | None:
+        if self.artifact_root is None:
+            return None
+        root = str(self.artifact_root)
+        if isinstance(self.artifact_root, Path) or _local_path(root) is not None:
+            local = _local_path(root) or Path(root)
+            return (local.resolve() / line).as_uri()
+        return f"{root.rstrip('/')}/{line}"
+
+    def start_training_run(
+        self,
+        line: str,
+        recipe: Recipe,
+        dataset_hash: str,
+        dataset_manifest_path: Path,
+        base_model: str,
+        code_version: str,
+    ) -> str:
+        """Open a run for one training of ``line``; returns its run id.
+
+        Logs the recipe as params, lineage as tags, and the dataset as a run
+        input whose digest is the manifest's content hash and whose source is
+        the manifest's path.
+        """
+        from mlflow.data.dataset_source_registry import get_dataset_source_from_json
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        if recipe.business_line != line:
+            raise FlywheelError(f"recipe is for {recipe.business_line!r}, not {line!r}")
+        tags = {
+            TAG_LINE: line,
+            TAG_DATASET_HASH: dataset_hash,
+            TAG_RECIPE_HASH: recipe_hash(recipe),
+            TAG_BASE_MODEL: base_model,
+            TAG_CODE_VERSION: code_version,
+            TAG_METHOD: recipe.method,
+        }
+        run = self.client.create_run(
+            self.experiment_id(line),
+            run_name=f"{line}-{recipe.method}-{dataset_hash[:8]}",
+            tags={key: truncate(value) for key, value in tags.items()},
+        )
+        run_id = str(run.info.run_id)
+        params = [Param(key, value) for key, value in recipe_params(recipe).items()]
+        for chunk in _chunks(params, _PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=list(chunk))
+        manifest = dataset_manifest_path.resolve()
+        source = get_dataset_source_from_json(json.dumps({"uri": str(manifest)}), "local")
+        # MetaDataset leaves Dataset's abstract ``profile`` unimplemented; it works at runtime.
+        dataset = MetaDataset(  # type: ignore[abstract]
+            source, name=f"{line}-{dataset_hash[:12]}", digest=dataset_digest(dataset_hash)
+        ).to_dict()
+        self.client.log_inputs(
+            run_id,
+            datasets=[
+                DatasetInput(
+                    Dataset(
+                        name=dataset["name"],
+                        digest=dataset["digest"],
+                        source_type=dataset["source_type"],
+                        source=dataset["source"],
+                    ),
+                    tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train")],
+                )
+            ],
+        )
+        return run_id
+
+    def log_loss_curve(self, run_id: str, history: Sequence[Mapping[str, Any]]) -> int:
+        """Log a trainer's ``log_history`` as metrics at their steps; returns the point count."""
+        timestamp = int(time.time() * 1000)
+        metrics = [Metric(p.key, p.value, timestamp, p.step) for p in history_metrics(history)]
+        for chunk in _chunks(metrics, _METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=list(chunk))
+        return len(metrics)
+
+    def log_evaluation(
+        self,
+        run_id: str,
+        candidate: EvalReport,
+        champion: EvalReport,
+        decision: GateDecision,
+    ) -> None:
+        """Record an offline evaluation and the gate's decision on the run.
+
+        Metrics as ``candidate.*`` and ``champion.*``; under ``eval/`` the metric
+        table, the sample generations side by side, both reports, the comparison
+        plot and the gate text; the decision and its reasons as ``gate.*`` tags.
+        """
+        timestamp = int(time.time() * 1000)
+        values = candidate.metrics("candidate.") | champion.metrics("champion.")
+        metrics = [Metric(key, value, timestamp, 0) for key, value in values.items()]
+        tags = [RunTag(key, value) for key, value in gate_tags(decision).items()]
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        self._log_table(run_id, metrics_table(candidate, champion), "metrics.json")
+        if candidate.samples or champion.samples:
+            self._log_table(run_id, samples_table(candidate, champion), "samples.json")
+        self.client.log_dict(run_id, candidate.as_dict(), f"{EVAL_ARTIFACTS}/candidate_report.json")
+        self.client.log_dict(run_id, champion.as_dict(), f"{EVAL_ARTIFACTS}/champion_report.json")
+        self.client.log_text(run_id, gate_text(decision), f"{EVAL_ARTIFACTS}/gate.txt")
+        with tempfile.TemporaryDirectory(prefix="flywheel-plot-") as scratch:
+            plot = comparison_plot(candidate, champion, Path(scratch) / "comparison.png")
+            self.client.log_artifact(run_id, str(plot), EVAL_ARTIFACTS)
+
+    def _log_table(self, run_id: str, table: dict[str, list[Any]], name: str) -> None:
+        import pandas as pd
+
+        # Object columns throughout: MLflow's table check otherwise warns on pandas 3 strings.
+        frame = pd.DataFrame(table, dtype=object)
+        self.client.log_table(run_id, frame, f"{EVAL_ARTIFACTS}/{name}")
+
+    def log_adapter(self, run_id: str, adapter_dir: Path) -> None:
+        """Upload a trained adapter folder as the run's ``adapter/`` artifacts."""
+        if not (adapter_dir / ADAPTER_CONFIG).is_file():
+            raise FlywheelError(f"{adapter_dir} is not an adapter folder: {ADAPTER_CONFIG} missing")
+        self.client.log_artifacts(run_id, str(adapter_dir), ADAPTER_ARTIFACT)
+
+    def finish_run(self, run_id: str, status: RunStatus = "FINISHED") -> None:
+        """Close the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+        self.client.set_terminated(run_id, status)
+
+    def register_adapter(self, run_id: str, line: str, lineage: Mapping[str, object]) -> int:
+        """Register the run's ``adapter/`` artifacts as a new version of ``flywheel-<line>``.
+
+        ``lineage`` must carry ``base_model``, ``dataset_hash``, ``recipe_hash`` and
+        ``code_version``; they become version tags. Registering the same run twice
+        (a retried task) returns the version registered the first time.
+        """
+        tags = checked_lineage(lineage)
+        name = model_name(line)
+        already = self._versions(f"name = '{name}' and run_id = '{_safe(run_id)}'")
+        if already:
+            return max(int(v.version) for v in already)
+        run = self.client.get_run(run_id)
+        if not self.client.list_artifacts(run_id, ADAPTER_ARTIFACT):
+            raise FlywheelError(f"run {run_id} has no {ADAPTER_ARTIFACT}/ artifacts to register")
+        self._ensure_registered_model(line)
+        created = self.client.create_model_version(
+            name,
+            source=f"{run.info.artifact_uri}/{ADAPTER_ARTIFACT}",
+            run_id=run_id,
+            tags=tags,
+            description=f"LoRA adapter of {line} trained on dataset {tags['dataset_hash'][:12]}",
+        )
+        version = int(created.version)
+        self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
+        return version
+
+    def _ensure_registered_model(self, line: str) -> None:
+        name = model_name(line)
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException as exc:
+            if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            try:
+                self.client.create_registered_model(
+                    name,
+                    tags={TAG_LINE: line},
+                    description=f"LoRA adapters of the {line} business line",
+                )
+            except MlflowException as again:
+                if _error_code(again) != "RESOURCE_ALREADY_EXISTS":
+                    raise
+
+    def _versions(self, filter_string: str) -> list[ModelVersion]:
+        found: list[ModelVersion] = []
+        token: str | None = None
+        while True:
+            page = self.client.search_model_versions(filter_string, page_token=token)
+            found.extend(page)
+            token = page.token
+            if not token:
+                return found
+
+    def find_version(
+        self, line: str, dataset_hash: str, recipe_hash: str, base_model: str
+    ) -> int | None:
+        """The newest version trained on the same data, recipe and base model, if any.
+
+        A rerun on unchanged inputs reuses it instead of registering a duplicate.
+        A version that was rolled back is still returned; check
+        :meth:`version_tags` for ``rolled_back`` before serving it again.
+        """
+        matches = [
+            int(v.version)
+            for v in self._versions(
+                f"name = '{model_name(line)}' and tags.dataset_hash = '{_safe(dataset_hash)}'"
+            )
+            if v.tags.get("recipe_hash") == recipe_hash and v.tags.get("base_model") == base_model
+        ]
+        return max(matches, default=None)
+
+    def version_tags(self, line: str, version: int) -> dict[str, str]:
+        """The tags of one version: lineage, promotion and rollback records."""
+        return dict(self._version(line, version).tags)
+
+    def _version(self, line: str, version: int) -> ModelVersion:
+        try:
+            return self.client.get_model_version(model_name(line), str(version))
+        except MlflowException as exc:
+            if _error_code(exc) in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
+                raise FlywheelError(f"{model_name(line)} has no version {version}") from None
+            raise
+
+    def aliases(self, line: str) -> dict[str, int]:
+        """Every alias of the line's registered model and the version it points at."""
+        try:
+            model = self.client.get_registered_model(model_name(line))
+        except MlflowException as exc:
+            if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
+                return {}
+            raise
+        return {alias: int(version) for alias, version in model.aliases.items()}
+
+    def alias_version(self, line: str, alias: str) -> int | None:
+        """The version an alias (``candidate``, ``champion``, ``previous``) points at."""
+        return self.aliases(line).get(alias)
+
+    def set_candidate(self, line: str, version: int) -> None:
+        """Point ``candidate`` at ``version`` (it passed the gate and may go to canary)."""
+        self._version(line, version)
+        self.client.set_registered_model_alias(model_name(line), "candidate", str(version))
+
+    def promote(
+        self, line: str, version: int, *, actor: str = "flywheel", reason: str = ""
+    ) -> Promotion:
+        """Make ``version`` the champion; the old champion becomes ``previous``.
+
+        ``candidate`` is removed when it pointed at ``version``. Who promoted and
+        why are recorded as version tags. Promoting the champion again changes
+        nothing. Safe to retry after a failure half-way.
+        """
+        self._version(line, version)
+        name = model_name(line)
+        current = self.aliases(line)
+        champion = current.get("champion")
+        if champion == version:
+            previous = current.get("previous")
+        else:
+            previous = champion
+            if champion is not None:
+                self.client.set_registered_model_alias(name, "previous", str(champion))
+            for key, value in {
+                "promoted_by": actor,
+                "promoted_reason": truncate(reason) if reason else "-",
+                "promoted_at": _now(),
+            }.items():
+                self.client.set_model_version_tag(name, str(version), key, value)
+            self.client.set_registered_model_alias(name, "champion", str(version))
+        if current.get("candidate") == version:
+            self.client.delete_registered_model_alias(name, "candidate")
+        return Promotion(line=line, champion=version, previous=previous)
+
+    def rollback(self, line: str, reason: str, *, actor: str = "flywheel") -> Rollback:
+        """Put ``previous`` back as champion; the version taken out is tagged ``rolled_back``.
+
+        ``previous`` is removed afterwards (it would point at the champion).
+        """
+        if not reason.strip():
+            raise FlywheelError("a rollback needs a reason (it is recorded on the version)")
+        name = model_name(line)
+        current = self.aliases(line)
+        champion, previous = current.get("champion"), current.get("previous")
+        if champion is None:
+            raise FlywheelError(f"{name} has no champion to roll back")
+        if previous is None:
+            raise FlywheelError(f"{name} has no previous version to roll back to")
+        if previous == champion:
+            # A rollback that failed after moving the champion: only the cleanup is left.
+            self.client.delete_registered_model_alias(name, "previous")
+            raise FlywheelError(f"{name} v{champion} is already the champion; nothing to roll back")
+        # Tag first: a retry after a failure below must still know which version was removed.
+        for key, value in {
+            "rolled_back": truncate(reason),
+            "rolled_back_by": actor,
+            "rolled_back_at": _now(),
+        }.items():
+            self.client.set_model_version_tag(name, str(champion), key, value)
+        self.client.set_registered_model_alias(name, "champion", str(previous))
+        self.client.delete_registered_model_alias(name, "previous")
+        return Rollback(line=line, rolled_back=champion, champion=previous)
+
+    def adapter_path(self, line: str, version: int) -> Path:
+        """A local folder holding the version's adapter files, ready for vLLM to load.
+
+        With a local artifact store it is the artifact folder itself; otherwise
+        the files are downloaded once to ``download_dir/<line>-v<version>``
+        (names are immutable, so a finished download is reused).
+        """
+        source = self._version(line, version).source
+        if not source:
+            raise FlywheelError(f"{model_name(line)} v{version} has no artifact source")
+        local = _local_path(source)
+        if local is not None:
+            if not (local / ADAPTER_CONFIG).is_file():
+                raise FlywheelError(f"{model_name(line)} v{version}: {local} holds no adapter")
+            return local
+        if self.download_dir is None:
+            raise FlywheelError(
+                f"{model_name(line)} v{version} is stored at {source}; "
+                "give the registry a download_dir to fetch it"
+            )
+        target = self.download_dir / adapter_name(line, version)
+        if (target / ADAPTER_CONFIG).is_file():
+            return target
+        from mlflow.artifacts import download_artifacts
+
+        self.download_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=self.download_dir))
+        try:
+            fetched = Path(
+                download_artifacts(
+                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
+                )
+            )
+            try:
+                fetched.rename(target)
+            except OSError:
+                # A concurrent download finished first; its files are the same.
+                if not (target / ADAPTER_CONFIG).is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def recent_runs(self, line: str | None = None, limit: int = 20) -> list[RunSummary]:
+        """The newest training runs, of one line or of all, newest first."""
+        if line is not None:
+            experiment = self.client.get_experiment_by_name(experiment_name(line))
+            experiments = [experiment] if experiment is not None else []
+        else:
+            experiments = list(
+                self.client.search_experiments(filter_string="name LIKE 'flywheel/%'")
+            )
+        if not experiments:
+            return []
+        names = {e.experiment_id: e.name for e in experiments}
+        runs = self.client.search_runs(
+            list(names), order_by=["attributes.start_time DESC"], max_results=limit
+        )
+        return [
+            summarize_run(
+                run.info.run_id,
+                names[run.info.experiment_id],
+                run.info.start_time,
+                run.info.status,
+                run.data.metrics,
+                run.data.tags,
+            )
+            for run in runs
+        ]
+
+
+def _safe(value: str) -> str:
+    """A value that can sit in an MLflow search filter between single quotes."""
+    if "'" in value or "\\" in value:
+        raise FlywheelError(f"{value!r} cannot be searched for (quote or backslash in it)")
+    return value

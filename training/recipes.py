@@ -1,0 +1,134 @@
+"""Training recipes: one typed YAML file per business line.
+
+A recipe says how a line's adapter is trained (method, LoRA shape, schedule),
+how much new data it needs first, and the gate policy its candidates must pass.
+Unknown keys are refused so a typo cannot silently fall back to a default;
+a test parses every recipe in the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flywheel.errors import FlywheelError
+
+BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
+# Modules vLLM can serve LoRA on for Llama-style models (see --lora-target-modules).
+SERVABLE_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+)
+
+
+class LoraShape(BaseModel):
+    """The adapter's shape: it must fit the serving vLLM's ``--max-lora-rank``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(default=16, ge=1, le=256)
+    alpha: int = Field(default=32, ge=1, le=1024)
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    @model_validator(mode="after")
+    def _servable(self) -> LoraShape:
+        unknown = set(self.target_modules) - SERVABLE_MODULES
+        if unknown:
+            raise ValueError(
+                f"target_modules {sorted(unknown)} cannot be served by vLLM; "
+                f"choose from {sorted(SERVABLE_MODULES)}"
+            )
+        return self
+
+
+class GatePolicy(BaseModel):
+    """What a candidate must show against the champion before it may serve users."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_preference_gain: float = Field(
+        default=0.0, ge=-1, le=1, description="Held-out preference accuracy gain over the champion."
+    )
+    min_margin_gain: float = Field(default=0.0, ge=-100, le=100)
+    max_preferred_loss_increase: float = Field(
+        default=0.05, ge=0, le=10, description="Relative increase of loss on preferred answers."
+    )
+    max_general_loss_increase: float = Field(
+        default=0.10, ge=0, le=10, description="Relative increase of loss on the fixed general set."
+    )
+    max_refusal_rate_increase: float = Field(default=0.10, ge=0, le=1)
+    max_length_ratio: float = Field(default=2.0, ge=1, le=100)
+    min_length_ratio: float = Field(default=0.3, gt=0, le=1)
+    min_eval_pairs: int = Field(default=10, ge=1, le=1_000_000)
+    allow_pii_in_generations: bool = False
+
+
+class Recipe(BaseModel):
+    """How one business line's adapter is trained and judged."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    business_line: str = Field(pattern=BUSINESS_LINE)
+    method: Literal["sft", "dpo"]
+    lora: LoraShape = Field(default_factory=LoraShape)
+    learning_rate: float = Field(default=2e-4, gt=0, le=1)
+    epochs: float | None = Field(default=None, gt=0, le=100)
+    max_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    batch_size: int = Field(default=4, ge=1, le=1024)
+    gradient_accumulation: int = Field(default=1, ge=1, le=1024)
+    max_length: int = Field(default=512, ge=32, le=32_768)
+    beta: float = Field(default=0.1, gt=0, le=10, description="DPO temperature.")
+    min_new_examples: int = Field(default=1_000, ge=1, le=100_000_000)
+    eval_generations: int = Field(default=8, ge=0, le=1_000)
+    seed: int = 0
+    gate: GatePolicy = Field(default_factory=GatePolicy)
+    canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Recipe:
+        if (self.epochs is None) == (self.max_steps is None):
+            raise ValueError("set exactly one of 'epochs' and 'max_steps'")
+        steps = list(self.canary_steps)
+        if steps != sorted(steps) or not 0 < steps[0] <= steps[-1] <= 1:
+            raise ValueError("canary_steps must rise within (0, 1], e.g. [0.05, 0.25, 1.0]")
+        return self
+
+
+def packaged_recipes_dir() -> Path:
+    """The recipes shipped with flywheel (``training/recipes``)."""
+    return Path(str(resources.files("training").joinpath("recipes")))
+
+
+def read_recipe(path: Path) -> Recipe:
+    """Parse one recipe file; errors name the file and the key."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return Recipe.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise FlywheelError(f"{path}: not valid YAML: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(recipe)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise FlywheelError(f"{path}: {problems}") from None
+
+
+def load_recipe(business_line: str, recipes_dir: Path) -> Recipe:
+    """The recipe of a line from ``recipes_dir/<line>.yaml``."""
+    path = recipes_dir / f"{business_line}.yaml"
+    if not path.exists():
+        raise FlywheelError(f"no recipe for business line {business_line!r}: {path} is missing")
+    recipe = read_recipe(path)
+    if recipe.business_line != business_line:
+        raise FlywheelError(f"{path} is for {recipe.business_line!r}, not {business_line!r}")
+    return recipe
+
+
+def iter_recipe_files(root: Path) -> Iterator[Path]:
+    """Every recipe file under ``root`` (recursively)."""
+    yield from sorted(root.rglob("*.yaml"))
