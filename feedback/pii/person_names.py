@@ -4,7 +4,9 @@ The small English model misses many foreign names, or tags them as an
 organisation or a place. A gazetteer of given names and surnames (Faker's
 lists for every Latin-script locale) turns such entities into persons, finds
 untagged names after a known given name or a title, and catches lower-case
-names after a cue such as "my name is".
+names after a cue such as "my name is". After "I'm", WordNet's adjectives and
+adverbs (read from the spaCy model's lemmatizer tables) keep "I'm sorry" from
+being taken for a name.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import importlib
 import pkgutil
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 
 from presidio_analyzer import RecognizerResult
 
@@ -39,9 +42,20 @@ _SURNAME_ENDINGS = re.compile(
 )
 _STRONG_CUES = re.compile(
     r"(?:\bmy name is|\bname is|\bname\?|\bname:|\bcall me|\bcalls me|\bcalled|\bnamed|"
-    r"\bfollow up with|\bsigned|\bi am|\bi'm)\s*$",
+    r"\bfollow up with|\bsigned|\bi am|\bi'm|\bi’m)\s*$",
     re.IGNORECASE,
 )
+_SELF_CUES = re.compile(r"(?:\bi am|\bi'm|\bi’m|\bim)\s*$", re.IGNORECASE)
+""""I am" / "I'm": a name may follow, but far more often an adjective ("I'm sorry")."""
+_EVERYDAY_ADJECTIVES = _words(
+    "sorry sure glad afraid fine ready sick tired done late busy free able unable aware alone "
+    "okay ok new back here there home lost stuck curious worried scared excited interested "
+    "confused happy sad mad upset angry pleased grateful thankful honest serious good great "
+    "well right wrong certain positive unsure unhappy hungry thirsty sleepy cold hot bored "
+    "annoyed frustrated disappointed concerned calling writing looking trying wondering "
+    "going getting having hoping asking reaching following checking"
+)
+"""Words often said after "I'm", for when no English lexicon could be loaded."""
 _SPEAKER = re.compile(r"(?m)^[\W_]*([A-Z][^\W\d_]+):")
 _LIST = re.compile(
     r"(?:[^\W\d_][\w'’-]*,\s+){1,8}[^\W\d_][\w'’-]*,?\s+(?:and|&|or)\s+[^\W\d_][\w'’-]*"
@@ -62,7 +76,8 @@ _EXTRA_COMMON = _words(
     "african asian indian canadian australian mexican brazilian irish scottish dutch swiss "
     "happy merry lucky sweet honey baby darling dear love lovely pretty beautiful email mail "
     "phone call text ping fax ip url website web address card ssn iban tel mobile desk office "
-    "contact user bot hi hello hey thanks thank please ok okay"
+    "contact user bot hi hello hey thanks thank please ok okay i'm i’m im i've i’ve i'll i’ll "
+    "i'd i’d"
 )
 
 
@@ -75,6 +90,50 @@ class NameGazetteer:
     common_words: frozenset[str]
     function_words: frozenset[str]
     """Stop words and greetings: never part of a name, even capitalised."""
+    descriptive_words: frozenset[str] = _EVERYDAY_ADJECTIVES
+    """Adjectives and adverbs (WordNet's, from the spaCy model, when it has them)."""
+    english_words: frozenset[str] = frozenset()
+    """Every English lemma the lexicon knows (nouns, verbs, adjectives, adverbs)."""
+    verbs: frozenset[str] = frozenset()
+    stop_words: frozenset[str] = frozenset()
+
+    def is_listed_name(self, word: str) -> bool:
+        """In the given-name or surname lists, even if also a common word ("April", "West")."""
+        folded = word.casefold()
+        return folded not in self.stop_words and (
+            folded in self.given_names or folded in self.surnames
+        )
+
+    def is_listed_surname(self, word: str) -> bool:
+        """In the surname lists, even if also a common word ("West", "Love"), but no stop word."""
+        folded = word.casefold()
+        return folded in self.surnames and folded not in self.stop_words
+
+    def with_lexicon(self, lexicon: EnglishLexicon) -> NameGazetteer:
+        """This gazetteer with an English lexicon added (see :func:`load_english_lexicon`)."""
+        return replace(
+            self,
+            descriptive_words=lexicon.descriptive | _EVERYDAY_ADJECTIVES,
+            english_words=lexicon.words,
+            verbs=lexicon.verbs,
+        )
+
+    def is_descriptive(self, word: str) -> bool:
+        """True for an adjective, an adverb or a verb's -ing/-ed form ("sorry", "writing")."""
+        folded = word.casefold()
+        if folded in self.descriptive_words:
+            return True
+        return any(stem in self.verbs for stem in _verb_stems(folded))
+
+    def is_english_word(self, word: str) -> bool:
+        """True for a word of the English lexicon or a common word."""
+        folded = word.casefold()
+        return (
+            folded in self.english_words
+            or folded in self.common_words
+            or self.is_descriptive(folded)
+            or (folded.endswith("s") and folded[:-1] in self.english_words)
+        )
 
     def is_given_name(self, word: str) -> bool:
         """True for a given name that is not also a common English word."""
@@ -151,8 +210,73 @@ def load_name_gazetteer() -> NameGazetteer:
         surnames |= _latin_names(_provider_lists(provider, "last_romanized"))
     common = {w.casefold() for w in STOP_WORDS} | {w.casefold() for w in EnglishLorem.word_list}
     common |= _EXTRA_COMMON
-    function_words = frozenset({w.casefold() for w in STOP_WORDS} | _EXTRA_COMMON)
-    return NameGazetteer(frozenset(given), frozenset(surnames), frozenset(common), function_words)
+    stop_words = frozenset({w.casefold() for w in STOP_WORDS})
+    return NameGazetteer(
+        frozenset(given),
+        frozenset(surnames),
+        frozenset(common),
+        stop_words | _EXTRA_COMMON,
+        stop_words=stop_words,
+    )
+
+
+@dataclass(frozen=True)
+class EnglishLexicon:
+    """WordNet's lemmas as shipped in the spaCy model's lemmatizer tables, case-folded."""
+
+    descriptive: frozenset[str]
+    """Adjectives and adverbs."""
+    verbs: frozenset[str]
+    words: frozenset[str]
+    """Every lemma and every irregular form."""
+
+
+@cache
+def load_english_lexicon(model_path: str) -> EnglishLexicon:
+    """Read the lemmatizer tables of an installed spaCy model (``<model>/lemmatizer/lookups``).
+
+    An empty lexicon when the model has none (the gazetteer then falls back to
+    a short list of everyday adjectives). Cached; about 0.05 s.
+    """
+    from spacy.lookups import Lookups
+
+    folder = Path(model_path) / "lemmatizer" / "lookups"
+    empty = EnglishLexicon(frozenset(), frozenset(), frozenset())
+    if not (folder / "lookups.bin").exists():
+        return empty
+    lookups = Lookups().from_disk(folder)
+    if not lookups.has_table("lemma_index"):
+        return empty
+    index = lookups.get_table("lemma_index")
+
+    def lemmas(pos: str) -> set[str]:
+        values = index.get(pos) or []
+        return {str(v).casefold() for v in values if "_" not in str(v)}
+
+    words: set[str] = set()
+    for pos in ("noun", "verb", "adj", "adv"):
+        words |= lemmas(pos)
+    if lookups.has_table("lemma_exc"):
+        for forms in lookups.get_table("lemma_exc").values():
+            if isinstance(forms, dict):
+                words |= {str(f).casefold() for f in forms if "_" not in str(f)}
+    return EnglishLexicon(
+        frozenset(lemmas("adj") | lemmas("adv")), frozenset(lemmas("verb")), frozenset(words)
+    )
+
+
+def _verb_stems(word: str) -> list[str]:
+    """Possible base forms of an -ing or -ed word: writing → writ, write; stopped → stop."""
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) > len(suffix) + 2:
+            stem = word[: -len(suffix)]
+            stems = [stem, stem + "e"]
+            if len(stem) > 2 and stem[-1] == stem[-2]:
+                stems.append(stem[:-1])
+            if suffix == "ed" and stem.endswith("i"):
+                stems.append(stem[:-1] + "y")
+            return stems
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +392,20 @@ class PersonNameFinder:
                 )
         return results
 
+    def _self_named(self, word: _Word) -> bool:
+        """After "I'm": a known given name, or a word that is not an English adjective.
+
+        "I'm sorry", "I'm Sorry", "i'm writing" are not names; "I'm Ann",
+        "i'm maria", "I'm Xochitl" are. A lower-case word must also not be an
+        English word at all.
+        """
+        gazetteer = self.gazetteer
+        if gazetteer.is_given_name(word.text):
+            return True
+        if gazetteer.is_descriptive(word.text):
+            return False
+        return word.capitalised or not gazetteer.is_english_word(word.text)
+
     def _name_at(self, text: str, words: list[_Word], index: int) -> int | None:
         """Index of the last word of a name starting at ``words[index]``, or ``None``."""
         word = words[index]
@@ -277,6 +415,8 @@ class PersonNameFinder:
         titled = previous in _TITLES and text[words[index - 1].end : word.start].strip(". ") == ""
         strong = _STRONG_CUES.search(window) is not None
         cued = titled or strong or _CUES.search(window) is not None
+        if _SELF_CUES.search(window) and not self._self_named(word):
+            return None
         following = words[index + 1] if index + 1 < len(words) else None
         adjacent = following is not None and _adjacent(text, word, following)
         if word.capitalised:
@@ -284,6 +424,7 @@ class PersonNameFinder:
                 gazetteer.is_given_name(word.text)
                 or titled
                 or (cued and not gazetteer.is_common(word.text))
+                or (strong and gazetteer.is_listed_name(word.text))
                 or (
                     adjacent
                     and following is not None
@@ -328,6 +469,20 @@ class PersonNameFinder:
                 or (strong and not gazetteer.is_common(following.text))
             ):
                 last += 1
+                continue
+            if (
+                word.capitalised
+                and following.capitalised
+                and text[words[last].end : following.start] == " "
+                and (
+                    (strong and following.text.casefold() in gazetteer.surnames)
+                    or (
+                        gazetteer.is_listed_surname(following.text)
+                        and gazetteer.is_given_name(words[last].text)
+                    )
+                )
+            ):
+                last += 1  # "Evan West", "Tina English": a surname that is also a word
                 continue
             break
         if words[last].text.isalpha() and len(words[last].text) == 1 and last > index:

@@ -86,6 +86,19 @@ class CompiledPatternRecognizer(EntityRecognizer):
         return results
 
 
+def fuse_overlaps(results: list[RecognizerResult]) -> list[RecognizerResult]:
+    """Overlapping results of one recognizer fused into one span with the best score."""
+    fused: list[RecognizerResult] = []
+    for result in sorted(results, key=lambda r: (r.start, -r.end)):
+        if fused and result.start < fused[-1].end:
+            last = fused[-1]
+            last.end = max(last.end, result.end)
+            last.score = max(last.score, result.score)
+        else:
+            fused.append(result)
+    return fused
+
+
 def has_context(text: str, start: int, words: re.Pattern[str], window: int = 40) -> bool:
     """True when one of ``words`` occurs in the ``window`` characters before ``start``."""
     return words.search(text, max(0, start - window), start) is not None

@@ -14,7 +14,7 @@ import re
 from presidio_analyzer import EntityRecognizer, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpArtifacts
 
-from feedback.pii.recognizers import CompiledPatternRecognizer, has_context
+from feedback.pii.recognizers import CompiledPatternRecognizer, fuse_overlaps, has_context
 
 _SSN_CONTEXT = re.compile(r"ssn|social security|social sec|ss#|ss #", re.I)
 _PHONE_CONTEXT = re.compile(
@@ -87,12 +87,16 @@ _STREET_TYPES = (
     "Gardens?|Groves?|Hollow|Junctions?|Crossing|Expressway|Freeway|Str|Pass|Path|Bridge|Club|"
     "Villages?|Vista|View|Station|Estates?|Fords?|Run|Keys?|Tunnel|Trace|Ports?|Center|Centre|"
     "Orchard|Manors?|Gateway|Mission|Ferry|Passage|Forges?|Plains?|Fort|Summit|Bypass|Shores?|"
-    "Harbou?r|Islands?|Fields?|Wells?|Pines|Curve|Meadows?|Mills?|Landing|Falls|Rapids?|Divide|"
+    "Harbou?r|Islands?|Fields?|Wells?|Pines|Curve|Meadows?|Mills?|Landing|Falls?|Rapids?|Divide|"
     "Burgs?|Lakes?|Springs?|Stream|Valley|Camp|Canyon|Cape|Causeway|Common|Corners?|Course|Cove|"
     "Creek|Crest|Dale|Dam|Extension|Flats?|Glen|Haven|Inlet|Isle|Knolls?|Lights?|Locks?|Lodge|"
     "Motorway|Mount|Mountain|Neck|Oval|Overpass|Parade|Prairie|Quay|Rest|Rise|Route|Shoals?|"
-    "Skyway|Spurs?|Throughway|Track|Trafficway|Underpass|Viaduct|Ville|Wall|Wharf|Wynd|Esplanade"
+    "Skyway|Spurs?|Throughway|Track|Trafficway|Underpass|Viaduct|Ville|Wall|Wharf|Wynd|Esplanade|"
+    # The rest of the USPS street suffixes (Publication 28, appendix C1).
+    "Annex|Arcade|Bayou|Beach|Bend|Bluffs?|Bottom|Branch|Brooks?|Cliffs?|Crossroads?|Forest|"
+    "Land|Loaf|Mall|Pine|Radial|Ramp|River|Rue|Stravenue|Trailer|Via"
 )
+"""Street types; each may also be plural ("Courts", "Mountains"), as in Faker's addresses."""
 _STREET_PREFIXES = (
     "Rue|Rua|Rúa|Via|Viale|Piazza|Piazzale|Piazzetta|Strada|Stradella|Calle|Carrer|Avenida|"
     "Avinguda|Av\\.|Avenue|Plaza|Praça|Paseo|Passeig|Camino|Travessa|Travesía|Largo|Alameda|Ronda|"
@@ -109,13 +113,15 @@ _WORD = r"[^\W\d_][\w'’.-]*"
 _CAP = r"[^\W\d_a-z][\w'’.-]*"
 _HOUSE = r"\d{1,6}[A-Za-z]?(?:[-/]\d{1,4})?"
 _AFTER_TYPES = r"u\.|út|utca|tér|körút|köz|sétány|ulica|cesta|put|gata|gade|vej|weg"
+_MILITARY_POST = r"(?:APO|FPO|DPO)\s+(?:AA|AE|AP)\s+\d{5}\b"
+"""US military post: APO/FPO/DPO, the "state" (Americas, Europe, Pacific) and a ZIP code."""
 
 _ADDRESS_CORES = re.compile(
     "|".join(
         [
             # 2450 Crown St, 363 52 Huntly Street, 1317 Kimberly Way
             rf"\b{_HOUSE}\s+(?:\d{{1,5}}\s+)?(?:[NSEW]\.?\s+)?(?:{_CAP}\s+){{0,3}}{_CAP}\s+"
-            rf"(?i:{_STREET_TYPES})\b\.?",
+            rf"(?i:(?:{_STREET_TYPES})s?)\b\.?",
             # Koskikatu 25, 6750 Koskikatu 25, tawastintie 6, Nieuwe Baan 473
             rf"(?:\b{_HOUSE}\s+)?(?:\b{_CAP}\s+){{0,2}}\b[^\W\d_][\w'’-]*(?i:{_STREET_ENDINGS})\s+"
             rf"{_HOUSE}\b\.?",
@@ -126,10 +132,11 @@ _ADDRESS_CORES = re.compile(
             rf"\b(?:{_WORD}\s+){{0,2}}{_WORD}\s+(?i:{_AFTER_TYPES})\s+{_HOUSE}\b\.?",
             # 5100 Quadra 104, 22829 Jagerij 64: a number, a street name, a number.
             rf"\b\d{{3,6}}\s+(?:{_CAP}\s+){{0,2}}{_CAP}\s+\d{{1,4}}[A-Za-z]?\b",
-            # PSC 0729, Box 5797 / APO AP 96854, USS Mahler / FPO AA 70489
-            r"\b(?:PSC|Unit|CMR)\s+\d{3,5},?\s+Box\s+\d{3,5}\s+(?:APO|FPO|DPO)\s+(?:AA|AE|AP)\s+\d{5}\b",
-            r"\b(?:USNS|USNV|USS|USCGC)\s+(?:[^\W\d_][\w'-]*\s+){1,2}(?:FPO|APO|DPO)\s+"
-            r"(?:AA|AE|AP)\s+\d{5}\b",
+            # Military mail: PSC 0729, Box 5797, APO AP 96854 / Unit 1234 Box 5678, DPO AE 12345
+            # / USS Mahler, FPO AA 70489 / USNS Smith FPO AP 12345; the box alone is enough.
+            rf"\b(?:PSC|Unit|CMR)\s+\d{{1,5}},?\s+Box\s+\d{{1,5}}\b(?:,?\s+{_MILITARY_POST})?",
+            rf"\b(?:USNS|USNV|USS|USCGC)\s+(?:{_CAP}\s+)?{_CAP},?\s+{_MILITARY_POST}",
+            rf"\b{_MILITARY_POST}",
             # P.O. Box 149, PO Box 12
             r"(?<!\w)(?:\d{1,6}\s+)?(?i:P\.?\s?O\.?\s*Box)\s+\d{1,6}\b",
             # the corner of 35 Pentelis Str. and Waechter Turnpike
@@ -188,7 +195,7 @@ class StreetAddressRecognizer(EntityRecognizer):
             results.append(
                 RecognizerResult(self.ENTITY, match.start(), self._grow(text, match.end()), 0.5)
             )
-        return results
+        return fuse_overlaps(results)
 
     @staticmethod
     def _grow(text: str, end: int) -> int:

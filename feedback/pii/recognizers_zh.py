@@ -4,8 +4,9 @@ Numbers are plain patterns with check digits. Names and addresses need word
 boundaries, which come from jieba (loaded on first use, never at import).
 jieba's own person tag (``nr``) finds only about half of the names people
 write on social media, so names are also taken from @-mentions, from a
-surname followed or preceded by a cue (a title, ``叫``, ``感谢``…), and from
-familiar forms (``老王``, ``小李``).
+surname followed or preceded by a cue (a title, ``叫``, ``感谢``…), from
+familiar forms (``老王``, ``小李``, ``芳姐``) and pet names (``兔兔``, ``王菲菲``).
+A frequent ordinary word inside a dictionary "name" (``银行卡``) vetoes it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from presidio_analyzer import EntityRecognizer, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpArtifacts
 
 from feedback.pii.checksums import cn_resident_id_valid
-from feedback.pii.recognizers import CompiledPatternRecognizer, has_context
+from feedback.pii.recognizers import CompiledPatternRecognizer, fuse_overlaps, has_context
 from feedback.pii.surnames_zh import COMPOUND_SURNAMES, GIVEN_NAME_CHARS, SINGLE_SURNAMES
 
 _PHONE_CONTEXT = re.compile(r"电话|手机|座机|联系|致电|打给|拨打|号码|tel|phone|mobile|call", re.I)
@@ -106,6 +107,14 @@ class ChineseSegmenter:
         """How often ``word`` occurs in jieba's dictionary (0 when it is not a word)."""
         return int(self._load().tokenizer.FREQ.get(word, 0))
 
+    def flag(self, word: str) -> str:
+        """The dictionary's part-of-speech tag for ``word`` ("" when it has none)."""
+        return str(self._load().word_tag_tab.get(word, ""))
+
+    def is_common_word(self, word: str) -> bool:
+        """A frequent dictionary word that the dictionary does not tag as a name or a place."""
+        return self.frequency(word) >= _COMMON_PREFIX and self.flag(word) not in _PROPER_FLAGS
+
     def new_words(self, text: str) -> list[Token]:
         """Words jieba's HMM proposes that are not in its dictionary (often names)."""
         tokenizer = self._load().tokenizer
@@ -152,14 +161,57 @@ _TITLES = frozenset(
     }
 )  # fmt: skip
 _NICKNAME_SUFFIXES = frozenset("哥姐子君叔")
+_SIBLING_SUFFIXES = frozenset("哥姐")
+_SURNAME_DOUBLED = re.compile(f"([{''.join(sorted(SINGLE_SURNAMES))}])(?=([{_HAN}])\\2)..")
+_NAME_SUFFIXES = frozenset("哥姐君")
+_NOUN_LIKE_FLAGS = frozenset({"n", "nr", "nrt", "ns", "nz", "ng", "g", "zg", "ag", "a", "j"})
+_LATIN_NICKNAME = re.compile(r"(?<![A-Za-z])[小老阿][A-Z](?![A-Za-z0-9])")
 _FAMILIAR_PREFIXES = frozenset("小老阿")
 _NAMING_CUES = ("叫做", "名叫", "叫", "姓名", "名字是")
+_NAMING_CUE = re.compile(r"(?:叫做|名叫|叫|名字是|名字叫|姓名)[:：]?\s*")
+_FUNCTION_CHARS = frozenset(
+    "的了是在我你他她它们这那个就也都说和与及或把被给对向从到为很太最还又再不没有吗呢吧啊呀哦哈嘿么"
+    "着过得地上下里中来去会能要一二三四五六七八九十百千万亿第"
+)
+"""Particles, pronouns, prepositions, adverbs and numerals: never the given name after a cue."""
 _THANKING_CUES = ("感谢", "谢谢", "致")
 _AMBIGUOUS_SURNAMES = frozenset(
     "都来和那时但祝于元成花路白牛连万米干哈信安钱包熊华车乐向管冷官盘由甘强留温原帅国羊康容全边關修"
 )
 """Surnames that are far more often ordinary words; they need stronger evidence."""
-_NOT_DOUBLED = frozenset("心哈嘻呵嘿啦呜哇嗯哦啊嘛呀咯嘎哼噢喔泪爱棒笑赞萌")
+_NOT_DOUBLED = frozenset("心哈嘻呵嘿啦呜哇嗯哦啊嘛呀咯嘎哼噢喔泪爱棒笑赞萌汗亲衰顶頂晕怒困酷耶")
+"""Interjections and the words of Weibo's emoticons ([汗], [亲亲], [衰]): doubled, no name."""
+
+
+def _onomatopoeic(char: str) -> bool:
+    """A character with the mouth radical 口 (哒, 咔, 噜, 哟) that no name list knows.
+
+    Unicode orders CJK ideographs by radical: U+53E3 to U+56D6 is radical 30.
+    Sound words are written with it; 吴, 周, 君, 哲 are too, so names are spared.
+    """
+    return (
+        "\u53e3" <= char <= "\u56d6"
+        and char not in GIVEN_NAME_CHARS
+        and char not in SINGLE_SURNAMES
+    )
+
+
+def _doubled_name_char(char: str) -> bool:
+    """A character that, doubled, can be a pet name (兔兔, 佳佳): no interjection or particle."""
+    return (
+        _is_han(char)
+        and char not in _NOT_DOUBLED
+        and char not in _NOT_GIVEN_NAME
+        and not _onomatopoeic(char)
+    )
+
+
+def _repeated_on(text: str, start: int, end: int) -> bool:
+    """True when the character doubled at ``start:end`` also stands right before or after it."""
+    char = text[start]
+    return text[start - 1 : start] == char or text[end : end + 1] == char
+
+
 _NOT_GIVEN_NAME = frozenset(
     "的了是在我你他她它们这那个就也都说和与及或把被给对向从到为很太最还又再不没有吗呢吧啊呀哦哈嘿么"
     "着过得地上下里中来去会能要想看做年月日时分秒元块个位次天号一二三四五六七八九十百千万亿第"
@@ -174,6 +226,9 @@ _BOUND_FLAGS = frozenset(
 _NAME_CHAR_FLAGS = frozenset({"nr", "nrt", "ng", "g"})
 _COMMON_WORD = 300
 """Dictionary frequency above which a word is an ordinary word rather than a name."""
+_COMMON_PREFIX = 1000
+"""Frequency from which a word inside a longer one shows that one to be a compound (银行+卡)."""
+_PROPER_FLAGS = frozenset({"nr", "nrfg", "nrt", "ns", "nz", "nt"})
 
 
 def _is_han(text: str) -> bool:
@@ -182,6 +237,11 @@ def _is_han(text: str) -> bool:
 
 def _likely_given(token: Token) -> bool:
     return token.word in GIVEN_NAME_CHARS or token.flag in _BOUND_FLAGS
+
+
+def _noun_like(token: Token) -> bool:
+    """A lone character tagged as a noun, an adjective or a bound morpheme (兔, 舟, 東)."""
+    return token.flag in _NOUN_LIKE_FLAGS
 
 
 def _name_capable(token: Token) -> bool:
@@ -236,6 +296,10 @@ class ChineseNameRecognizer(EntityRecognizer):
             self._new_word(new_word, char_flags, found)
         self._mentions(text, found)
         self._patterns(text, found)
+        self._latin_nicknames(text, found)
+        for cue in _NAMING_CUE.finditer(text):
+            # On characters: jieba often glues 叫 to the surname (叫屈, 叫安).
+            self._surname_after_cue(text, cue.end(), found)
         for index, token in enumerate(tokens):
             word = token.word
             if word in COMPOUND_SURNAMES or (len(word) == 1 and word in SINGLE_SURNAMES):
@@ -245,16 +309,52 @@ class ChineseNameRecognizer(EntityRecognizer):
             ):
                 self._surname_word(token, found)
             if len(word) == 1 and index + 1 < len(tokens):
-                self._nickname(tokens, index, found)
+                self._nickname(text, tokens, index, found)
+                self._given_name_pair(tokens, index, found)
+            elif len(word) == 2 and word[0] in _FAMILIAR_PREFIXES:
+                self._familiar_word(token, found)
             elif token.flag not in {"a", "d", "v", "o", "y", "e"}:
-                self._doubled_word(token, found)
+                self._doubled_word(text, token, found)
             if word in _TITLES and len(word) > 1 and index > 0:
                 self._before_title(tokens, index, found)
+            elif word in _NAME_SUFFIXES and index > 1:
+                self._before_suffix(tokens, index, found)
             if word.endswith(_NAMING_CUES) and index + 1 < len(tokens):
                 self._after_cue(tokens, index, found)
             elif word in _THANKING_CUES and index + 1 < len(tokens):
                 self._after_thanks(text, tokens, index, found)
+        self._surnames_before_pet_names(text, found)
         return [RecognizerResult(self.ENTITY, s, e, score) for (s, e), score in found.items()]
+
+    def _surnames_before_pet_names(self, text: str, found: _NameSpans) -> None:
+        """陈芭芭, 王菲菲: a surname right before a doubled given name belongs to the name.
+
+        Found on characters too, since jieba rarely keeps the pair together
+        (宋/晚/晚起). Not when the surname character ends a word (感谢兔兔: 谢
+        belongs to 感谢) nor inside a longer reduplication (高高兴兴).
+        """
+        for match in _SURNAME_DOUBLED.finditer(text):
+            start, end = match.span()
+            if (
+                match.group(1) not in _AMBIGUOUS_SURNAMES
+                and _doubled_name_char(match.group(2))
+                and text[start - 1 : start] != match.group(1)
+                and not _repeated_on(text, start + 1, end)
+                and (start < 1 or self.segmenter.frequency(text[start - 1 : start + 1]) == 0)
+                and self.segmenter.frequency(text[start + 1 : end]) < 100
+            ):
+                found.add(start, end, 0.45)
+        for (start, end), score in list(found.items()):
+            before = text[start - 1 : start]
+            if (
+                start >= 1
+                and end - start == 2
+                and text[start] == text[start + 1]
+                and before in SINGLE_SURNAMES
+                and before not in _AMBIGUOUS_SURNAMES
+                and (start < 2 or self.segmenter.frequency(text[start - 2 : start]) == 0)
+            ):
+                found.add(start - 1, end, score)
 
     def _mentions(self, text: str, found: _NameSpans) -> None:
         """@handles identify a user; a long all-Chinese run keeps only its first word."""
@@ -338,35 +438,126 @@ class ChineseNameRecognizer(EntityRecognizer):
         given = token.word[2:] if token.word[:2] in COMPOUND_SURNAMES else token.word[1:]
         if not given or token.flag not in {"nr", "nrfg"} or token.word[0] in _AMBIGUOUS_SURNAMES:
             return
-        if self.segmenter.frequency(token.word) < _COMMON_WORD:
-            found.add(token.start, token.end, 0.5)
-
-    def _nickname(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
-        """小玲, 老王, 泽哥, 雯子, 兔兔: a familiar prefix, a suffix, or a doubled character."""
-        token, nxt = tokens[index], tokens[index + 1]
-        if len(nxt.word) != 1 or self.segmenter.frequency(token.word + nxt.word) >= 100:
+        if self.segmenter.frequency(token.word) >= _COMMON_WORD or self._compound(token.word):
             return
+        found.add(token.start, token.end, 0.5)
+
+    def _compound(self, word: str) -> bool:
+        """银行卡, 申请书: a common noun the dictionary mistags as a name.
+
+        Its first two characters already make a frequent ordinary word, which
+        a surname and a given-name character seldom do.
+        """
+        return len(word) == 3 and self.segmenter.is_common_word(word[:2])
+
+    def _nickname(self, text: str, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """小玲, 老王, 泽哥, 雯子, 兔兔: a familiar prefix, a suffix, or a doubled character.
+
+        After 小/老/阿, a surname or a given-name character makes a name unless
+        the pair is a common word (小时, 老师). Otherwise the pair must be rare
+        in the dictionary (under 100), and before 哥/姐 any character will do
+        when the pair is no dictionary word at all (舟哥); doubled, a given-name
+        or noun-like character, or again a pair the dictionary lacks (兔兔),
+        but no interjection or sound word (哒哒, 汗汗汗).
+        """
+        token, nxt = tokens[index], tokens[index + 1]
+        if len(nxt.word) != 1:
+            return
+        pair = token.word + nxt.word
         if token.word in _FAMILIAR_PREFIXES:
-            if nxt.word in SINGLE_SURNAMES or nxt.word in GIVEN_NAME_CHARS:
+            if (nxt.word in SINGLE_SURNAMES or nxt.word in GIVEN_NAME_CHARS) and not (
+                self.segmenter.is_common_word(pair)
+            ):
                 found.add(token.start, nxt.end, 0.5)
-        elif _name_capable(token) and (
-            (token.word in GIVEN_NAME_CHARS and nxt.word in _NICKNAME_SUFFIXES)
-            or (nxt.word == token.word in GIVEN_NAME_CHARS and token.word not in _NOT_DOUBLED)
+            return
+        if self.segmenter.frequency(pair) >= 100 or not _name_capable(token):
+            return
+        if (
+            nxt.word in _NICKNAME_SUFFIXES
+            and (
+                token.word in GIVEN_NAME_CHARS
+                or (nxt.word in _SIBLING_SUFFIXES and self.segmenter.frequency(pair) == 0)
+            )
+        ) or (
+            nxt.word == token.word
+            and _doubled_name_char(token.word)
+            and (
+                token.word in GIVEN_NAME_CHARS
+                or _noun_like(token)
+                or self.segmenter.frequency(pair) == 0
+            )
+            and not _repeated_on(text, token.start, nxt.end)
         ):
             found.add(token.start, nxt.end, 0.5)
 
-    def _doubled_word(self, token: Token, found: _NameSpans) -> None:
-        """圆圆, 佳佳: a doubled character that the dictionary does not know as a word."""
+    def _familiar_word(self, token: Token, found: _NameSpans) -> None:
+        """老王, 小张: a familiar form the dictionary lists as one word, if not a common one."""
+        word = token.word
+        if word in _TITLES:
+            return
+        frequency = self.segmenter.frequency(word)
+        if (
+            word[1] in SINGLE_SURNAMES
+            and word[1] not in _AMBIGUOUS_SURNAMES
+            and frequency < _COMMON_WORD
+        ) or (token.flag in {"nr", "nrfg", "nrt"} and frequency < 100):
+            found.add(token.start, token.end, 0.5)
+
+    def _given_name_pair(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """嘉欣, 锦荣: exactly two loose characters, both typical of given names.
+
+        The dictionary could not join them to a word or to their neighbours,
+        which stand apart (a longer word, punctuation, a particle).
+        """
+        first, second = tokens[index], tokens[index + 1]
+        if not all(
+            len(t.word) == 1
+            and _name_capable(t)
+            and (t.word in GIVEN_NAME_CHARS or t.flag in _NAME_CHAR_FLAGS)
+            for t in (first, second)
+        ):
+            return
+        if first.word == second.word or not (
+            first.word in GIVEN_NAME_CHARS and second.word in GIVEN_NAME_CHARS
+        ):
+            return
+        neighbours = tokens[max(0, index - 1) : index] + tokens[index + 2 : index + 3]
+        if any(len(t.word) == 1 and _name_capable(t) for t in neighbours):
+            return
+        if self.segmenter.frequency(first.word + second.word) < 100:
+            found.add(first.start, second.end, 0.45)
+
+    def _doubled_word(self, text: str, token: Token, found: _NameSpans) -> None:
+        """圆圆, 佳佳, 猪猪: a doubled character that the dictionary does not know as a word."""
         word = token.word
         if (
             len(word) == 2
             and word[0] == word[1]
-            and word[0] in GIVEN_NAME_CHARS
-            and word[0] not in _NOT_DOUBLED
-            and _is_han(word)
+            and _doubled_name_char(word[0])
+            and (word[0] in GIVEN_NAME_CHARS or word[0] in SINGLE_SURNAMES or token.flag == "n")
             and self.segmenter.frequency(word) < 100
+            and not _repeated_on(text, token.start, token.end)
         ):
             found.add(token.start, token.end, 0.45)
+
+    def _latin_nicknames(self, text: str, found: _NameSpans) -> None:
+        """小V, 老K, 阿J: a familiar prefix before a single Latin capital."""
+        for match in _LATIN_NICKNAME.finditer(text):
+            found.add(*match.span(), 0.45)
+
+    def _before_suffix(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
+        """逸桦君, 信琦哥: two loose given-name characters before 君, 哥 or 姐."""
+        pair = tokens[index - 2 : index]
+        if (
+            all(
+                len(t.word) == 1
+                and _name_capable(t)
+                and (t.word in GIVEN_NAME_CHARS or t.flag in _NAME_CHAR_FLAGS)
+                for t in pair
+            )
+            and self.segmenter.frequency(pair[0].word + pair[1].word) < 100
+        ):
+            found.add(pair[0].start, tokens[index].end, 0.45)
 
     def _before_title(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
         """倩萍小姐, 小丸子童鞋: two or three uncommon characters right before a title."""
@@ -407,6 +598,34 @@ class ChineseNameRecognizer(EntityRecognizer):
                 return
             run.pop()
 
+    def _surname_after_cue(self, text: str, start: int, found: _NameSpans) -> None:
+        """我叫郭想。我叫黄桂花。: after 叫, a surname and one or two characters, then punctuation.
+
+        The given name may be an ordinary word (桂花, 想); the surname, the cue
+        and the punctuation that closes the name are evidence enough. A common
+        word as a whole (司机) is still not a name.
+        """
+        if text[start : start + 2] in COMPOUND_SURNAMES:
+            surname = 2
+        elif text[start : start + 1] in SINGLE_SURNAMES:
+            surname = 1
+        else:
+            return
+        for given in (2, 1):
+            end = start + surname + given
+            chars = text[start + surname : end]
+            if len(chars) != given or not _is_han(chars) or not _closes_name(text, end):
+                continue
+            if any(ch in _FUNCTION_CHARS for ch in chars):
+                return
+            name = text[start:end]
+            if self.segmenter.frequency(name) >= _COMMON_WORD and (
+                self.segmenter.flag(name) not in _PROPER_FLAGS
+            ):
+                return
+            found.add(start, end, 0.55)
+            return
+
     def _after_cue(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
         """After 叫 or 名叫, a short run of uncommon words is taken as a name."""
         run: list[Token] = []
@@ -423,6 +642,12 @@ class ChineseNameRecognizer(EntityRecognizer):
             found.add(run[0].start, run[-1].end, 0.5)
 
 
+def _closes_name(text: str, end: int) -> bool:
+    """True at the end of ``text`` or before punctuation or a space."""
+    following = text[end : end + 1]
+    return not following or not (following.isalnum() or _HAN_CHAR.match(following))
+
+
 _ADMIN_SUFFIXES = ("省", "自治区", "市", "区", "县", "州", "旗", "盟", "镇", "乡", "街道")
 _STREET_SUFFIXES = (
     "路", "街", "道", "巷", "弄", "胡同", "号", "栋", "幢", "座", "单元", "楼", "室", "院", "村",
@@ -430,6 +655,21 @@ _STREET_SUFFIXES = (
 )  # fmt: skip
 _NUMBER = re.compile(r"[0-9A-Za-z一二三四五六七八九十百零〇-]{1,8}")
 _POSTCODE = re.compile(r"\s*\d{6}(?!\d)")
+_PROVINCE = (
+    "(?:北京|天津|上海|重庆)市?|(?:河北|山西|辽宁|吉林|黑龙江|江苏|浙江|安徽|福建|江西|山东|河南|"
+    "湖北|湖南|广东|海南|四川|贵州|云南|陕西|甘肃|青海|台湾)省?|内蒙古(?:自治区)?|"
+    "广西(?:壮族自治区)?|西藏(?:自治区)?|宁夏(?:回族自治区)?|新疆(?:维吾尔自治区)?|"
+    "(?:香港|澳门)(?:特别行政区)?"
+)
+_NOT_IN_ADDRESS = "的了是在我你他她它与及或把被给对从到为很也就还又再不没吗呢吧啊呀这那"
+_PROVINCE_ADDRESS = re.compile(
+    rf"(?:{_PROVINCE})(?:(?![{_NOT_IN_ADDRESS}])[{_HAN}0-9A-Za-z]){{1,24}}?"
+    r"(?:路|街|道|巷|弄|胡同|里)"
+    r"(?:[0-9A-Za-z一二三四五六七八九十百零〇-]{1,8}(?:号院|号楼|号|座|栋|幢|楼|单元|室|层)){1,4}"
+)
+"""An address that starts at a province and reaches a numbered building: the shape of a
+full postal address, found on characters so that the segmentation of the unusual
+names in between (安次关街, 六枝特) cannot break it."""
 
 
 class ChineseAddressRecognizer(EntityRecognizer):
@@ -437,7 +677,10 @@ class ChineseAddressRecognizer(EntityRecognizer):
 
     Works on jieba tokens: an address starts at a place name or an
     administrative unit and runs over units, numbers and the short words in
-    front of a unit (``永川/罗/街``); it must reach street level.
+    front of a unit (``永川/罗/街``); it must reach street level. A full
+    address that starts at a province and reaches a numbered building is also
+    matched on characters, so that odd segmentation in between cannot leave
+    the province or the county behind.
     """
 
     ENTITY = "STREET_ADDRESS"
@@ -464,6 +707,14 @@ class ChineseAddressRecognizer(EntityRecognizer):
     def find(self, text: str, tokens: list[Token]) -> list[RecognizerResult]:
         """Find addresses given jieba's tokens of ``text``."""
         results: list[RecognizerResult] = []
+        for match in _PROVINCE_ADDRESS.finditer(text):
+            end = match.end()
+            postcode = _POSTCODE.match(text, end)
+            results.append(
+                RecognizerResult(
+                    self.ENTITY, match.start(), postcode.end() if postcode else end, 0.7
+                )
+            )
         index = 0
         while index < len(tokens):
             token = tokens[index]
@@ -480,7 +731,7 @@ class ChineseAddressRecognizer(EntityRecognizer):
                 index = end_index + 1
             else:
                 index += 1
-        return results
+        return fuse_overlaps(results)
 
     @staticmethod
     def _extend(tokens: list[Token], start: int) -> tuple[int, bool]:

@@ -21,7 +21,12 @@ from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import RecognizerResult as AnonymizerResult
 
 from feedback.pii.language import TextLanguage, detect_language
-from feedback.pii.person_names import NameGazetteer, PersonNameFinder, load_name_gazetteer
+from feedback.pii.person_names import (
+    NameGazetteer,
+    PersonNameFinder,
+    load_english_lexicon,
+    load_name_gazetteer,
+)
 from feedback.pii.recognizers import (
     CompiledPatternRecognizer,
     CredentialUrlRecognizer,
@@ -204,7 +209,9 @@ class Scrubber:
         """Drop low scores and unwanted types, then fuse overlapping spans into one.
 
         Overlaps are fused (not resolved to one winner) so that no piece of a
-        value survives; the fused span takes the type of its strongest part.
+        value survives. The fused span takes the type of the part that holds
+        the other (a street named after a person is still an address), else
+        of its strongest part.
         """
         kept = sorted(
             (
@@ -221,6 +228,10 @@ class Scrubber:
             if merged and result.start < merged[-1].end:
                 last = merged[-1]
                 best = max((last, result), key=lambda r: (r.score, r.end - r.start, r.entity_type))
+                if last.start <= result.start and result.end <= last.end:
+                    best = last
+                elif result.start <= last.start and last.end <= result.end:
+                    best = result
                 merged[-1] = RecognizerResult(
                     best.entity_type, last.start, max(last.end, result.end), best.score
                 )
@@ -426,11 +437,15 @@ def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
     ]
     nlp = None
     english = "en" in settings.languages
+    gazetteer = load_name_gazetteer()
     if english and "PERSON" in entities:
         import spacy
 
         nlp = spacy.load(settings.spacy_model, exclude=list(_SPACY_COMPONENTS_NOT_NEEDED))
         nlp.max_length = settings.max_text_chars + 1
+        if nlp.path is not None:
+            # WordNet's adjectives tell "I'm sorry" from "I'm Ann".
+            gazetteer = gazetteer.with_lexicon(load_english_lexicon(str(nlp.path)))
     segmenter = chinese_names = chinese_addresses = None
     if "zh" in settings.languages and entities & {"PERSON", "STREET_ADDRESS"}:
         segmenter = ChineseSegmenter()
@@ -444,7 +459,7 @@ def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
         settings,
         nlp,
         patterns,
-        load_name_gazetteer(),
+        gazetteer,
         street,
         chinese_names,
         chinese_addresses,

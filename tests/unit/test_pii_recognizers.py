@@ -311,3 +311,109 @@ def test_language_by_cjk_share() -> None:
     assert detect_language("Hello there") is TextLanguage.EN
     assert detect_language("你好，世界") is TextLanguage.ZH
     assert detect_language("我和John Smith见面") is TextLanguage.MIXED
+
+
+# Traffic-simulator findings -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "PSC 9816, Box 4760, APO AA 22222",
+        "PSC 0729, Box 5797\nAPO AP 96854",
+        "Unit 1234 Box 5678, DPO AE 12345",
+        "USNS Smith, FPO AP 12345",
+        "USS Jones, FPO AE 12345",
+        "USCGC Holmes FPO AA 16674",
+    ],
+)
+def test_military_addresses_are_found_whole(text: str) -> None:
+    assert found(StreetAddressRecognizer(), f"I live at {text}. Thanks") == [text]
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "14797 Smith Pike, Lake Jamesview, GU 09301",
+        "116 Ballard Courts, Rossland, NH 01392",
+        "87890 Ramirez Stravenue, Williamsport, KY 80503",
+        "6697 Moss Fall, Johnsonfort, MO 98898",
+        "55111 Delgado Crossroad, Port Kristine, VT 85094",
+        "447 Karen River, Jamesbury, CA 88862",
+    ],
+)
+def test_street_types_of_the_usps_list_and_their_plurals(address: str) -> None:
+    assert found(StreetAddressRecognizer(), f"I live at {address}. My SSN is") == [address]
+
+
+def test_faker_us_addresses_are_found_whole(faker_en: Faker) -> None:
+    recognizer = StreetAddressRecognizer()
+    for _ in range(100):
+        address = faker_en.address().replace("\n", ", ")
+        hits = found(recognizer, f"I live at {address}. Call me.")
+        assert any(address in hit for hit in hits), (address, hits)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "内蒙古自治区大冶县六枝特龙街B座 123456",
+        "吉林省银川县安次关街E座 978117",
+        "河北省玉兰县六枝特重庆街B座 450177",
+        "香港特别行政区福州县城北戴街K座 874953",
+        "天津市呼和浩特市秀英饶路w座 267707",
+    ],
+)
+def test_chinese_addresses_from_the_province_on(segmenter: ChineseSegmenter, address: str) -> None:
+    text = f"我的地址是{address}。我的手机号是13812345678。"
+    assert found(ChineseAddressRecognizer(segmenter), text) == [address]
+
+
+def test_faker_chinese_addresses_are_found_whole(
+    segmenter: ChineseSegmenter, faker_zh: Faker
+) -> None:
+    recognizer = ChineseAddressRecognizer(segmenter)
+    for _ in range(100):
+        address = faker_zh.address().replace("\n", "")
+        assert found(recognizer, f"我的地址是{address}。") == [address]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "我的银行卡号是多少",  # 银行卡: jieba's dictionary tags it as a person
+        "请填写申请书",
+        "母亲节快乐",
+        "一个小时以后出发，我的老师很好",
+        "高高兴兴地回家，天天开心，我们慢慢走",
+        "这只小狗很可爱，哈哈哈哈",
+    ],
+)
+def test_chinese_common_words_are_not_names(segmenter: ChineseSegmenter, text: str) -> None:
+    assert found(ChineseNameRecognizer(segmenter), text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("我叫郭想。", "郭想"),  # the given name is an ordinary word (想)
+        ("我叫黄桂花。", "黄桂花"),
+        ("我叫屈明，今年三十岁", "屈明"),  # jieba reads 叫屈
+        ("大家都叫他老王。", "老王"),
+        ("我是小K，很高兴认识你", "小K"),
+        ("这件事问问芳姐吧", "芳姐"),
+        ("今天带果果去公园", "果果"),
+        ("感谢豆豆，感谢乐乐。", "豆豆"),
+        ("昨天见到了王菲菲", "王菲菲"),
+        ("我不厚道地笑了宋晚晚", "宋晚晚"),
+    ],
+)
+def test_chinese_names_after_cues_and_pet_names(
+    segmenter: ChineseSegmenter, text: str, name: str
+) -> None:
+    assert name in found(ChineseNameRecognizer(segmenter), text)
+
+
+@pytest.mark.parametrize("text", ["我叫司机。", "我叫了外卖。", "他在叫屈。", "我叫车来。"])
+def test_calling_for_something_is_no_name(segmenter: ChineseSegmenter, text: str) -> None:
+    assert found(ChineseNameRecognizer(segmenter), text) == []

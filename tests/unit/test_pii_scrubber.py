@@ -214,3 +214,57 @@ def test_later_mentions_of_a_found_name_are_replaced_too(scrubber: Scrubber) -> 
     [scrubbed] = scrub_records([record], ["prompt", "response"], scrubber)
     assert "Key" not in scrubbed["prompt"] + scrubbed["response"]
     assert scrubbed["response"].startswith("<PERSON_")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I'm sorry for the trouble, here is how we can fix it.",
+        "I'm Sorry for the delay. I'm glad you asked, I'm not sure yet.",
+        "i'm writing because i'm tired of waiting, im hungry",
+        "I am happy to help and I'm afraid it is late.",
+    ],
+)
+def test_words_after_i_am_are_not_names(scrubber: Scrubber, text: str) -> None:
+    assert scrubber.scrub_text(text).text == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I'm Ann Lee.", "I'm <PERSON_1>."),
+        ("i'm maria garcia", "i'm <PERSON_1>"),
+        ("I am happy to help, I'm Frank.", "I am happy to help, I'm <PERSON_1>."),
+        ("My name is Tina English.", "My name is <PERSON_1>."),
+        ("My name is April Hubbard.", "My name is <PERSON_1>."),
+        ("My name is Kelly May.", "My name is <PERSON_1>."),
+        ("I met Evan West yesterday.", "I met <PERSON_1> yesterday."),
+    ],
+)
+def test_names_after_i_am_and_surnames_that_are_words(
+    scrubber: Scrubber, text: str, expected: str
+) -> None:
+    assert scrubber.scrub_text(text).text == expected
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "14797 Smith Pike, Lake Jamesview, GU 09301",
+        "70887 Laura Rue, Clarkeborough, OR 69048",
+        "PSC 9816, Box 4760, APO AA 22222",
+        "USNS Smith, FPO AP 12345",
+        "USS Jones, FPO AE 12345",
+        "Unit 1234 Box 5678, DPO AE 12345",
+    ],
+)
+def test_an_english_address_is_one_placeholder(scrubber: Scrubber, address: str) -> None:
+    result = scrubber.scrub_text(f"I live at {address}. My email is ann@example.com.")
+    assert result.text == "I live at <STREET_ADDRESS_1>. My email is <EMAIL_ADDRESS_1>."
+
+
+def test_chinese_bank_card_and_address(scrubber: Scrubber) -> None:
+    result = scrubber.scrub_text(
+        "我的银行卡号是6222021234567890128。我的地址是内蒙古自治区大冶县六枝特龙街B座 123456。"
+    )
+    assert result.text == "我的银行卡号是<CREDIT_CARD_1>。我的地址是<STREET_ADDRESS_1>。"
