@@ -433,6 +433,53 @@ def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -
 
 
 @app.command()
+def train(
+    line: Annotated[str, typer.Argument(help="Business line to train.")],
+    force: Annotated[
+        bool, typer.Option(help="Train even if this dataset and recipe are already registered.")
+    ] = False,
+) -> None:
+    """Train, evaluate against the champion, gate and register a line's adapter."""
+    from flows.stages import require_line, train_line
+
+    settings = _settings()
+    require_line(settings, line)
+    outcome = train_line(settings, line, force=force)
+    if outcome.status != "trained":
+        out.print(f"{line}: {outcome.status}: {outcome.reason}")
+        return
+    out.print(f"[bold]{line}[/]: registered version {outcome.version} (run {outcome.run_id})")
+    if outcome.decision is not None:
+        out.print(f"gate: [bold]{outcome.decision.summary}[/]")
+        for reason in outcome.decision.reasons:
+            out.print(f"  {reason}")
+    metrics = outcome.metrics
+    out.print(
+        f"trained {metrics['steps']} steps in {metrics['train_seconds']:.0f} s "
+        f"({metrics['tokens_per_second']:.0f} tokens/s, peak RSS {metrics['peak_rss_mb']:.0f} MB)"
+    )
+
+
+@app.command()
+def runs(
+    line: Annotated[str | None, typer.Argument(help="Only this business line.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1_000)] = 20,
+) -> None:
+    """Recent training runs with their key metrics and gate decisions."""
+    from registry.records import RUN_COLUMNS
+    from registry.tracking import Registry
+
+    settings = _settings()
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    table = Table(title="training runs")
+    for column in RUN_COLUMNS:
+        table.add_column(column)
+    for summary in registry.recent_runs(line, limit):
+        table.add_row(*summary.cells())
+    out.print(table)
+
+
+@app.command()
 def demo(
     requests: Annotated[int, typer.Option(min=1, help="Simulated interactions.")] = 2_000,
     seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,

@@ -38,12 +38,34 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the feedback store; SQLite inside FLYWHEEL_HOME when unset.",
     )
     business_lines: tuple[str, ...] = Field(default=DEFAULT_BUSINESS_LINES, min_length=1)
+    base_model: Path | None = Field(
+        default=None,
+        description="Local base model folder; SmolLM2-135M-Instruct from its wheel when unset.",
+    )
+    recipes_dir: Path | None = Field(
+        default=None,
+        description="Folder of <business_line>.yaml recipes; the packaged ones when unset.",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking server; a local SQLite store in FLYWHEEL_HOME when unset.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
 
     @field_validator("home")
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @property
+    def models_dir(self) -> Path:
+        """Where converted base models are kept."""
+        return self.home / "models"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where training runs keep checkpoints and adapters before MLflow takes them."""
+        return self.home / "runs"
 
     @property
     def datasets_dir(self) -> Path:

@@ -255,6 +255,12 @@ class Registry:
             self.client.log_batch(run_id, metrics=list(chunk))
         return len(metrics)
 
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        """Log single-value metrics (e.g. training time, throughput, peak memory)."""
+        stamp = int(time.time() * 1000)
+        batch = [Metric(key, float(value), stamp, 0) for key, value in metrics.items()]
+        self.client.log_batch(run_id, metrics=batch)
+
     def log_evaluation(
         self,
         run_id: str,

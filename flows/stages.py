@@ -1,0 +1,211 @@
+"""The stages of a line's nightly run as plain functions over typed settings.
+
+Each stage composes package calls and nothing else; the Prefect flows wrap
+them as tasks and the CLI calls them directly, so both run the same code.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.reports import EvalReport, GateDecision
+from flywheel.errors import FlywheelError
+from flywheel.settings import Settings
+from training.recipes import Recipe, load_recipe, packaged_recipes_dir
+
+# High-precision PII types only: a place name in a correct answer must not block a release.
+GENERATION_PII_TYPES = frozenset(
+    {
+        "EMAIL_ADDRESS",
+        "PHONE_NUMBER",
+        "CREDIT_CARD",
+        "US_SSN",
+        "IBAN_CODE",
+        "CN_RESIDENT_ID",
+        "IP_ADDRESS",
+    }
+)
+
+
+def code_version(repo: Path | None = None) -> str:
+    """The git commit of the running code, or the package version outside a checkout."""
+    from flywheel import __version__
+
+    root = repo or Path(__file__).resolve().parents[1]
+    git = shutil.which("git")
+    if git is None:
+        return __version__
+    try:
+        done = subprocess.run(  # noqa: S603 (a fixed git command, no user input)
+            [git, "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return done.stdout.strip() or __version__
+
+
+def recipe_for(settings: Settings, line: str) -> Recipe:
+    """The recipe of a line from the configured folder."""
+    return load_recipe(line, settings.recipes_dir or packaged_recipes_dir())
+
+
+@dataclass(slots=True)
+class TrainingOutcome:
+    """What ``train_line`` did for one line."""
+
+    business_line: str
+    status: str  # trained | reused | skipped
+    reason: str = ""
+    version: int | None = None
+    run_id: str | None = None
+    decision: GateDecision | None = None
+    candidate: EvalReport | None = None
+    champion: EvalReport | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def count_train_examples(manifest: dict[str, Any], method: str) -> int:
+    """Training examples of a method in a dataset manifest."""
+    return int(manifest["counts"].get(method, {}).get("train", 0))
+
+
+def train_line(
+    settings: Settings,
+    line: str,
+    *,
+    force: bool = False,
+    canaries: tuple[str, ...] = (),
+    on_log: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainingOutcome:
+    """Train, evaluate against the champion, gate and register one line's adapter.
+
+    Uses the line's newest dataset. Skips (with the reason) when the recipe's
+    minimum of new examples is not met, and reuses the registered version when
+    the same dataset, recipe and base model were already trained.
+    """
+    from eval.gate import decide_promotion
+    from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
+    from feedback.datasets import latest_dataset
+    from feedback.pii import build_scrubber
+    from registry.records import recipe_hash
+    from registry.tracking import Registry
+    from training.base_model import ensure_base_model
+    from training.train import train_adapter
+
+    recipe = recipe_for(settings, line)
+    build = latest_dataset(settings.datasets_dir, line)
+    if build is None:
+        return TrainingOutcome(line, "skipped", "no dataset yet: run flywheel datasets build")
+    examples = count_train_examples(build.manifest, recipe.method)
+    if examples < recipe.min_new_examples:
+        return TrainingOutcome(
+            line,
+            "skipped",
+            f"{examples} {recipe.method.upper()} training examples, "
+            f"the recipe needs at least {recipe.min_new_examples}",
+        )
+    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    base_name = base_dir.name
+    existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)
+    if existing is not None and not force:
+        return TrainingOutcome(
+            line,
+            "reused",
+            f"dataset {build.content_hash[:12]} with this recipe is already version {existing}",
+            version=existing,
+        )
+    run_id = registry.start_training_run(
+        line, recipe, build.content_hash, build.path / "manifest.json", base_name, code_version()
+    )
+    try:
+        result = train_adapter(
+            recipe,
+            base_model_dir=base_dir,
+            dataset_dir=build.path,
+            output_dir=settings.runs_dir / line / run_id,
+            on_log=on_log,
+        )
+        registry.log_loss_curve(run_id, result.history)
+        registry.log_metrics(
+            run_id,
+            {
+                "train.seconds": result.seconds,
+                "train.steps": result.steps,
+                "train.examples": result.examples,
+                "train.tokens_per_second": result.tokens_per_second,
+                "train.peak_rss_mb": result.peak_rss_mb,
+            },
+        )
+        registry.log_adapter(run_id, result.adapter_dir)
+        data = load_eval_data(build.path, max_samples=recipe.eval_generations)
+        detector = pii_detector_for(build_scrubber(), GENERATION_PII_TYPES)
+        champion_version = registry.alias_version(line, "champion")
+        champion_adapter = (
+            registry.adapter_path(line, champion_version) if champion_version is not None else None
+        )
+        reports: dict[str, EvalReport] = {}
+        for name, adapter in (("champion", champion_adapter), ("candidate", result.adapter_dir)):
+            model, tokenizer = load_for_eval(base_dir, adapter)
+            label = name if adapter is not None else "base"
+            reports[name] = evaluate_model(
+                model,
+                tokenizer,
+                data,
+                name=label,
+                canaries=canaries,
+                pii_detector=detector,
+                max_length=recipe.max_length,
+            )
+            del model
+        decision = decide_promotion(reports["candidate"], reports["champion"], recipe.gate)
+        registry.log_evaluation(run_id, reports["candidate"], reports["champion"], decision)
+        version = registry.register_adapter(
+            run_id,
+            line,
+            {
+                "base_model": base_name,
+                "dataset_hash": build.content_hash,
+                "recipe_hash": recipe_hash(recipe),
+                "code_version": code_version(),
+            },
+        )
+        if decision.promote:
+            registry.set_candidate(line, version)
+    except BaseException:
+        registry.finish_run(run_id, "FAILED")
+        raise
+    registry.finish_run(run_id, "FINISHED")
+    return TrainingOutcome(
+        line,
+        "trained",
+        decision.summary,
+        version=version,
+        run_id=run_id,
+        decision=decision,
+        candidate=reports["candidate"],
+        champion=reports["champion"],
+        metrics={
+            "train_seconds": result.seconds,
+            "steps": result.steps,
+            "tokens_per_second": result.tokens_per_second,
+            "peak_rss_mb": result.peak_rss_mb,
+        },
+    )
+
+
+def require_line(settings: Settings, line: str) -> None:
+    """Fail with a clear message when a line has no recipe."""
+    root = settings.recipes_dir or packaged_recipes_dir()
+    if not (root / f"{line}.yaml").exists():
+        raise FlywheelError(f"no recipe for {line!r} in {root}")
