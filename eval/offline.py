@@ -287,12 +287,16 @@ def evaluate_model(
     max_new_tokens: int = 64,
     batch_size: int = 8,
     max_length: int = 512,
+    mixed_precision: bool = False,
 ) -> EvalReport:
     """Every offline metric of one model on one line's held-out data.
 
     ``general_set`` defaults to :func:`load_general_set`. ``pii_detector`` maps
     texts to the PII entity types found in each (``None`` skips the check).
     The model is put in eval mode for the run and restored afterwards.
+    ``mixed_precision`` runs the forward passes under bfloat16 autocast (several
+    times faster on CPUs with native bfloat16; both models of a comparison
+    must be scored the same way).
     """
     import torch
 
@@ -302,28 +306,30 @@ def evaluate_model(
     torch.manual_seed(GENERATION_SEED)
     was_training = model.training
     model.eval()
+    device_type = _device(model).type
     try:
-        items = _unique_items(data, general)
-        scores: dict[tuple[str, str], tuple[float, int]] = {}
-        with progress_bar(f"scoring {name}", total=len(items)) as advance:
-            scored = answer_logprobs(
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mixed_precision):
+            items = _unique_items(data, general)
+            scores: dict[tuple[str, str], tuple[float, int]] = {}
+            with progress_bar(f"scoring {name}", total=len(items)) as advance:
+                scored = answer_logprobs(
+                    model,
+                    tokenizer,
+                    [list(prompt) for prompt, _ in items],
+                    [answer for _, answer in items],
+                    batch_size=batch_size,
+                    max_length=max_length,
+                    advance=advance,
+                )
+            for (prompt, answer), score in zip(items, scored, strict=True):
+                scores[_key(prompt, answer)] = score
+            answers = generate_answers(
                 model,
                 tokenizer,
-                [list(prompt) for prompt, _ in items],
-                [answer for _, answer in items],
+                [list(p) for p in data.sample_prompts],
+                max_new_tokens=max_new_tokens,
                 batch_size=batch_size,
-                max_length=max_length,
-                advance=advance,
             )
-        for (prompt, answer), score in zip(items, scored, strict=True):
-            scores[_key(prompt, answer)] = score
-        answers = generate_answers(
-            model,
-            tokenizer,
-            [list(p) for p in data.sample_prompts],
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-        )
     finally:
         model.train(was_training)
 

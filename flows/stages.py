@@ -100,7 +100,7 @@ def train_line(
     from registry.records import recipe_hash
     from registry.tracking import Registry
     from training.base_model import ensure_base_model
-    from training.train import train_adapter
+    from training.train import cpu_has_bf16, train_adapter
 
     recipe = recipe_for(settings, line)
     build = latest_dataset(settings.datasets_dir, line)
@@ -166,6 +166,7 @@ def train_line(
                 canaries=canaries,
                 pii_detector=detector,
                 max_length=recipe.max_length,
+                mixed_precision=result.device == "cpu" and cpu_has_bf16(),
             )
             del model
         decision = decide_promotion(reports["candidate"], reports["champion"], recipe.gate)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import resource
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,12 +86,14 @@ def train_adapter(
     rows: list[dict[str, Any]] | None = None,
     output_dir: Path,
     device: str | None = None,
+    max_seconds: float | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
     """Train the recipe's adapter on a dataset folder (or given rows); resumes if interrupted.
 
     The adapter lands in ``output_dir/adapter`` and checkpoints in
-    ``output_dir/checkpoints`` (removed once the adapter is saved).
+    ``output_dir/checkpoints`` (removed once the adapter is saved). With
+    ``max_seconds``, training stops after the step that crosses the budget.
     """
     import torch
     from datasets import Dataset
@@ -103,6 +106,8 @@ def train_adapter(
         rows = training_rows(dataset_dir, recipe.method)
     if not rows:
         raise FlywheelError(f"no {recipe.method.upper()} examples to train on")
+    # transformers 5 renamed gradient checkpointing; trl still calls the old names.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
     torch.manual_seed(recipe.seed)
@@ -148,9 +153,18 @@ def train_adapter(
     dataset = Dataset.from_list(rows)
 
     class _Forward(TrainerCallback):  # type: ignore[misc]
+        started = time.perf_counter()
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self.started = time.perf_counter()
+
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             if on_log is not None and logs:
                 on_log({"step": state.global_step, **logs})
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if max_seconds is not None and time.perf_counter() - self.started > max_seconds:
+                control.should_training_stop = True
 
     if recipe.method == "sft":
         from trl import SFTConfig, SFTTrainer

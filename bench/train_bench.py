@@ -1,0 +1,233 @@
+"""Does training on feedback help? DPO on HH-RLHF and SFT on OASST, measured on this machine.
+
+One command, base model and adapter measured in the same run on the same held-out data:
+
+    .venv/bin/python bench/train_bench.py [--dpo-minutes 10] [--sft-minutes 3] [--json PATH]
+
+- DPO: HH-RLHF harmless-base pairs, split by first prompt into train and a held-out
+  set; held-out preference accuracy (share of pairs whose chosen answer has the
+  higher per-token log-probability) and mean margin, base vs adapter; training
+  time, tokens per second.
+- SFT: OpenAssistant best-ranked (rank 0) answers, split by conversation tree;
+  held-out loss (mean NLL per answer token), base vs adapter.
+- Peak resident memory of the process (training the default model included).
+
+Reads ../shared/data and skips a part with a clear message when it is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DATA = REPO.parent / "shared" / "data"
+
+
+def _bucket(key: str) -> int:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 10
+
+
+def hh_split(max_chars: int, eval_pairs: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Train rows (trl format) and held-out pairs; split by the first prompt, short pairs only."""
+    from eval.offline import HeldOutPair
+    from feedback.importers.hh_rlhf import pairs_from_rows, read_hh_rlhf
+
+    pairs, _ = pairs_from_rows(read_hh_rlhf(DATA / "hh-rlhf" / "harmless-base-test.jsonl.gz"))
+    train: list[dict[str, Any]] = []
+    held: list[Any] = []
+    for pair in pairs:
+        size = sum(len(m["content"]) for m in pair.prompt) + len(pair.chosen) + len(pair.rejected)
+        if size > max_chars:
+            continue
+        if _bucket(pair.prompt[0]["content"]) == 0:
+            held.append(HeldOutPair(tuple(pair.prompt), pair.chosen, pair.rejected))
+        else:
+            train.append(pair.as_row())
+    return train, held[:eval_pairs]
+
+
+def oasst_split() -> tuple[list[dict[str, Any]], list[tuple[list[dict[str, str]], str]]]:
+    """SFT rows from rank-0 answers of OASST trees, and held-out (prompt, answer) by tree."""
+    train: list[dict[str, Any]] = []
+    held: list[tuple[list[dict[str, str]], str]] = []
+    with (DATA / "oasst" / "en_100_tree.jsonl").open() as stream:
+        for line in stream:
+            tree = json.loads(line)
+            stack = [(tree["prompt"], [])]
+            while stack:
+                node, history = stack.pop()
+                role = "user" if node["role"] == "prompter" else "assistant"
+                conversation = [*history, {"role": role, "content": node["text"]}]
+                for reply in node.get("replies") or []:
+                    stack.append((reply, conversation))
+                    if reply["role"] == "assistant" and reply.get("rank") == 0:
+                        if _bucket(tree["message_tree_id"]) < 2:
+                            held.append((conversation, reply["text"]))
+                        else:
+                            train.append(
+                                {
+                                    "prompt": conversation,
+                                    "completion": [{"role": "assistant", "content": reply["text"]}],
+                                }
+                            )
+    return train, held
+
+
+def preference(
+    model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool
+) -> dict[str, float]:
+    import torch
+
+    from eval.offline import answer_logprobs, load_for_eval, preference_metrics
+
+    model, tokenizer = load_for_eval(model_dir, adapter)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        prompts = [list(p.prompt) for p in held]
+        chosen = answer_logprobs(
+            model, tokenizer, prompts, [p.chosen for p in held], max_length=512
+        )
+        rejected = answer_logprobs(
+            model, tokenizer, prompts, [p.rejected for p in held], max_length=512
+        )
+    accuracy, margin = preference_metrics(chosen, rejected)
+    return {"preference_accuracy": float(accuracy or 0.0), "mean_margin": float(margin or 0.0)}
+
+
+def answer_loss(model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool) -> float:
+    import torch
+
+    from eval.offline import answer_logprobs, load_for_eval, mean_token_loss
+
+    model, tokenizer = load_for_eval(model_dir, adapter)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        scores = answer_logprobs(
+            model, tokenizer, [p for p, _ in held], [a for _, a in held], max_length=512
+        )
+    return float(mean_token_loss(scores) or 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dpo-minutes", type=float, default=10.0)
+    parser.add_argument("--sft-minutes", type=float, default=3.0)
+    parser.add_argument("--eval-pairs", type=int, default=150)
+    parser.add_argument(
+        "--max-chars", type=int, default=1200, help="Longest pair used (characters)."
+    )
+    parser.add_argument("--models", type=Path, default=Path.home() / ".flywheel" / "models")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from training.base_model import ensure_base_model
+    from training.recipes import LoraShape, Recipe
+    from training.train import cpu_has_bf16, train_adapter
+
+    console = Console()
+    if not DATA.exists():
+        console.print(f"skipped: {DATA} is absent (public data lives beside the repo)")
+        return
+    base = ensure_base_model(args.models)
+    mixed = cpu_has_bf16()
+    results: dict[str, Any] = {"base_model": base.name, "bf16": mixed}
+    table = Table(title="training on feedback: base model vs adapter, same held-out data")
+    for column in ("task", "metric", "base", "adapter", "change"):
+        table.add_column(column, justify="right")
+
+    with tempfile.TemporaryDirectory() as folder:
+        train_rows, held = hh_split(args.max_chars, args.eval_pairs)
+        console.print(f"DPO: {len(train_rows)} train pairs, {len(held)} held-out pairs")
+        before = preference(base, None, held, mixed)
+        recipe = Recipe(
+            business_line="bench",
+            method="dpo",
+            lora=LoraShape(rank=16, alpha=32, dropout=0.0),
+            learning_rate=1e-4,
+            epochs=1,
+            batch_size=4,
+            max_length=384,
+            beta=0.1,
+        )
+        dpo = train_adapter(
+            recipe,
+            base_model_dir=base,
+            rows=train_rows,
+            output_dir=Path(folder) / "dpo",
+            max_seconds=args.dpo_minutes * 60,
+        )
+        after = preference(base, dpo.adapter_dir, held, mixed)
+        results["dpo"] = {
+            "train_pairs_seen": dpo.steps * recipe.batch_size,
+            "steps": dpo.steps,
+            "seconds": dpo.seconds,
+            "tokens_per_second": dpo.tokens_per_second,
+            "held_out_pairs": len(held),
+            "base": before,
+            "adapter": after,
+        }
+        for metric in ("preference_accuracy", "mean_margin"):
+            table.add_row(
+                "DPO hh-rlhf",
+                metric,
+                f"{before[metric]:.3f}",
+                f"{after[metric]:.3f}",
+                f"{after[metric] - before[metric]:+.3f}",
+            )
+        sft_rows, sft_held = oasst_split()
+        console.print(f"SFT: {len(sft_rows)} train answers, {len(sft_held)} held-out answers")
+        loss_before = answer_loss(base, None, sft_held, mixed)
+        sft_recipe = recipe.model_copy(
+            update={"method": "sft", "learning_rate": 2e-4, "max_length": 512}
+        )
+        sft = train_adapter(
+            sft_recipe,
+            base_model_dir=base,
+            rows=sft_rows,
+            output_dir=Path(folder) / "sft",
+            max_seconds=args.sft_minutes * 60,
+        )
+        loss_after = answer_loss(base, sft.adapter_dir, sft_held, mixed)
+        results["sft"] = {
+            "steps": sft.steps,
+            "seconds": sft.seconds,
+            "tokens_per_second": sft.tokens_per_second,
+            "held_out_answers": len(sft_held),
+            "base_loss": loss_before,
+            "adapter_loss": loss_after,
+        }
+        table.add_row(
+            "SFT oasst",
+            "held-out loss",
+            f"{loss_before:.3f}",
+            f"{loss_after:.3f}",
+            f"{loss_after - loss_before:+.3f}",
+        )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["peak_rss_mb"] = peak
+    console.print(table)
+    dpo_r, sft_r = results["dpo"], results["sft"]
+    console.print(
+        f"DPO: {dpo_r['steps']} steps in {dpo_r['seconds'] / 60:.1f} min "
+        f"({dpo_r['tokens_per_second']:.0f} tokens/s); SFT: {sft_r['steps']} steps "
+        f"in {sft_r['seconds'] / 60:.1f} min; peak RSS {peak:.0f} MB; "
+        f"bf16 autocast: {'on' if mixed else 'off'}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    main()
+    print(f"bench wall time {time.perf_counter() - start:.0f} s")
