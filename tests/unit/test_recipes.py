@@ -1,0 +1,64 @@
+"""Every recipe in the repository parses; bad recipes are refused with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flywheel.errors import FlywheelError
+from training.recipes import iter_recipe_files, load_recipe, packaged_recipes_dir, read_recipe
+
+RECIPES = list(iter_recipe_files(packaged_recipes_dir()))
+
+
+def test_the_repository_has_recipes() -> None:
+    names = {path.stem for path in RECIPES}
+    assert {"customer_service", "medical", "legal"} <= names
+    assert any(path.parent.name == "demo" for path in RECIPES)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(packaged_recipes_dir())))
+def test_every_recipe_parses(path: Path) -> None:
+    recipe = read_recipe(path)
+    assert recipe.business_line == path.stem
+    assert recipe.lora.rank <= 16, "must fit the serving vLLM's --max-lora-rank 16"
+
+
+def test_production_recipes_wait_for_enough_data() -> None:
+    for path in RECIPES:
+        if path.parent == packaged_recipes_dir():
+            assert read_recipe(path).min_new_examples >= 1_000, path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "business_line: x\nmethod: sft\nepochs: 1\nlearnin_rate: 1\n",
+            "learnin_rate: Extra inputs",
+        ),
+        ("business_line: x\nmethod: sft\nepochs: 1\nmax_steps: 5\n", "exactly one of"),
+        ("business_line: x\nmethod: sft\n", "exactly one of"),
+        ("business_line: x\nmethod: ppo\nepochs: 1\n", "method"),
+        (
+            "business_line: x\nmethod: sft\nepochs: 1\nlora: {target_modules: [lm_head]}\n",
+            "cannot be served by vLLM",
+        ),
+        ("business_line: x\nmethod: sft\nepochs: 1\ncanary_steps: [0.5, 0.05]\n", "canary_steps"),
+        ("business_line: x\nmethod: [sft\n", "not valid YAML"),
+    ],
+)
+def test_bad_recipes_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    with pytest.raises(FlywheelError, match=message.replace("[", r"\[")):
+        read_recipe(path)
+
+
+def test_load_recipe_checks_the_line(tmp_path: Path) -> None:
+    (tmp_path / "legal.yaml").write_text("business_line: medical\nmethod: sft\nepochs: 1\n")
+    with pytest.raises(FlywheelError, match="is for 'medical'"):
+        load_recipe("legal", tmp_path)
+    with pytest.raises(FlywheelError, match="no recipe"):
+        load_recipe("finance", tmp_path)
