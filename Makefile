@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SHARED_DATA := ../shared/data
 
-.PHONY: setup demo test test-unit test-integration lint format bench clean
+.PHONY: setup demo test test-slow test-unit test-integration lint format bench clean
 
 $(BIN)/flywheel: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,10 +20,13 @@ setup: $(BIN)/flywheel ## Create .venv and install flywheel with its dev tools
 demo: setup ## The main job on embedded defaults (SQLite under FLYWHEEL_HOME)
 	$(BIN)/flywheel demo $(if $(wildcard $(SHARED_DATA)/oasst/en_100_tree.jsonl),--oasst $(SHARED_DATA)/oasst/en_100_tree.jsonl)
 
-test: setup ## Unit + integration tiers (integration needs PostgreSQL on 127.0.0.1:5432)
+test: setup ## Lint, unit and integration tiers, minus the slow one (needs PostgreSQL on 127.0.0.1:5432)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow"
+
+test-slow: setup ## The slow tier: real training, model evaluation, MLflow server, vLLM on CPU
+	$(BIN)/pytest -m slow
 
 test-unit: setup ## Hermetic unit tier only
 	$(BIN)/pytest -m "not integration"

@@ -250,6 +250,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+@pytest.mark.slow
 def test_the_same_registry_works_over_http(mlflow_server: str, tmp_path: Path) -> None:
     registry = Registry(mlflow_server, None, download_dir=tmp_path / "downloads")
 

@@ -11,7 +11,7 @@ import pytest
 
 from eval.offline import EvalData, HeldOutPair, PromptAnswer, evaluate_model, load_for_eval
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # A copy converted earlier on this machine; CI converts its own (about 30 s).
 CONVERTED = Path(os.environ.get("FLYWHEEL_TEST_BASE_MODEL", "/tmp/fwmodels/SmolLM2-135M-Instruct"))

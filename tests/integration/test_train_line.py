@@ -15,7 +15,7 @@ from flows.stages import train_line
 from flywheel.settings import load_settings
 from registry.tracking import Registry
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RECIPE = """\
 business_line: customer_service

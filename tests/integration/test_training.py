@@ -13,7 +13,7 @@ from eval.offline import EvalData, HeldOutPair, PromptAnswer, evaluate_model, lo
 from training.recipes import GatePolicy, LoraShape, Recipe
 from training.train import train_adapter
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FACTS = [
     ("What is the capital of France?", "The capital of France is Paris.", "Bananas sing loudly."),
