@@ -349,34 +349,21 @@ def datasets_build(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Scrub, filter, dedup and turn each line's feedback into SFT, DPO and KTO datasets."""
-    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
-    from feedback.datasets import DatasetSettings
-    from feedback.pii import build_scrubber
-    from flywheel.progress import progress_bar
-
     settings = _settings()
     store = _open_store(settings)
-    lines = line or store.business_lines()
-    unknown = sorted(set(lines) - set(store.business_lines()))
+    known = store.business_lines()
+    lines = line or known
+    unknown = sorted(set(lines) - set(known))
     if unknown:
         raise UsageError(f"no interactions for business line(s): {', '.join(unknown)}")
-    cleaning = CleaningSettings(
-        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
+    results = _build_datasets(
+        settings,
+        store,
+        lines,
+        eval_fraction=eval_fraction,
+        max_user_share=max_user_share,
+        since=_parse_start(since) if since else None,
     )
-    scrub = scrub_with(build_scrubber())
-    results = []
-    for name in lines:
-        with progress_bar(f"cleaning {name}") as advance:
-            result = clean_line(
-                store.engine,
-                name,
-                scrub=scrub,
-                settings=cleaning,
-                dataset_root=settings.datasets_dir,
-                since=_parse_start(since) if since else None,
-                on_progress=advance,
-            )
-        results.append(result)
     if as_json:
         rows = [
             {
@@ -440,24 +427,7 @@ def train(
     ] = False,
 ) -> None:
     """Train, evaluate against the champion, gate and register a line's adapter."""
-    from flows.stages import require_line, train_line
-
-    settings = _settings()
-    require_line(settings, line)
-    outcome = train_line(settings, line, force=force)
-    if outcome.status != "trained":
-        out.print(f"{line}: {outcome.status}: {outcome.reason}")
-        return
-    out.print(f"[bold]{line}[/]: registered version {outcome.version} (run {outcome.run_id})")
-    if outcome.decision is not None:
-        out.print(f"gate: [bold]{outcome.decision.summary}[/]")
-        for reason in outcome.decision.reasons:
-            out.print(f"  {reason}")
-    metrics = outcome.metrics
-    out.print(
-        f"trained {metrics['steps']} steps in {metrics['train_seconds']:.0f} s "
-        f"({metrics['tokens_per_second']:.0f} tokens/s, peak RSS {metrics['peak_rss_mb']:.0f} MB)"
-    )
+    _train_and_report(_settings(), line, force=force)
 
 
 @app.command()
@@ -486,17 +456,25 @@ def demo(
     oasst: Annotated[
         Path | None, typer.Option(help="Also import these OpenAssistant trees (JSONL).")
     ] = None,
+    train_line_name: Annotated[
+        str, typer.Option("--train-line", help="Line to train with its demo recipe.")
+    ] = "customer_service",
+    no_train: Annotated[bool, typer.Option("--no-train", help="Stop after the datasets.")] = False,
 ) -> None:
-    """The main job on embedded defaults: capture traffic and feedback, then report the buckets.
+    """The main job on embedded defaults: capture feedback, clean it into datasets, train and gate.
 
-    Later stages (cleaning, training, gating, canary) join this command as they land.
+    Serving, the canary and the nightly flow join this command as they land.
     """
     from feedback.simulate import SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
 
     settings = _settings()
+    if settings.recipes_dir is None:
+        from training.recipes import packaged_recipes_dir
+
+        settings = settings.model_copy(update={"recipes_dir": packaged_recipes_dir() / "demo"})
     store = _open_store(settings)
-    out.print(f"[bold]1/3[/] feedback store: {_safe_url(settings)}")
+    out.print(f"[bold]1/4[/] feedback store: {_safe_url(settings)}")
     if oasst is not None:
         from feedback.importers.business_rules import load_business_rules
         from feedback.importers.oasst import oasst_items
@@ -516,14 +494,86 @@ def demo(
         start=_parse_start(None),
         business_lines=settings.business_lines,
     )
-    out.print(f"[bold]2/3[/] simulating {requests} requests with feedback (seed {seed})")
-    with progress_bar("simulating", total=requests) as advance:
-        report = store.ingest(TrafficSimulator(simulation).events(), source=f"simulate:seed={seed}")
-        advance(requests)
+    out.print(f"[bold]2/4[/] simulating {requests} requests with feedback (seed {seed})")
+    with progress_bar("simulating") as advance:
+        report = store.ingest(
+            TrafficSimulator(simulation).events(),
+            source=f"simulate:seed={seed}",
+            on_progress=advance,
+        )
     _print_report(report)
-    out.print("[bold]3/3[/] feedback buckets")
     _print_buckets(store.stats())
-    out.print(f"store: {_safe_url(settings)}  (flywheel stats --json for machine-readable counts)")
+    out.print("[bold]3/4[/] cleaning: PII scrubbing, dedup, SFT/DPO/KTO datasets per line")
+    results = _build_datasets(settings, store, list(settings.business_lines))
+    for result in results:
+        _print_funnel(result.business_line, result.funnel.as_dict())
+    if no_train:
+        out.print("[bold]4/4[/] training skipped (--no-train)")
+    else:
+        out.print(f"[bold]4/4[/] training {train_line_name} (recipe {settings.recipes_dir})")
+        _train_and_report(settings, train_line_name, force=False)
+    from registry.tracking import tracking_uri_for
+
+    tracking = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
+    out.print("\nwhere to look:")
+    out.print(f"  store: {_safe_url(settings)} (flywheel buckets, flywheel stats --json)")
+    out.print(f"  datasets: {settings.datasets_dir}")
+    out.print(f"  MLflow: .venv/bin/mlflow ui --backend-store-uri {tracking} (flywheel runs)")
+
+
+def _build_datasets(
+    settings: Settings,
+    store: FeedbackStore,
+    lines: list[str],
+    *,
+    eval_fraction: float = 0.1,
+    max_user_share: float = 0.1,
+    since: datetime | None = None,
+) -> list[Any]:
+    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+    from feedback.datasets import DatasetSettings
+    from feedback.pii import build_scrubber
+    from flywheel.progress import progress_bar
+
+    cleaning = CleaningSettings(
+        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
+    )
+    scrub = scrub_with(build_scrubber())
+    results = []
+    for name in lines:
+        with progress_bar(f"cleaning {name}") as advance:
+            results.append(
+                clean_line(
+                    store.engine,
+                    name,
+                    scrub=scrub,
+                    settings=cleaning,
+                    dataset_root=settings.datasets_dir,
+                    since=since,
+                    on_progress=advance,
+                )
+            )
+    return results
+
+
+def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
+    from flows.stages import require_line, train_line
+
+    require_line(settings, line)
+    outcome = train_line(settings, line, force=force)
+    if outcome.status != "trained":
+        out.print(f"{line}: {outcome.status}: {outcome.reason}")
+        return
+    out.print(f"[bold]{line}[/]: registered version {outcome.version} (run {outcome.run_id})")
+    if outcome.decision is not None:
+        out.print(f"gate: [bold]{outcome.decision.summary}[/]")
+        for reason in outcome.decision.reasons:
+            out.print(f"  {reason}")
+    metrics = outcome.metrics
+    out.print(
+        f"trained {metrics['steps']} steps in {metrics['train_seconds']:.0f} s "
+        f"({metrics['tokens_per_second']:.0f} tokens/s, peak RSS {metrics['peak_rss_mb']:.0f} MB)"
+    )
 
 
 def _safe_url(settings: Settings) -> str:

