@@ -49,52 +49,37 @@ def base_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def lora_adapter(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A peft LoRA (r=8 on q/k/v/o_proj) overfitted in a few steps so its answers differ."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """An adapter made by flywheel's own trainer (SFT, r=8 on q/k/v/o_proj), overfitted on
+    a few lessons so its answers differ from the base model's."""
+    from training.recipes import LoraShape, Recipe
+    from training.train import train_adapter
 
     started = time.monotonic()
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
-    lora = LoraConfig(
-        r=8,
-        lora_alpha=16,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        task_type="CAUSAL_LM",
+    recipe = Recipe(
+        business_line="customer_service",
+        method="sft",
+        lora=LoraShape(rank=8, alpha=16, dropout=0.0),
+        learning_rate=1e-2,
+        max_steps=12,
+        batch_size=2,
+        max_length=128,
+        min_new_examples=1,
     )
-    model = get_peft_model(model, lora)
-    texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}],
-            tokenize=False,
-        )
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": ask}],
+            "completion": [{"role": "assistant", "content": answer}],
+        }
         for ask, answer in ADAPTER_LESSONS
     ]
-    batch = tokenizer(texts, return_tensors="pt", padding=True)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    model.train()
-    threads = torch.get_num_threads()
-    # OpenMP workers spin-wait on each other: on a 2-core machine shared with other jobs, two
-    # threads ran these steps 2-50x slower than one (measured), and one is fast enough.
-    torch.set_num_threads(1)
-    try:
-        for _ in range(12):
-            loss = model(**batch, labels=labels).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
-    logger.info(
-        "tiny adapter trained in %.0f s, final loss %.3f", time.monotonic() - started, loss.item()
+    result = train_adapter(
+        recipe,
+        base_model_dir=base_model_dir,
+        rows=rows,
+        output_dir=tmp_path_factory.mktemp("adapters") / "cs-tiny",
     )
-    target = tmp_path_factory.mktemp("adapters") / "cs-tiny"
-    model.save_pretrained(target)
-    return target
+    logger.info("tiny adapter trained in %.0f s", time.monotonic() - started)
+    return result.adapter_dir
 
 
 @pytest.fixture(scope="session")
