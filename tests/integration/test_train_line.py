@@ -75,7 +75,8 @@ def test_train_line_registers_once_with_lineage(
     assert (registry.adapter_path("customer_service", 1) / "adapter_config.json").exists()
     runs = registry.recent_runs("customer_service")
     assert len(runs) == 1
-    assert runs[0].gate == "promote"
+    assert runs[0].gate_decision == "promote"
+    assert runs[0].registered_version == 1
 
     again = train_line(settings, "customer_service")
     assert again.status == "reused"
