@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,6 @@ import pytest
 from eval.offline import EvalData, HeldOutPair, PromptAnswer, evaluate_model, load_for_eval
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-# A copy converted earlier on this machine; CI converts its own (about 30 s).
-CONVERTED = Path(os.environ.get("FLYWHEEL_TEST_BASE_MODEL", "/tmp/fwmodels/SmolLM2-135M-Instruct"))
 
 
 def ask(text: str) -> tuple[dict[str, str], ...]:
@@ -48,15 +44,6 @@ PAIRS = (
         ";;;; ]]]] ~~~~ ^^^^ %%%% &&&&",
     ),
 )
-
-
-@pytest.fixture(scope="session")
-def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if (CONVERTED / "config.json").exists():
-        return CONVERTED
-    from training.base_model import ensure_base_model
-
-    return ensure_base_model(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="session")
