@@ -34,6 +34,8 @@ datasets_app = typer.Typer(
     help="Training datasets built from cleaned feedback.", no_args_is_help=True
 )
 app.add_typer(datasets_app, name="datasets")
+serve_app = typer.Typer(help="Run flywheel's services locally.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
 app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
 app.command("dedup")(dedup_command)
@@ -447,6 +449,51 @@ def runs(
     for summary in registry.recent_runs(line, limit):
         table.add_row(*summary.cells())
     out.print(table)
+
+
+def _vllm_venv(settings: Settings) -> Path:
+    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").exists():
+        return checkout / ".venv-vllm"
+    return settings.home / "vllm-venv"
+
+
+@serve_app.command("vllm")
+def serve_vllm(
+    port: Annotated[int, typer.Option(min=1, max=65_535, help="Port on 127.0.0.1.")] = 8000,
+    venv: Annotated[
+        Path | None, typer.Option(help="vLLM's own virtualenv (created on first use).")
+    ] = None,
+    print_command: Annotated[
+        bool, typer.Option("--print-command", help="Print the command line and exit.")
+    ] = False,
+) -> None:
+    """Serve the base model with vLLM on the CPU, runtime LoRA loading on, loopback only."""
+    import time
+
+    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings
+    from training.base_model import ensure_base_model
+
+    settings = _settings()
+    base = ensure_base_model(settings.models_dir, settings.base_model)
+    environment = VllmEnvironment(venv or _vllm_venv(settings), report=out.print)
+    server_settings = VllmServerSettings(model=base, port=port)
+    if print_command:
+        env = server_settings.environment({})
+        flags = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+        out.print(f"{flags} {' '.join(server_settings.command(environment.python))}")
+        return
+    python = environment.ensure()
+    log = settings.home / "logs" / f"vllm-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with VllmServer(server_settings, python=python, log_path=log, report=out.print) as server:
+        out.print(
+            f"vLLM serves {base.name} at {server.base_url} with runtime LoRA loading "
+            f"(log: {log}); Ctrl-C stops it"
+        )
+        while True:
+            time.sleep(3600)
 
 
 @app.command()

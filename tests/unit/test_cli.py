@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flywheel.cli import app
@@ -90,3 +91,19 @@ def test_user_errors_are_messages_with_exit_codes(tmp_path: Path) -> None:
     assert "less than or equal to 1" in out_of_range.stderr
     for result in (missing, bad_rate, out_of_range):
         assert "Traceback" not in result.stderr
+
+
+def test_serve_vllm_prints_its_command(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
+    result = runner.invoke(app, ["serve", "vllm", "--port", "8123", "--print-command"])
+    assert result.exit_code == 0, result.output
+    line = result.stdout.replace("\n", "")
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in line
+    assert f"--model {model}" in line
+    assert "--enable-lora" in line
+    assert "--host 127.0.0.1 --port 8123" in line
