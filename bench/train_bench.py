@@ -82,36 +82,43 @@ def oasst_split() -> tuple[list[dict[str, Any]], list[tuple[list[dict[str, str]]
     return train, held
 
 
-def preference(
-    model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool
-) -> dict[str, float]:
+def score(
+    model_dir: Path,
+    adapter: Path | None,
+    prompts: list[list[dict[str, str]]],
+    answer_sets: list[list[str]],
+    mixed: bool,
+) -> list[list[tuple[float, int]]]:
+    """Answer log-probabilities of one model for each list of answers (loaded once)."""
     import torch
 
-    from eval.offline import answer_logprobs, load_for_eval, preference_metrics
+    from eval.offline import answer_logprobs, load_for_eval
 
     model, tokenizer = load_for_eval(model_dir, adapter)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-        prompts = [list(p.prompt) for p in held]
-        chosen = answer_logprobs(
-            model, tokenizer, prompts, [p.chosen for p in held], max_length=512
-        )
-        rejected = answer_logprobs(
-            model, tokenizer, prompts, [p.rejected for p in held], max_length=512
-        )
+        return [
+            answer_logprobs(model, tokenizer, prompts, answers, max_length=512)
+            for answers in answer_sets
+        ]
+
+
+def preference(
+    model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool
+) -> dict[str, float]:
+    from eval.offline import preference_metrics
+
+    prompts = [list(p.prompt) for p in held]
+    chosen, rejected = score(
+        model_dir, adapter, prompts, [[p.chosen for p in held], [p.rejected for p in held]], mixed
+    )
     accuracy, margin = preference_metrics(chosen, rejected)
     return {"preference_accuracy": float(accuracy or 0.0), "mean_margin": float(margin or 0.0)}
 
 
 def answer_loss(model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool) -> float:
-    import torch
+    from eval.offline import mean_token_loss
 
-    from eval.offline import answer_logprobs, load_for_eval, mean_token_loss
-
-    model, tokenizer = load_for_eval(model_dir, adapter)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-        scores = answer_logprobs(
-            model, tokenizer, [p for p, _ in held], [a for _, a in held], max_length=512
-        )
+    (scores,) = score(model_dir, adapter, [p for p, _ in held], [[a for _, a in held]], mixed)
     return float(mean_token_loss(scores) or 0.0)
 
 

@@ -175,12 +175,13 @@ def clean_records(
     kept: list[dict[str, Any]] = []
     size = settings.scrub_batch_size
     for start in range(0, len(records), size):
-        batch, dropped, pii = scrub_and_filter(records[start : start + size], scrub, settings)
+        chunk = records[start : start + size]
+        batch, dropped, pii = scrub_and_filter(chunk, scrub, settings)
         kept.extend(batch)
         funnel.dropped.update(dropped)
         funnel.pii.update(pii)
         if on_progress is not None:
-            on_progress(len(records[start : start + size]))
+            on_progress(len(chunk))
     funnel.count("filtered", kept)
     unique, dropped = deduplicate(kept, settings.dedup)
     funnel.dropped.update(dropped)

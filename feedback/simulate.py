@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from faker import Faker
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from feedback.events import BUSINESS_LINE, prompt_hash
 from feedback.simulate_content import CONTENT, FLOODS, LineContent
@@ -51,7 +51,9 @@ class SimulationSettings(BaseModel):
     seed: int = 0
     start: datetime
     span: timedelta = Field(default=timedelta(days=1))
-    business_lines: tuple[str, ...] = ("customer_service", "medical", "legal")
+    business_lines: tuple[str, ...] = Field(
+        default=("customer_service", "medical", "legal"), min_length=1
+    )
     chinese_share: float = Field(default=0.35, ge=0, le=1)
     pii_share: float = Field(default=0.2, ge=0, le=1)
     flood_share: float = Field(default=0.1, ge=0, le=1)
@@ -59,6 +61,14 @@ class SimulationSettings(BaseModel):
     users: int | None = Field(default=None, ge=1)
     rates: SignalRates = Field(default_factory=SignalRates)
     base_model: str = DEFAULT_BASE_MODEL
+
+    @field_validator("business_lines")
+    @classmethod
+    def _known_shape(cls, lines: tuple[str, ...]) -> tuple[str, ...]:
+        for line in lines:
+            if re.fullmatch(BUSINESS_LINE, line) is None:
+                raise ValueError(f"business line {line!r} must match {BUSINESS_LINE}")
+        return lines
 
     def user_count(self) -> int:
         """Distinct users: about one per five requests unless set."""
@@ -89,10 +99,7 @@ class TrafficSimulator:
         fakers = {"en": Faker("en_US"), "zh": Faker("zh_CN")}
         for offset, faker in enumerate(fakers.values()):
             faker.seed_instance(s.seed * 7919 + offset)
-        lines = [line for line in s.business_lines if line]
-        for line in lines:
-            if not _valid_line(line):
-                raise ValueError(f"business line {line!r} must match {BUSINESS_LINE}")
+        lines = list(s.business_lines)
         step = s.span / max(s.requests, 1)
         index = 0
         while index < s.requests:
@@ -303,10 +310,6 @@ def _fake_value(faker: Faker, kind: str, language: str) -> str:
 def _zipf_user(rng: random.Random, users: int) -> int:
     # A few users are very active, most come once or twice.
     return min(int(rng.paretovariate(1.1)), users) if rng.random() < 0.3 else rng.randrange(users)
-
-
-def _valid_line(line: str) -> bool:
-    return re.fullmatch(BUSINESS_LINE, line) is not None
 
 
 def _iso(value: datetime) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from eval.reports import EvalReport, GateDecision
-from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from training.recipes import Recipe, load_recipe, packaged_recipes_dir
 
@@ -117,6 +116,7 @@ def train_line(
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
     base_name = base_dir.name
+    version_of_code = code_version()
     existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)
     if existing is not None and not force:
         return TrainingOutcome(
@@ -126,7 +126,7 @@ def train_line(
             version=existing,
         )
     run_id = registry.start_training_run(
-        line, recipe, build.content_hash, build.path / "manifest.json", base_name, code_version()
+        line, recipe, build.content_hash, build.path / "manifest.json", base_name, version_of_code
     )
     try:
         result = train_adapter(
@@ -178,7 +178,7 @@ def train_line(
                 "base_model": base_name,
                 "dataset_hash": build.content_hash,
                 "recipe_hash": recipe_hash(recipe),
-                "code_version": code_version(),
+                "code_version": version_of_code,
             },
         )
         if decision.promote:
@@ -203,10 +203,3 @@ def train_line(
             "peak_rss_mb": result.peak_rss_mb,
         },
     )
-
-
-def require_line(settings: Settings, line: str) -> None:
-    """Fail with a clear message when a line has no recipe."""
-    root = settings.recipes_dir or packaged_recipes_dir()
-    if not (root / f"{line}.yaml").exists():
-        raise FlywheelError(f"no recipe for {line!r} in {root}")

@@ -604,9 +604,8 @@ def _build_datasets(
 
 
 def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
-    from flows.stages import require_line, train_line
+    from flows.stages import train_line
 
-    require_line(settings, line)
     outcome = train_line(settings, line, force=force)
     if outcome.status != "trained":
         out.print(f"{line}: {outcome.status}: {outcome.reason}")

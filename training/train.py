@@ -13,7 +13,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ class TrainResult:
     peak_rss_mb: float
     resumed_from: str | None = None
     device: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
