@@ -142,6 +142,42 @@ class QuarantinedRecord(Base):
     __table_args__ = (Index("ix_quarantine_created", "created_at"),)
 
 
+class Route(Base):
+    """The routing table of one business line, as every gateway replica reads it."""
+
+    __tablename__ = "routes"
+
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH), primary_key=True)
+    champion: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    canary: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    canary_fraction: Mapped[float] = mapped_column(Float)
+    previous: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    revision: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class RouteChange(Base):
+    """One change of a routing table: who, why, and the table it left."""
+
+    __tablename__ = "route_changes"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    revision: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(32))
+    champion: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    canary: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    canary_fraction: Mapped[float] = mapped_column(Float)
+    previous: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_route_changes_line_created", "business_line", "created_at"),)
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
+routes_table = Route.__table__
+route_changes_table = RouteChange.__table__

@@ -10,12 +10,22 @@ to the canary, never back; and each new canary version samples its own users.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_CANARY_FRACTION = 0.05
 ArmName = Literal["champion", "canary", "base"]
+_ADAPTER_NAME = re.compile(r"^([a-z][a-z0-9_]{0,63})-v([0-9]{1,9})$")
+
+
+def parse_adapter_name(name: str) -> tuple[str, int] | None:
+    """``("legal", 3)`` for ``legal-v3``; None for a name that is not ``<line>-v<version>``."""
+    match = _ADAPTER_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2))
 
 
 class RoutingTable(BaseModel):
@@ -27,18 +37,66 @@ class RoutingTable(BaseModel):
     champion: str | None = Field(default=None, description="Adapter name; None serves the base.")
     canary: str | None = None
     canary_fraction: float = Field(default=DEFAULT_CANARY_FRACTION, ge=0, le=1)
+    previous: str | None = Field(
+        default=None, description="The champion before the last promotion, kept for rollback."
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> RoutingTable:
         if self.canary is not None and self.canary == self.champion:
             raise ValueError("the canary must differ from the champion")
+        for role in ("champion", "canary", "previous"):
+            adapter = getattr(self, role)
+            if adapter is None:
+                continue
+            parsed = parse_adapter_name(adapter)
+            # The per-line allow-list: a line's table can only name that line's adapters.
+            if parsed is None or parsed[0] != self.business_line:
+                raise ValueError(
+                    f"{role} {adapter!r} is not an adapter of {self.business_line} "
+                    f"(expected {self.business_line}-v<version>)"
+                )
         return self
+
+    @property
+    def adapters(self) -> frozenset[str]:
+        """Every adapter this table may send a request to (a pinned conversation included)."""
+        return frozenset(a for a in (self.champion, self.canary, self.previous) if a)
+
+    def with_canary(self, adapter: str, fraction: float = DEFAULT_CANARY_FRACTION) -> RoutingTable:
+        """This table with ``adapter`` as the canary on ``fraction`` of the users."""
+        return self.model_copy(update={"canary": adapter, "canary_fraction": fraction}).checked()
+
+    def without_canary(self) -> RoutingTable:
+        """This table with no canary: every user on the champion (a rollback)."""
+        return self.model_copy(update={"canary": None})
+
+    def with_champion(self, adapter: str | None) -> RoutingTable:
+        """This table with ``adapter`` as champion (None = the base model); the old one kept
+        as ``previous``; a canary equal to the new champion is dropped."""
+        if adapter == self.champion:
+            return self
+        canary = None if self.canary == adapter else self.canary
+        return self.model_copy(
+            update={"champion": adapter, "canary": canary, "previous": self.champion}
+        )
+
+    def checked(self) -> RoutingTable:
+        """Validate again (``model_copy`` does not)."""
+        return RoutingTable.model_validate(self.model_dump())
 
 
 def split_point(key: str, salt: str) -> float:
     """A stable point of [0, 1) for ``key`` (user or session id) under ``salt``."""
     digest = hashlib.blake2b(f"{salt}\x1f{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def arm_of(table: RoutingTable, adapter: str | None) -> ArmName:
+    """The arm that ``adapter`` plays in ``table`` (a pinned ``previous`` counts as champion)."""
+    if adapter is None:
+        return "base"
+    return "canary" if adapter == table.canary else "champion"
 
 
 def choose_arm(table: RoutingTable, key: str) -> tuple[ArmName, str | None]:

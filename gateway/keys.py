@@ -1,0 +1,119 @@
+"""API keys: which business lines a caller may use.
+
+The key file (YAML) keeps only SHA-256 digests of the keys, so reading it does
+not reveal them; ``flywheel gateway add-key`` prints a new key once::
+
+    keys:
+      - name: support-team
+        sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+        business_lines: [customer_service]
+      - name: platform
+        sha256: ...
+        business_lines: ["*"]        # every line
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flywheel.errors import UsageError
+
+ALL_LINES = "*"
+KEY_PREFIX = "fw-"
+
+
+def key_digest(token: str) -> str:
+    """The SHA-256 hex digest a key is stored and looked up by."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ApiKey(BaseModel):
+    """One caller: a name for the logs, the digest of its key and the lines it may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    business_lines: tuple[str, ...] = Field(min_length=1)
+
+    def may_use(self, business_line: str) -> bool:
+        """Whether this key may send traffic or feedback for ``business_line``."""
+        return ALL_LINES in self.business_lines or business_line in self.business_lines
+
+    def lines_among(self, known: Iterable[str]) -> list[str]:
+        """The known lines this key may use, sorted."""
+        return sorted(line for line in known if self.may_use(line))
+
+
+class _KeyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[ApiKey] = Field(default_factory=list)
+
+
+class KeyRing:
+    """The keys a gateway accepts, looked up by digest."""
+
+    def __init__(self, keys: Iterable[ApiKey]) -> None:
+        self._by_digest = {key.sha256: key for key in keys}
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    @classmethod
+    def load(cls, path: Path) -> KeyRing:
+        """Read a key file; a missing file is an empty ring (every request gets 401)."""
+        if not path.exists():
+            return cls(())
+        return cls(_read(path).keys)
+
+    def authorize(self, token: str | None) -> ApiKey | None:
+        """The key behind ``token`` (a bearer token), or None when it is unknown."""
+        if not token:
+            return None
+        return self._by_digest.get(key_digest(token))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def _read(path: Path) -> _KeyFile:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return _KeyFile.model_validate(data)
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise UsageError(f"{path}: not a valid key file: {exc}") from None
+
+
+def add_key(path: Path, name: str, business_lines: Iterable[str]) -> str:
+    """Create a key for ``business_lines`` in the file at ``path``; return the key itself
+    (shown once: the file keeps only its digest)."""
+    token = KEY_PREFIX + secrets.token_urlsafe(32)
+    current = _read(path) if path.exists() else _KeyFile()
+    if any(key.name == name for key in current.keys):
+        raise UsageError(f"{path}: a key named {name!r} exists already")
+    try:
+        entry = ApiKey(name=name, sha256=key_digest(token), business_lines=tuple(business_lines))
+    except ValidationError as exc:
+        raise UsageError(f"bad key {name!r}: {exc.errors()[0]['msg']}") from None
+    current.keys.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        yaml.safe_dump(current.model_dump(mode="json"), out, sort_keys=False)
+    partial.replace(path)
+    return token

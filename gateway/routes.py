@@ -1,0 +1,202 @@
+"""The routing tables in the feedback store: read by every gateway replica, changed by hand
+(``flywheel canary``) or by the canary flow.
+
+Each change bumps the line's revision and appends a row to ``route_changes`` in
+the same transaction, so the history says who moved traffic, when and why.
+Writers lock the line's row (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite
+serialises writers itself) so two concurrent changes cannot lose one another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, select, update
+
+from feedback.schema import route_changes_table, routes_table
+from flywheel.errors import UsageError
+from gateway.routing import DEFAULT_CANARY_FRACTION, RoutingTable
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSnapshot:
+    """Every line's table as stored, with the revision each is at."""
+
+    tables: dict[str, RoutingTable]
+    revisions: dict[str, int]
+
+    def table(self, business_line: str) -> RoutingTable:
+        """The line's table; a line nobody routed yet serves the base model."""
+        return self.tables.get(business_line) or RoutingTable(business_line=business_line)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChangeRecord:
+    """One entry of a line's routing history."""
+
+    business_line: str
+    revision: int
+    action: str
+    table: RoutingTable
+    actor: str
+    reason: str | None
+    created_at: datetime
+
+
+def _table_of(row: Any) -> RoutingTable:
+    return RoutingTable(
+        business_line=row.business_line,
+        champion=row.champion,
+        canary=row.canary,
+        canary_fraction=row.canary_fraction,
+        previous=row.previous,
+    )
+
+
+class RouteStore:
+    """Reads and changes the routing tables kept in the feedback store."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], datetime] | None = None) -> None:
+        self.engine = engine
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    def snapshot(self) -> RouteSnapshot:
+        """Every stored table (one small query: the gateway polls this)."""
+        with self.engine.connect() as connection:
+            rows = connection.execute(select(routes_table)).all()
+        return RouteSnapshot(
+            tables={row.business_line: _table_of(row) for row in rows},
+            revisions={row.business_line: row.revision for row in rows},
+        )
+
+    def table(self, business_line: str) -> RoutingTable:
+        """One line's table (the base model for a line never routed)."""
+        return self.snapshot().table(business_line)
+
+    def change(
+        self,
+        business_line: str,
+        edit: Callable[[RoutingTable], RoutingTable],
+        *,
+        action: str,
+        actor: str,
+        reason: str | None = None,
+    ) -> RoutingTable:
+        """Apply ``edit`` to the line's table atomically and record the change."""
+        with self.engine.begin() as connection:
+            current, revision = self._locked(connection, business_line)
+            try:
+                changed = edit(current).checked()
+            except ValueError as exc:
+                raise UsageError(f"cannot {action} on {business_line}: {exc}") from None
+            now = self._clock()
+            values = {
+                "champion": changed.champion,
+                "canary": changed.canary,
+                "canary_fraction": changed.canary_fraction,
+                "previous": changed.previous,
+                "revision": revision + 1,
+                "updated_at": now,
+            }
+            if revision == 0:
+                connection.execute(
+                    insert(routes_table).values(business_line=business_line, **values)
+                )
+            else:
+                connection.execute(
+                    update(routes_table)
+                    .where(routes_table.c.business_line == business_line)
+                    .values(**values)
+                )
+            connection.execute(
+                insert(route_changes_table).values(
+                    business_line=business_line,
+                    revision=revision + 1,
+                    action=action,
+                    champion=changed.champion,
+                    canary=changed.canary,
+                    canary_fraction=changed.canary_fraction,
+                    previous=changed.previous,
+                    actor=actor,
+                    reason=reason,
+                    created_at=now,
+                )
+            )
+        return changed
+
+    def _locked(self, connection: Connection, business_line: str) -> tuple[RoutingTable, int]:
+        query = select(routes_table).where(routes_table.c.business_line == business_line)
+        if connection.dialect.name == "postgresql":
+            query = query.with_for_update()
+        row = connection.execute(query).first()
+        if row is None:
+            return RoutingTable(business_line=business_line), 0
+        return _table_of(row), int(row.revision)
+
+    def set_canary(
+        self,
+        business_line: str,
+        adapter: str,
+        fraction: float = DEFAULT_CANARY_FRACTION,
+        *,
+        actor: str,
+        reason: str | None = None,
+    ) -> RoutingTable:
+        """Send ``fraction`` of the line's users (sticky) to ``adapter``."""
+        return self.change(
+            business_line,
+            lambda table: table.with_canary(adapter, fraction),
+            action="canary_set",
+            actor=actor,
+            reason=reason,
+        )
+
+    def clear_canary(
+        self, business_line: str, *, actor: str, reason: str | None = None
+    ) -> RoutingTable:
+        """Every user of the line back on the champion at once (the rollback of traffic)."""
+        return self.change(
+            business_line,
+            lambda table: table.without_canary(),
+            action="canary_clear",
+            actor=actor,
+            reason=reason,
+        )
+
+    def set_champion(
+        self, business_line: str, adapter: str | None, *, actor: str, reason: str | None = None
+    ) -> RoutingTable:
+        """Make ``adapter`` (None: the base model) the champion; the old one becomes previous."""
+        return self.change(
+            business_line,
+            lambda table: table.with_champion(adapter),
+            action="champion_set",
+            actor=actor,
+            reason=reason,
+        )
+
+    def history(self, business_line: str, *, limit: int = 20) -> list[RouteChangeRecord]:
+        """The line's latest changes, newest first."""
+        query = (
+            select(route_changes_table)
+            .where(route_changes_table.c.business_line == business_line)
+            .order_by(route_changes_table.c.id.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as connection:
+            rows = connection.execute(query).all()
+        return [
+            RouteChangeRecord(
+                business_line=row.business_line,
+                revision=row.revision,
+                action=row.action,
+                table=_table_of(row),
+                actor=row.actor,
+                reason=row.reason,
+                created_at=row.created_at,
+            )
+            for row in rows
+        ]

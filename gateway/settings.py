@@ -1,0 +1,74 @@
+"""Typed settings of the gateway (env prefix ``FLYWHEEL_GATEWAY_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """How one gateway replica runs; the store and business lines come from ``Settings``."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", frozen=True, extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65_535)
+    upstreams: tuple[str, ...] = Field(
+        default=("http://127.0.0.1:8000",),
+        min_length=1,
+        description="Root URLs of the vLLM replicas (their OpenAI API is under /v1).",
+    )
+    keys_file: Path | None = Field(
+        default=None,
+        description="YAML file of API keys and their business lines; "
+        "<FLYWHEEL_HOME>/gateway-keys.yaml when unset.",
+    )
+    base_model_name: str | None = Field(
+        default=None,
+        description="Name vLLM serves the base model under; read from /v1/models when unset.",
+    )
+    max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    routes_refresh_s: float = Field(
+        default=0.25, gt=0, le=5, description="How often the routing tables are re-read."
+    )
+    regenerate_window_s: float = Field(
+        default=600.0, gt=0, description="A repeat of a prompt within this time is a regenerate."
+    )
+    session_pin_ttl_s: float = Field(
+        default=3_600.0, gt=0, description="How long a conversation stays on its adapter."
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)
+    log_batch_size: int = Field(default=500, ge=1, le=50_000)
+    log_flush_s: float = Field(default=0.2, gt=0, le=60)
+    spool_dir: Path | None = Field(
+        default=None,
+        description="Where interactions wait while the store is down; "
+        "<FLYWHEEL_HOME>/spool/gateway when unset.",
+    )
+    spool_retry_s: float = Field(default=2.0, gt=0, le=600)
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return tuple(part.strip().rstrip("/") for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("upstreams")
+    @classmethod
+    def _http(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} is not an http(s) URL")
+        return tuple(url.rstrip("/") for url in value)
+
+    def resolved_keys_file(self, home: Path) -> Path:
+        """The API key file: the configured one or the one in FLYWHEEL_HOME."""
+        return self.keys_file or home / "gateway-keys.yaml"
+
+    def resolved_spool_dir(self, home: Path) -> Path:
+        """The spool folder: the configured one or the one in FLYWHEEL_HOME."""
+        return self.spool_dir or home / "spool" / "gateway"

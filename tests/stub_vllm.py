@@ -1,0 +1,171 @@
+"""A stand-in for vLLM's OpenAI server, for unit tests of the gateway (and its overhead bench).
+
+It answers instantly, names the model that served each request in the answer,
+streams SSE like vLLM, can drop the connection mid-stream, and records what it
+received. Integration tests use a real vLLM instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+BASE_MODEL = "stub-base"
+
+
+@dataclass
+class StubBehaviour:
+    """What the stub does; tests change it while it runs."""
+
+    adapters: set[str] = field(default_factory=set)
+    words: int = 5
+    break_stream_after: int | None = None
+    status: int = 200
+    delay_s: float = 0.0
+
+
+@dataclass
+class StubVllm:
+    """A running stub: its URL, behaviour and the request bodies it saw."""
+
+    base_url: str
+    behaviour: StubBehaviour
+    received: list[dict[str, Any]]
+
+
+BEHAVIOUR = web.AppKey("behaviour", StubBehaviour)
+RECEIVED = web.AppKey("received", list)
+
+
+def _answer(model: str, words: int) -> list[str]:
+    return [f"w{i}-{model} " for i in range(words)]
+
+
+async def _models(request: web.Request) -> web.Response:
+    behaviour: StubBehaviour = request.app[BEHAVIOUR]
+    data = [{"id": BASE_MODEL, "object": "model", "root": BASE_MODEL, "parent": None}]
+    data += [
+        {"id": name, "object": "model", "root": f"/adapters/{name}", "parent": BASE_MODEL}
+        for name in sorted(behaviour.adapters)
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    behaviour: StubBehaviour = request.app[BEHAVIOUR]
+    body = orjson.loads(await request.read())
+    request.app[RECEIVED].append(body)
+    chat = request.path.endswith("/chat/completions")
+    model = body.get("model")
+    if behaviour.delay_s:
+        await asyncio.sleep(behaviour.delay_s)
+    if behaviour.status != 200:
+        error = {"error": {"message": "stub failure", "type": "InternalServerError"}}
+        return web.json_response(error, status=behaviour.status)
+    if model != BASE_MODEL and model not in behaviour.adapters:
+        error = {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
+        return web.json_response(error, status=404)
+    pieces = _answer(str(model), behaviour.words)
+    usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
+    if not body.get("stream"):
+        text = "".join(pieces)
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            if chat
+            else {"index": 0, "text": text, "finish_reason": "stop"}
+        )
+        document = {"id": "cmpl-stub", "model": model, "choices": [choice], "usage": usage}
+        return web.Response(body=orjson.dumps(document), content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    for index, piece in enumerate(pieces):
+        if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        delta = {"content": piece} if chat else None
+        choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
+        event = {"id": "cmpl-stub", "model": model, "choices": [choice]}
+        await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _application(behaviour: StubBehaviour, received: list[dict[str, Any]]) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[BEHAVIOUR] = behaviour
+    app[RECEIVED] = received
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/chat/completions", _generate)
+    app.router.add_post("/v1/completions", _generate)
+    return app
+
+
+@contextmanager
+def running_stub(behaviour: StubBehaviour | None = None, port: int = 0) -> Iterator[StubVllm]:
+    """Run the stub on a thread of its own at ``127.0.0.1:port`` (0: any free port)."""
+    behaviour = behaviour or StubBehaviour()
+    received: list[dict[str, Any]] = []
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(_application(behaviour, received), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = runner.addresses[0][1]
+        ready.set()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        loop.run_forever()
+        loop.run_until_complete(holder["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="stub-vllm", daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the stub vLLM did not start")
+    try:
+        yield StubVllm(f"http://127.0.0.1:{holder['port']}", behaviour, received)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+@contextmanager
+def serving(app: Any, port: int) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a thread; yields its base URL."""
+    import time
+
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the app did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)

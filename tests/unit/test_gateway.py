@@ -1,0 +1,323 @@
+"""The gateway over a stand-in vLLM: auth, routing, streaming, logging, feedback, errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import select
+
+from feedback.schema import feedback_table, interactions_table
+from feedback.store import FeedbackStore
+from flywheel.settings import Settings
+from gateway.app import create_app
+from gateway.keys import ApiKey, KeyRing, key_digest
+from gateway.routes import RouteStore
+from gateway.routing import choose_arm
+from gateway.settings import GatewaySettings
+from registry.vllm_server import free_port
+from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
+
+CS_KEY, LEGAL_KEY, ALL_KEY = "fw-cs-secret", "fw-legal-secret", "fw-all-secret"
+CHAMPION, CANARY = "customer_service-v1", "customer_service-v2"
+
+
+def _keys() -> KeyRing:
+    return KeyRing(
+        [
+            ApiKey(name="cs", sha256=key_digest(CS_KEY), business_lines=("customer_service",)),
+            ApiKey(name="legal", sha256=key_digest(LEGAL_KEY), business_lines=("legal",)),
+            ApiKey(name="ops", sha256=key_digest(ALL_KEY), business_lines=("*",)),
+        ]
+    )
+
+
+@dataclass
+class Running:
+    """A gateway on a real port in front of a stub vLLM, with its store."""
+
+    url: str
+    stub: StubVllm
+    store: FeedbackStore
+    routes: RouteStore
+    app: Any
+
+    def client(self, key: str | None = CS_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+    def flush(self) -> None:
+        assert self.app.state.gateway.recorder.flush(10)
+
+    def interactions(self) -> list[Any]:
+        self.flush()
+        with self.store.engine.connect() as connection:
+            return list(connection.execute(select(interactions_table)).all())
+
+    def feedback(self) -> list[Any]:
+        self.flush()
+        with self.store.engine.connect() as connection:
+            return list(connection.execute(select(feedback_table)).all())
+
+
+@pytest.fixture
+def gateway(settings: Settings) -> Iterator[Running]:
+    store = FeedbackStore.open(settings)
+    routes = RouteStore(store.engine)
+    routes.set_champion("customer_service", CHAMPION, actor="test")
+    routes.set_canary("customer_service", CANARY, 0.05, actor="test")
+    with running_stub(StubBehaviour(adapters={CHAMPION, CANARY})) as stub:
+        config = GatewaySettings(
+            upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02
+        )
+        app = create_app(settings, config, store=store, keys=_keys())
+        with serving(app, free_port()) as url:
+            yield Running(url, stub, store, routes, app)
+    store.close()
+
+
+def _chat(client: httpx.Client, **extra: Any) -> httpx.Response:
+    body = {"model": "customer_service", "messages": [{"role": "user", "content": "hi"}]}
+    headers = extra.pop("headers", {})
+    body.update(extra)
+    return client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+def test_a_chat_is_served_by_the_routed_adapter_and_logged(gateway: Running) -> None:
+    user = next(
+        f"u{i}" for i in range(1000) if choose_arm(_table(gateway), f"u{i}")[0] == "champion"
+    )
+    with gateway.client() as client:
+        response = _chat(client, user=user, max_tokens=5)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-flywheel-adapter"] == CHAMPION
+    assert response.headers["x-flywheel-arm"] == "champion"
+    request_id = response.headers["x-request-id"]
+    assert gateway.stub.received[-1]["model"] == CHAMPION
+    assert gateway.stub.received[-1]["max_tokens"] == 5
+    [row] = gateway.interactions()
+    assert row.request_id == request_id
+    assert (row.adapter_name, row.adapter_version, row.arm) == (CHAMPION, 1, "champion")
+    assert row.user_id == user
+    assert row.base_model == BASE_MODEL
+    assert row.response == response.json()["choices"][0]["message"]["content"]
+    assert row.status == "ok"
+    assert row.latency_ms > 0
+    assert row.ttft_ms > 0
+    assert row.source == "gateway"
+
+
+def _table(gateway: Running) -> Any:
+    return gateway.routes.table("customer_service")
+
+
+def test_a_stream_is_relayed_and_logged_whole(gateway: Running) -> None:
+    body = {
+        "model": "customer_service",
+        "messages": [{"role": "user", "content": "stream please"}],
+        "stream": True,
+    }
+    with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_bytes())
+    events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    text = "".join(orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1])
+    [row] = gateway.interactions()
+    assert row.response == text
+    assert row.status == "ok"
+    assert 0 < row.ttft_ms <= row.latency_ms
+
+
+def test_text_completions_are_proxied_too(gateway: Running) -> None:
+    with gateway.client() as client:
+        response = client.post("/v1/completions", json={"model": "customer_service", "prompt": "x"})
+    assert response.status_code == 200, response.text
+    [row] = gateway.interactions()
+    assert row.messages == [{"role": "user", "content": "x"}]
+    assert row.response == response.json()["choices"][0]["text"]
+
+
+def test_callers_reach_only_their_own_lines(gateway: Running) -> None:
+    with gateway.client(None) as anonymous:
+        assert _chat(anonymous).status_code == 401
+    with gateway.client("fw-wrong") as stranger:
+        assert _chat(stranger).status_code == 401
+    with gateway.client(LEGAL_KEY) as legal:
+        refused = _chat(legal)
+        assert refused.status_code == 403
+        assert "customer_service" in refused.json()["error"]["message"]
+        assert [m["id"] for m in legal.get("/v1/models").json()["data"]] == ["legal"]
+        # Naming an adapter or the base model instead of a line is no way around it.
+        for model in (CHAMPION, BASE_MODEL):
+            assert _chat(legal, model=model).status_code == 404
+    with gateway.client(CS_KEY) as cs:
+        served = _chat(cs)
+        for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            assert cs.post(path, json={"lora_name": "x", "lora_path": "/tmp"}).status_code == 404
+    request_id = served.headers["x-request-id"]
+    with gateway.client(LEGAL_KEY) as legal:
+        answer = legal.post("/v1/feedback", json={"request_id": request_id, "type": "thumbs_down"})
+        assert answer.status_code == 403
+    assert len(gateway.stub.received) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', 400, "'model'"),
+        (b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "nope"),
+        (b'{"model": "customer_service"}', 400, "'messages'"),
+        (b'{"model": "customer_service", "messages": [{"role": "robot"}]}', 400, "role"),
+        (b'{"model": "customer_service", "messages": [{"role": "user", "content": 5}]}', 400, ""),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx(gateway: Running, body: bytes, status: int, words: str) -> None:
+    with gateway.client() as client:
+        response = client.post(
+            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert words in error["message"]
+    assert error["code"] == status
+    assert gateway.stub.received == []
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(gateway: Running) -> None:
+    huge = "x" * (2 * 1024 * 1024)
+    with gateway.client() as client:
+        response = _chat(client, messages=[{"role": "user", "content": huge}])
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]["message"]
+
+
+def test_no_upstream_gives_503_with_a_body_and_the_failure_is_logged(settings: Settings) -> None:
+    store = FeedbackStore.open(settings)
+    config = GatewaySettings(
+        upstreams=(f"http://127.0.0.1:{free_port()}",), base_model_name="b", log_flush_s=0.02
+    )
+    app = create_app(settings, config, store=store, keys=_keys())
+    with serving(app, free_port()) as url, httpx.Client(base_url=url) as client:
+        headers = {"Authorization": f"Bearer {CS_KEY}"}
+        body = {"model": "customer_service", "messages": [{"role": "user", "content": "hi"}]}
+        response = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 503
+        assert "unavailable" in response.json()["error"]["message"]
+        request_id = response.headers["x-request-id"]
+        assert app.state.gateway.recorder.flush(10)
+    with store.engine.connect() as connection:
+        row = connection.execute(select(interactions_table)).one()
+    assert (row.request_id, row.status) == (request_id, "error")
+    store.close()
+
+
+def test_a_stream_broken_midway_ends_with_an_error_event_and_is_logged(gateway: Running) -> None:
+    gateway.stub.behaviour.break_stream_after = 2
+    body = {"model": "customer_service", "messages": [{"role": "user", "content": "x"}]}
+    body["stream"] = True
+    with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        raw = b"".join(r.iter_bytes())
+    events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    assert orjson.loads(events[-2])["error"]["code"] == 502
+    [row] = gateway.interactions()
+    assert row.status == "error"
+    # What reached the client before the cut is logged (an abort may drop unsent bytes).
+    relayed = "".join(orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2])
+    assert row.response == relayed
+    assert "".join(f"w{i}-{CHAMPION} " for i in range(2)).startswith(relayed)
+
+
+def test_the_split_is_sticky_and_a_rollback_reaches_the_gateway_within_a_second(
+    gateway: Running,
+) -> None:
+    users = [f"user-{i}" for i in range(300)]
+    with gateway.client() as client:
+        first = {u: _chat(client, user=u).headers["x-flywheel-arm"] for u in users}
+        again = {u: _chat(client, user=u).headers["x-flywheel-arm"] for u in users[:100]}
+        assert all(first[u] == arm for u, arm in again.items())
+        assert set(first.values()) == {"champion", "canary"}
+        expected = {u: choose_arm(_table(gateway), u)[0] for u in users}
+        assert first == expected
+        canary_user = next(u for u, arm in first.items() if arm == "canary")
+        gateway.routes.clear_canary("customer_service", actor="test", reason="rollback")
+        cleared = time.monotonic()
+        while _chat(client, user=canary_user).headers["x-flywheel-arm"] != "champion":
+            assert time.monotonic() - cleared < 1.0
+            time.sleep(0.01)
+
+
+def test_a_conversation_keeps_its_adapter_until_that_adapter_is_rolled_back(
+    gateway: Running,
+) -> None:
+    table = _table(gateway)
+    user = next(f"u{i}" for i in range(1000) if choose_arm(table, f"u{i}")[0] == "champion")
+    headers = {"x-session-id": "conversation-1"}
+    with gateway.client() as client:
+        assert _chat(client, user=user, headers=headers).headers["x-flywheel-adapter"] == CHAMPION
+        gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
+        time.sleep(0.3)
+        # Every new user is on the canary now, but this conversation stays where it began.
+        assert _chat(client, user="someone-new").headers["x-flywheel-adapter"] == CANARY
+        assert _chat(client, user=user, headers=headers).headers["x-flywheel-adapter"] == CHAMPION
+        other = {"x-session-id": "conversation-2"}
+        assert _chat(client, user=user, headers=other).headers["x-flywheel-adapter"] == CANARY
+        gateway.routes.clear_canary("customer_service", actor="test")
+        time.sleep(0.3)
+        assert _chat(client, user=user, headers=other).headers["x-flywheel-adapter"] == CHAMPION
+
+
+def test_the_same_prompt_again_in_a_session_is_a_regenerate(gateway: Running) -> None:
+    headers = {"x-session-id": "s-42"}
+    with gateway.client() as client:
+        first = _chat(client, user="u1", headers=headers).headers["x-request-id"]
+        second = _chat(client, user="u1", headers=headers).headers["x-request-id"]
+        _chat(client, user="u1", headers={"x-session-id": "s-other"})
+        _chat(client, user="u1", headers=headers, messages=[{"role": "user", "content": "new"}])
+    [event] = gateway.feedback()
+    assert (event.type, event.request_id, event.replaced_by) == ("regenerate", first, second)
+
+
+def test_feedback_is_stored_once_and_bad_feedback_is_refused(gateway: Running) -> None:
+    with gateway.client() as client:
+        request_id = _chat(client, user="u7").headers["x-request-id"]
+        thumbs = {"request_id": request_id, "type": "thumbs_up"}
+        assert client.post("/v1/feedback", json=thumbs).status_code == 202
+        assert client.post("/v1/feedback", json=thumbs).status_code == 202
+        edit = {"request_id": request_id, "type": "edit", "edited_text": "Better answer."}
+        assert client.post("/v1/feedback", json=edit).status_code == 202
+        outcome = {"request_id": request_id, "type": "task_outcome", "outcome": "success"}
+        assert client.post("/v1/feedback", json=outcome).status_code == 202
+        refused = client.post("/v1/feedback", json={"request_id": request_id, "type": "edit"})
+        assert refused.status_code == 400
+        assert "edited_text" in refused.json()["error"]["message"]
+        unknown = client.post("/v1/feedback", json={"request_id": "req-nope", "type": "abandon"})
+        assert unknown.status_code == 404
+        assert client.post("/v1/feedback", json={"type": "abandon"}).status_code == 400
+        metrics = client.get("/metrics").text
+    stored = gateway.feedback()
+    assert sorted(e.type for e in stored) == ["edit", "task_outcome", "thumbs_up"]
+    assert {e.user_id for e in stored} == {"u7"}
+    assert 'flywheel_gateway_feedback_total{adapter="customer_service-v' in metrics
+
+
+def test_metrics_count_requests_latency_and_ttft_per_line_and_adapter(gateway: Running) -> None:
+    with gateway.client() as client:
+        for index in range(5):
+            _chat(client, user=f"m{index}")
+        text = client.get("/metrics").text
+    assert "flywheel_gateway_requests_total{" in text
+    assert 'business_line="customer_service"' in text
+    assert "flywheel_gateway_latency_seconds_bucket{" in text
+    assert "flywheel_gateway_ttft_seconds_count{" in text
+    assert 'flywheel_gateway_routes_revision{business_line="customer_service"} 2.0' in text
+    assert "flywheel_gateway_store_up 1.0" in text
