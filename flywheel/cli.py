@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flywheel.commands.common import err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.scrub import scrub as scrub_command
+from flywheel.commands.serving import canary_app, gateway_app, routes_app, serve_gateway
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.settings import Settings, load_settings
 
@@ -40,9 +42,10 @@ app.add_typer(db_app, name="db")
 app.add_typer(import_app, name="import")
 app.command("dedup")(dedup_command)
 app.command("scrub")(scrub_command)
-
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+app.add_typer(canary_app, name="canary")
+app.add_typer(routes_app, name="routes")
+app.add_typer(gateway_app, name="gateway")
+serve_app.command("gateway")(serve_gateway)
 
 
 def _settings() -> Settings:
@@ -50,19 +53,7 @@ def _settings() -> Settings:
 
 
 def _open_store(settings: Settings) -> FeedbackStore:
-    from sqlalchemy.exc import OperationalError
-
-    from feedback.store import FeedbackStore
-
-    try:
-        return FeedbackStore.open(settings)
-    except OperationalError as exc:
-        raise StoreUnavailableError(_store_error(settings, exc)) from None
-
-
-def _store_error(settings: Settings, exc: Exception) -> str:
-    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    return f"cannot reach the feedback store at {_safe_url(settings)}: {reason}"
+    return open_store(settings)
 
 
 def _print_report(report: IngestReport) -> None:
@@ -196,8 +187,19 @@ def simulate(
     out_path: Annotated[
         Path | None, typer.Option("--out", help="Write JSONL here instead of the store.")
     ] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option(help="Send the traffic through this gateway URL (real answers) instead."),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="FLYWHEEL_API_KEY", help="The gateway key (all simulated lines)."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Gateway users at once.")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Answer length through the gateway.")] = 48,
 ) -> None:
-    """Generate realistic traffic with feedback and store it (or write it as JSONL)."""
+    """Generate realistic traffic with feedback and store it, write it as JSONL, or send it
+    through the gateway to vLLM (the gateway logs it and infers regenerates)."""
     from pydantic import ValidationError
 
     from feedback.jsonl import dumps_line
@@ -219,6 +221,9 @@ def simulate(
             rates=rates,
         )
         events = TrafficSimulator(simulation).events()
+        if gateway is not None:
+            _drive_gateway(gateway, api_key, events, requests, concurrency, max_tokens)
+            return
         if out_path is not None:
             count = 0
             with out_path.open("wb") as sink, progress_bar("simulating") as advance:
@@ -234,6 +239,31 @@ def simulate(
     except (ValidationError, ValueError) as exc:
         raise UsageError(f"invalid simulation settings: {exc}") from None
     _finish(report)
+
+
+def _drive_gateway(
+    url: str,
+    api_key: str | None,
+    events: Iterator[dict[str, Any]],
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+) -> None:
+    from flywheel.progress import progress_bar
+    from gateway.traffic import GatewayDriver
+
+    if not api_key:
+        raise UsageError("--gateway needs --api-key (or FLYWHEEL_API_KEY)")
+    driver = GatewayDriver(url, api_key, concurrency=concurrency, max_tokens=max_tokens)
+    with progress_bar("through the gateway", total=requests) as advance:
+        report = driver.run(events, on_request=advance)
+    out.print(
+        f"sent {report.requests} requests and {report.feedback} feedback events through {url}; "
+        f"served by {dict(report.served_by)}"
+    )
+    if report.failures:
+        err.print(f"[yellow]failures[/]: {dict(report.failures)}")
+        raise typer.Exit(1)
 
 
 def _parse_rates(pairs: list[str]) -> dict[str, float]:
@@ -623,9 +653,7 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
 
 
 def _safe_url(settings: Settings) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    return safe_url(settings)
 
 
 def main() -> None:

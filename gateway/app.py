@@ -817,3 +817,11 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def app_from_env() -> FastAPI:
+    """The gateway configured from the environment (``uvicorn gateway.app:app_from_env
+    --factory``, as ``flywheel serve gateway`` and docker-compose run it)."""
+    from flywheel.settings import load_settings
+
+    return create_app(load_settings(), GatewaySettings())

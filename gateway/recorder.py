@@ -312,7 +312,7 @@ class InteractionRecorder:
     # -- writer thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        self._try_replay(force=True)
+        self._try_replay(wait_backoff=False)
         stopping = False
         while not stopping:
             batch, markers, stopping = self._drain()
@@ -322,6 +322,8 @@ class InteractionRecorder:
                 self._try_replay()
             for marker in markers:
                 marker.done.set()
+        # One last try on the way out; what still fails stays in the spool for the next start.
+        self._try_replay(wait_backoff=False)
 
     def _drain(self) -> tuple[list[FinishedRequest | dict[str, Any]], list[_Flush], bool]:
         """Whatever is queued (up to a batch), waiting at most ``flush_s`` for the first item."""
@@ -420,7 +422,7 @@ class InteractionRecorder:
             )
 
     def _write(self, events: list[dict[str, Any]]) -> None:
-        if self.spool.files() and not self._try_replay(force=True):
+        if not self._try_replay():
             self._spool(events)
             return
         try:
@@ -446,13 +448,13 @@ class InteractionRecorder:
         self.stats.last_error = type(exc).__name__
         self._last_retry = time.monotonic()
 
-    def _try_replay(self, *, force: bool = False) -> bool:
-        """Replay the spool when it is time to; True when the spool is empty afterwards."""
+    def _try_replay(self, *, wait_backoff: bool = True) -> bool:
+        """Replay the spool (after ``retry_s`` since the last failure, unless told not to
+        wait); True when the spool is empty afterwards."""
         if not self.spool.files():
             return True
-        if not force and time.monotonic() - self._last_retry < self.retry_s:
-            return False
-        if force and not self.stats.store_up and time.monotonic() - self._last_retry < self.retry_s:
+        waited = time.monotonic() - self._last_retry
+        if wait_backoff and not self.stats.store_up and waited < self.retry_s:
             return False
         try:
             replayed = self.spool.replay(self._ingest)

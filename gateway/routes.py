@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from feedback.schema import route_changes_table, routes_table
@@ -90,8 +91,9 @@ class RouteStore:
             current, revision = self._locked(connection, business_line)
             try:
                 changed = edit(current).checked()
-            except ValueError as exc:
-                raise UsageError(f"cannot {action} on {business_line}: {exc}") from None
+            except ValidationError as exc:
+                reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+                raise UsageError(f"cannot {action} on {business_line}: {reason}") from None
             now = self._clock()
             values = {
                 "champion": changed.champion,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class GatewaySettings(BaseSettings):
@@ -15,7 +17,7 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65_535)
-    upstreams: tuple[str, ...] = Field(
+    upstreams: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("http://127.0.0.1:8000",),
         min_length=1,
         description="Root URLs of the vLLM replicas (their OpenAI API is under /v1).",
@@ -53,8 +55,11 @@ class GatewaySettings(BaseSettings):
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
-        if isinstance(value, str) and not value.lstrip().startswith("["):
-            return tuple(part.strip().rstrip("/") for part in value.split(",") if part.strip())
+        # FLYWHEEL_GATEWAY_UPSTREAMS is a comma-separated list (or a JSON array).
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return tuple(json.loads(value))
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @field_validator("upstreams")

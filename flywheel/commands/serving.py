@@ -1,0 +1,262 @@
+"""``flywheel canary``, ``flywheel routes``, ``flywheel gateway`` and ``flywheel serve gateway``."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from typing import Annotated
+
+import orjson
+import typer
+from rich.table import Table
+
+from flywheel.commands.common import open_store, out
+from flywheel.errors import UsageError
+from flywheel.settings import Settings, load_settings
+
+canary_app = typer.Typer(
+    help="Send a share of a line's users to a new adapter.", no_args_is_help=True
+)
+routes_app = typer.Typer(help="Where each business line's traffic goes.")
+gateway_app = typer.Typer(help="The gateway's API keys.", no_args_is_help=True)
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _check_line(settings: Settings, line: str) -> None:
+    if line not in settings.business_lines:
+        known = ", ".join(settings.business_lines)
+        raise UsageError(f"unknown business line {line!r} (configured: {known})")
+
+
+def _check_loaded(adapter: str) -> None:
+    """Refuse to route users to an adapter some vLLM replica does not serve."""
+    from gateway.settings import GatewaySettings
+    from registry.vllm_admin import VllmAdminClient, VllmAdminError
+
+    for upstream in GatewaySettings().upstreams:
+        try:
+            with VllmAdminClient(upstream) as client:
+                served = client.served_adapter(adapter)
+        except VllmAdminError as exc:
+            raise UsageError(
+                f"cannot check {adapter} on {upstream}: {exc} (--no-check skips the check)"
+            ) from None
+        if served is None:
+            raise UsageError(
+                f"{adapter} is not loaded on {upstream}; load it first (--no-check skips this)"
+            )
+
+
+@canary_app.command("set")
+def canary_set(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    adapter: Annotated[str, typer.Argument(help="The canary adapter, <line>-v<version>.")],
+    fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of the line's users (sticky).")
+    ] = 0.05,
+    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
+    ] = True,
+) -> None:
+    """Send a sticky share of the line's users to ``adapter`` (every gateway within a second)."""
+    from gateway.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    if check:
+        _check_loaded(adapter)
+    store = open_store(settings)
+    table = RouteStore(store.engine).set_canary(
+        business_line, adapter, fraction, actor=_actor(), reason=reason
+    )
+    out.print(
+        f"{business_line}: {table.canary} on {table.canary_fraction:.1%} of users, "
+        f"champion {table.champion or 'base model'}"
+    )
+
+
+@canary_app.command("clear")
+def canary_clear(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+) -> None:
+    """Every user of the line back on the champion (every gateway within a second)."""
+    from gateway.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    store = open_store(settings)
+    table = RouteStore(store.engine).clear_canary(business_line, actor=_actor(), reason=reason)
+    out.print(f"{business_line}: no canary; all users on {table.champion or 'the base model'}")
+
+
+@routes_app.callback(invoke_without_command=True)
+def routes_show(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    history: Annotated[
+        str | None, typer.Option(help="Show this line's latest routing changes instead.")
+    ] = None,
+) -> None:
+    """The routing table of every business line (champion, canary, share, previous)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gateway.routes import RouteStore
+
+    settings = load_settings()
+    routes = RouteStore(open_store(settings).engine)
+    if history is not None:
+        _print_history(routes, history, as_json=as_json)
+        return
+    snapshot = routes.snapshot()
+    lines = sorted(set(settings.business_lines) | snapshot.tables.keys())
+    if as_json:
+        rows = [
+            {**snapshot.table(line).model_dump(), "revision": snapshot.revisions.get(line, 0)}
+            for line in lines
+        ]
+        out.print_json(orjson.dumps(rows).decode())
+        return
+    table = Table("business line", "champion", "canary", "share", "previous", "revision")
+    for line in lines:
+        route = snapshot.table(line)
+        table.add_row(
+            line,
+            route.champion or "(base model)",
+            route.canary or "-",
+            f"{route.canary_fraction:.1%}" if route.canary else "-",
+            route.previous or "-",
+            str(snapshot.revisions.get(line, 0)),
+        )
+    out.print(table)
+
+
+def _print_history(routes: object, line: str, *, as_json: bool) -> None:
+    from gateway.routes import RouteStore
+
+    assert isinstance(routes, RouteStore)
+    changes = routes.history(line)
+    if as_json:
+        rows = [
+            {
+                "revision": c.revision,
+                "action": c.action,
+                **c.table.model_dump(),
+                "actor": c.actor,
+                "reason": c.reason,
+                "at": c.created_at.isoformat(),
+            }
+            for c in changes
+        ]
+        out.print_json(orjson.dumps(rows).decode())
+        return
+    table = Table("rev", "when (UTC)", "action", "champion", "canary", "share", "by", "reason")
+    for change in changes:
+        table.add_row(
+            str(change.revision),
+            change.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            change.action,
+            change.table.champion or "(base)",
+            change.table.canary or "-",
+            f"{change.table.canary_fraction:.1%}" if change.table.canary else "-",
+            change.actor,
+            change.reason or "",
+        )
+    out.print(table)
+
+
+@routes_app.command("champion")
+def routes_champion(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    adapter: Annotated[str, typer.Argument(help="<line>-v<version>, or 'base'.")],
+    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
+    ] = True,
+) -> None:
+    """Make ``adapter`` the line's champion by hand; the old one is kept as ``previous``."""
+    from gateway.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    chosen = None if adapter == "base" else adapter
+    if chosen is not None and check:
+        _check_loaded(chosen)
+    store = open_store(settings)
+    table = RouteStore(store.engine).set_champion(
+        business_line, chosen, actor=_actor(), reason=reason
+    )
+    out.print(f"{business_line}: champion {table.champion or 'base model'}")
+
+
+@gateway_app.command("add-key")
+def gateway_add_key(
+    name: Annotated[str, typer.Argument(help="Who the key is for (shown in logs).")],
+    lines: Annotated[
+        str, typer.Option(help="Comma-separated business lines it may use, or '*' for all.")
+    ],
+) -> None:
+    """Create an API key for the gateway; it is printed once (the file keeps a digest)."""
+    from gateway.keys import add_key
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    chosen = [line.strip() for line in lines.split(",") if line.strip()]
+    for line in chosen:
+        if line != "*":
+            _check_line(settings, line)
+    path = GatewaySettings().resolved_keys_file(settings.home)
+    token = add_key(path, name, chosen)
+    out.print(f"key for {name} ({', '.join(chosen)}), stored as a digest in {path}:")
+    out.print(token, highlight=False)
+
+
+def serve_gateway(
+    port: Annotated[int, typer.Option(min=1, max=65_535, help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "",
+    upstream: Annotated[
+        list[str] | None, typer.Option(help="A vLLM replica's root URL (repeatable).")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Server processes.")] = 1,
+) -> None:
+    """Run the gateway (OpenAI-compatible, per-line keys, sticky canary) with uvicorn."""
+    import os
+
+    import uvicorn
+
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    if upstream:
+        os.environ["FLYWHEEL_GATEWAY_UPSTREAMS"] = ",".join(upstream)
+    gateway = GatewaySettings()
+    keys = gateway.resolved_keys_file(settings.home)
+    if not keys.exists():
+        out.print(
+            f"[yellow]no API keys yet[/] ({keys}): every request gets 401 until "
+            "`flywheel gateway add-key` makes one"
+        )
+    open_store(settings).close()
+    bind = host or gateway.host
+    out.print(
+        f"gateway on http://{bind}:{port} in front of {', '.join(gateway.upstreams)}; "
+        f"metrics at /metrics; Ctrl-C stops it"
+    )
+    started = time.monotonic()
+    uvicorn.run(
+        "gateway.app:app_from_env",
+        factory=True,
+        host=bind,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
+    out.print(f"gateway stopped after {time.monotonic() - started:.0f} s")
