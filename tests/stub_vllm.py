@@ -169,3 +169,25 @@ def serving(app: Any, port: int) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(20)
+
+
+def main() -> None:
+    """``python -m tests.stub_vllm --port N [--words W]``: serve until killed (for benches)."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--words", type=int, default=8)
+    parser.add_argument("--adapter", action="append", default=[])
+    args = parser.parse_args()
+    behaviour = StubBehaviour(adapters=set(args.adapter), words=args.words)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with running_stub(behaviour, port=args.port):
+        print(f"stub vLLM on 127.0.0.1:{args.port}", flush=True)
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

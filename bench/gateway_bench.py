@@ -1,0 +1,407 @@
+"""What the gateway adds over calling vLLM directly, beside LiteLLM's proxy, in one run.
+
+    .venv/bin/python bench/gateway_bench.py [--seconds 15] [--rounds 2] [--no-litellm]
+
+Three ways to the same server, measured in interleaved rounds so machine noise
+hits them alike: **direct** (the client calls the server), **flywheel** (through
+the gateway: key check, routing, SSE relay, logging to its SQLite store in the
+background) and **litellm** (LiteLLM's proxy, in its own virtualenv built from
+PyPI on first use). Every request is a streamed chat completion; latency is to
+the last byte, TTFT to the first. For each of 1, 16 and 64 concurrent streams
+it prints p50/p99 and throughput per path, and the added p50/p99 and the
+throughput ratio against direct.
+
+Two servers: a real vLLM on the CPU (the base model, a few tokens per answer)
+and an instant OpenAI-compatible stand-in (``tests/stub_vllm.py``). The
+stand-in's latency is near zero, so the proxy's own cost is not buried in
+vLLM's run-to-run noise; vLLM shows it under a real load. The split check (100,000
+users on a 5% canary) is printed too. Results go to ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "bench" / "results"
+CONCURRENCY = (1, 16, 64)
+LINE = "customer_service"
+API_KEY = "fw-bench-key"
+PROMPT = "Name three colours."
+
+
+@dataclass
+class Sample:
+    """One request: latency to the last byte, time to the first, success."""
+
+    latency_s: float
+    ttft_s: float
+    ok: bool
+
+
+@dataclass
+class Cell:
+    """All samples of one path at one concurrency, over every round."""
+
+    samples: list[Sample] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def ok(self) -> list[Sample]:
+        return [s for s in self.samples if s.ok]
+
+    def quantile(self, q: float, attribute: str = "latency_s") -> float:
+        values = sorted(getattr(s, attribute) for s in self.ok())
+        if not values:
+            return float("nan")
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    def throughput(self) -> float:
+        return len(self.ok()) / self.seconds if self.seconds else 0.0
+
+    def errors(self) -> int:
+        return len(self.samples) - len(self.ok())
+
+
+async def _stream_once(session: Any, url: str, body: bytes, headers: dict[str, str]) -> Sample:
+    import aiohttp
+
+    started = time.perf_counter()
+    ttft = None
+    try:
+        async with session.post(url, data=body, headers=headers) as response:
+            if response.status != 200:
+                await response.read()
+                return Sample(time.perf_counter() - started, 0.0, False)
+            tail = b""
+            async for chunk in response.content.iter_any():
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                tail = (tail + chunk)[-64:]
+            ok = b"[DONE]" in tail
+    except (aiohttp.ClientError, TimeoutError):
+        return Sample(time.perf_counter() - started, 0.0, False)
+    return Sample(time.perf_counter() - started, ttft or 0.0, ok)
+
+
+async def _load(
+    url: str, model: str, headers: dict[str, str], concurrency: int, seconds: float, tokens: int
+) -> tuple[list[Sample], float]:
+    """``concurrency`` closed-loop streams for ``seconds``; returns samples and elapsed time."""
+    import aiohttp
+    import orjson
+
+    body = orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": tokens,
+            "temperature": 0.0,
+            "stream": True,
+        }
+    )
+    all_headers = {"Content-Type": "application/json", **headers}
+    samples: list[Sample] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        deadline = time.perf_counter() + seconds
+
+        async def stream() -> None:
+            while time.perf_counter() < deadline:
+                samples.append(await _stream_once(session, url, body, all_headers))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(stream() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return samples, elapsed
+
+
+def _wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, headers=headers or {}, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+@contextmanager
+def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+@contextmanager
+def stub_server(work: Path) -> Iterator[tuple[str, str]]:
+    """The instant stand-in in its own process: (base URL, model name)."""
+    from registry.vllm_server import free_port
+    from tests.stub_vllm import BASE_MODEL
+
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.stub_vllm", "--port", str(port), "--words", "8"]
+    with _process(argv, dict(os.environ), work / "stub.log"):
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", 30)
+        yield f"http://127.0.0.1:{port}", BASE_MODEL
+
+
+@contextmanager
+def vllm_server(work: Path) -> Iterator[tuple[str, str]]:
+    """A real vLLM on the CPU serving the base model: (base URL, model name)."""
+    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
+    from training.base_model import ensure_base_model
+
+    cache = REPO / ".cache"
+    cache.mkdir(exist_ok=True)
+    base = ensure_base_model(cache / "models", None)
+    python = VllmEnvironment(REPO / ".venv-vllm", report=print).ensure()
+    settings = VllmServerSettings(model=base, port=free_port(), served_model_name="base")
+    with VllmServer(settings, python=python, log_path=work / "vllm.log", report=print) as server:
+        yield server.base_url, "base"
+
+
+@contextmanager
+def gateway(upstream: str, work: Path) -> Iterator[str]:
+    """flywheel's gateway (uvicorn, one process, SQLite store) in front of ``upstream``."""
+    from gateway.keys import ApiKey, key_digest
+    from registry.vllm_server import free_port
+
+    home = Path(tempfile.mkdtemp(prefix="gw-", dir=work))
+    key = ApiKey(name="bench", sha256=key_digest(API_KEY), business_lines=(LINE,))
+    (home / "gateway-keys.yaml").write_text(
+        json.dumps({"keys": [key.model_dump(mode="json")]}), encoding="utf-8"
+    )
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLYWHEEL_HOME": str(home),
+        "FLYWHEEL_GATEWAY_UPSTREAMS": upstream,
+    }
+    env.pop("FLYWHEEL_DATABASE_URL", None)
+    argv = [
+        sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    with _process(argv, env, work / "gateway.log"):
+        _wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def litellm(upstream: str, model: str, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """LiteLLM's proxy in front of ``upstream``: (base URL, headers)."""
+    from bench.litellm_proxy import LitellmProxy, ensure_litellm
+    from registry.vllm_server import free_port
+
+    python = ensure_litellm(REPO / ".venv-litellm", report=print)
+    proxy = LitellmProxy(
+        python,
+        upstream_base_url=upstream,
+        served_model=model,
+        public_name=LINE,
+        port=free_port(),
+        log_path=work / "litellm.log",
+    )
+    with proxy:
+        proxy.warm_up()
+        yield proxy.base_url, proxy.headers
+
+
+def measure(
+    targets: dict[str, tuple[str, str, dict[str, str]]],
+    seconds: float,
+    rounds: int,
+    tokens: int,
+) -> dict[int, dict[str, Cell]]:
+    """Interleaved rounds: for each concurrency, each round visits every path in turn."""
+    from flywheel.progress import progress_bar
+
+    cells = {c: {name: Cell() for name in targets} for c in CONCURRENCY}
+    total = len(CONCURRENCY) * rounds * len(targets)
+    with progress_bar("measuring", total=total) as advance:
+        for concurrency in CONCURRENCY:
+            for round_index in range(rounds):
+                order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
+                for name in order:
+                    url, model, headers = targets[name]
+                    # A short warm-up so connection set-up is not measured.
+                    asyncio.run(_load(url, model, headers, concurrency, 1.0, tokens))
+                    samples, elapsed = asyncio.run(
+                        _load(url, model, headers, concurrency, seconds, tokens)
+                    )
+                    cells[concurrency][name].samples += samples
+                    cells[concurrency][name].seconds += elapsed
+                    advance(1)
+    return cells
+
+
+def report(server: str, cells: dict[int, dict[str, Cell]]) -> list[dict[str, Any]]:
+    """Print a table per server and return its rows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = []
+    table = Table(title=f"{server}: streamed chat completions, added over direct")
+    for column in (
+        "streams", "path", "requests", "errors", "p50 ms", "p99 ms", "TTFT p50 ms",
+        "req/s", "added p50 ms", "added p99 ms", "throughput vs direct",
+    ):  # fmt: skip
+        table.add_column(column, justify="right")
+    for concurrency, by_path in cells.items():
+        direct = by_path["direct"]
+        for name, cell in by_path.items():
+            added50 = (cell.quantile(0.5) - direct.quantile(0.5)) * 1000
+            added99 = (cell.quantile(0.99) - direct.quantile(0.99)) * 1000
+            ratio = cell.throughput() / direct.throughput() if direct.throughput() else 0.0
+            row = {
+                "server": server,
+                "streams": concurrency,
+                "path": name,
+                "requests": len(cell.samples),
+                "errors": cell.errors(),
+                "p50_ms": cell.quantile(0.5) * 1000,
+                "p99_ms": cell.quantile(0.99) * 1000,
+                "ttft_p50_ms": cell.quantile(0.5, "ttft_s") * 1000,
+                "rps": cell.throughput(),
+                "added_p50_ms": added50,
+                "added_p99_ms": added99,
+                "throughput_ratio": ratio,
+            }
+            rows.append(row)
+            table.add_row(
+                str(concurrency),
+                name,
+                str(row["requests"]),
+                str(row["errors"]),
+                f"{row['p50_ms']:.2f}",
+                f"{row['p99_ms']:.2f}",
+                f"{row['ttft_p50_ms']:.2f}",
+                f"{row['rps']:.1f}",
+                "-" if name == "direct" else f"{added50:+.2f}",
+                "-" if name == "direct" else f"{added99:+.2f}",
+                "-" if name == "direct" else f"{ratio:.3f}",
+            )
+    Console().print(table)
+    return rows
+
+
+def split_check(users: int = 100_000) -> dict[str, Any]:
+    """The sticky split over ``users`` distinct users on a 5% canary."""
+    from gateway.routing import RoutingTable, choose_arm
+
+    table = RoutingTable(business_line=LINE, champion=f"{LINE}-v1", canary=f"{LINE}-v2")
+    arms = [choose_arm(table, f"user-{i}")[0] for i in range(users)]
+    repeat = all(choose_arm(table, f"user-{i}")[0] == arms[i] for i in range(0, users, 7))
+    share = arms.count("canary") / users
+    print(f"split: {share:.4%} of {users:,} users on the 5% canary; repeat requests same arm: "
+          f"{repeat}")  # fmt: skip
+    return {"users": users, "canary_share": share, "sticky": repeat}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Added p50/p99 latency per path and concurrency, one panel per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = sorted({r["server"] for r in rows})
+    figure, axes = plt.subplots(1, len(servers), figsize=(6 * len(servers), 4), squeeze=False)
+    for axis, server in zip(axes[0], servers, strict=True):
+        proxies = sorted({r["path"] for r in rows if r["server"] == server} - {"direct"})
+        width = 0.8 / (2 * len(proxies))
+        for index, proxy in enumerate(proxies):
+            mine = [r for r in rows if r["server"] == server and r["path"] == proxy]
+            xs = range(len(mine))
+            for offset, (key, hatch) in enumerate((("added_p50_ms", ""), ("added_p99_ms", "//"))):
+                position = [x + (2 * index + offset) * width for x in xs]
+                axis.bar(position, [r[key] for r in mine], width, hatch=hatch,
+                         label=f"{proxy} {key.split('_')[1]}")  # fmt: skip
+        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(CONCURRENCY))])
+        axis.set_xticklabels([f"{c} streams" for c in CONCURRENCY])
+        axis.set_ylabel("added latency over direct (ms)")
+        axis.set_title(server)
+        axis.axhline(0, color="black", linewidth=0.5)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="Per path, round and concurrency."
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=8, help="max_tokens per answer.")
+    parser.add_argument("--no-litellm", action="store_true", help="Skip LiteLLM's proxy.")
+    parser.add_argument("--no-vllm", action="store_true", help="Only the instant stand-in.")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"split": split_check(), "rows": []}
+    servers = [("stand-in", stub_server)] + ([] if args.no_vllm else [("vLLM CPU", vllm_server)])
+    gateway_headers = {"Authorization": f"Bearer {API_KEY}", "x-user-id": "bench-user"}
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as scratch:
+        work = Path(scratch)
+        for server_name, start in servers:
+            with start(work) as (upstream, model), gateway(upstream, work) as gateway_url:
+                targets = {
+                    "direct": (f"{upstream}/v1/chat/completions", model, {}),
+                    "flywheel": (f"{gateway_url}/v1/chat/completions", LINE, gateway_headers),
+                }
+                if args.no_litellm:
+                    cells = measure(targets, args.seconds, args.rounds, args.tokens)
+                else:
+                    with litellm(upstream, model, work) as (litellm_url, litellm_headers):
+                        targets["litellm"] = (
+                            f"{litellm_url}/v1/chat/completions", LINE, litellm_headers,
+                        )  # fmt: skip
+                        cells = measure(targets, args.seconds, args.rounds, args.tokens)
+                results["rows"] += report(server_name, cells)
+    (RESULTS / "gateway_bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    plot(results["rows"], RESULTS / "gateway_overhead.png")
+    worst = [r for r in results["rows"] if r["path"] == "flywheel" and r["server"] == "stand-in"]
+    if worst:
+        print(
+            "flywheel on the stand-in: added p50 "
+            + ", ".join(f"{r['added_p50_ms']:+.2f} ms @{r['streams']}" for r in worst)
+            + f"; median {statistics.median(r['added_p50_ms'] for r in worst):+.2f} ms"
+        )
+    print(f"results: {RESULTS / 'gateway_bench.json'}, plot: {RESULTS / 'gateway_overhead.png'}")
+
+
+if __name__ == "__main__":
+    main()
