@@ -498,7 +498,9 @@ async def _relay(
         _finish(state, exchange, status, error=error, kind="stream_broken" if error else None)
     if status == "error":
         failure = GatewayError(502, "the model server failed mid-stream; the answer is incomplete")
-        yield b"data: " + failure.body() + b"\n\n" + _DONE + b"\n\n"
+        # A cut may fall inside an event: close it so the error is an event of its own.
+        separator = b"" if not chunks or chunks[-1].endswith(b"\n\n") else b"\n\n"
+        yield separator + b"data: " + failure.body() + b"\n\n" + _DONE + b"\n\n"
 
 
 def _finish(

@@ -1,10 +1,9 @@
 """The vLLM replicas behind the gateway: one pooled HTTP client, round robin, failover.
 
-A request goes to the next replica in turn; when a replica refuses the
-connection the request moves on to the next one (nothing was sent, so this is
-safe) and the refusing replica is skipped for a few seconds. Once a replica
-has accepted a request it is never re-sent elsewhere: generation is not
-idempotent.
+A request goes to the next replica in turn; when a replica refuses or drops the
+connection before any answer began, the request moves on to the next one and
+that replica is skipped for a few seconds. Once an answer has begun it is never
+re-sent elsewhere.
 """
 
 from __future__ import annotations
@@ -91,7 +90,9 @@ class Upstreams:
                     data=body,
                     headers={**self._headers, **(headers or {})},
                 )
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+                # Refused, reset or closed before any answer (e.g. a replica killed under
+                # load): no answer started, so the next replica may take the request.
                 replica.down_until = time.monotonic() + COOL_DOWN_S
                 refused.append(f"{replica.base_url} ({type(exc).__name__})")
                 continue

@@ -351,3 +351,46 @@ def test_requests_in_flight_are_visible_to_the_unload_drain(gateway: Running) ->
         worker.join()
     with pytest.raises(GatewayScrapeError):
         requests_in_flight([f"http://127.0.0.1:{free_port()}"], CHAMPION)
+
+
+def test_a_replica_killed_before_answering_gives_503_not_502(settings: Settings) -> None:
+    """The connection sits in a frozen server's backlog, then the kill resets it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    port = free_port()
+    stub = subprocess.Popen(
+        [sys.executable, "-m", "tests.stub_vllm", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert stub.stdout is not None
+        stub.stdout.readline()  # it prints once it listens
+        store = FeedbackStore.open(settings)
+        config = GatewaySettings(upstreams=(f"http://127.0.0.1:{port}",), base_model_name="b")
+        app = create_app(settings, config, store=store, keys=_keys())
+        with serving(app, free_port()) as url, httpx.Client(base_url=url, timeout=30) as client:
+            os.kill(stub.pid, signal.SIGSTOP)
+            result: dict[str, httpx.Response] = {}
+            body = {"model": "customer_service", "messages": [{"role": "user", "content": "x"}]}
+            headers = {"Authorization": f"Bearer {CS_KEY}"}
+            worker = threading.Thread(
+                target=lambda: result.update(
+                    answer=client.post("/v1/chat/completions", json=body, headers=headers)
+                )
+            )
+            worker.start()
+            time.sleep(0.5)
+            os.kill(stub.pid, signal.SIGKILL)
+            worker.join(20)
+        assert result["answer"].status_code == 503
+        assert "unavailable" in result["answer"].json()["error"]["message"]
+        store.close()
+    finally:
+        if stub.poll() is None:
+            os.killpg(stub.pid, signal.SIGKILL)
+        stub.wait()
