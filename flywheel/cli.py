@@ -508,7 +508,12 @@ def serve_vllm(
     settings = _settings()
     base = ensure_base_model(settings.models_dir, settings.base_model)
     environment = VllmEnvironment(venv or _vllm_venv(settings), report=out.print)
-    server_settings = VllmServerSettings(model=base, port=port)
+    # Served under the folder's name (not its path): that name reaches headers and logs.
+    server_settings = VllmServerSettings(
+        model=base,
+        port=port,
+        served_model_name=os.environ.get("FLYWHEEL_VLLM_SERVED_MODEL_NAME") or base.name,
+    )
     if print_command:
         env = server_settings.environment({})
         flags = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
