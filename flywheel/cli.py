@@ -500,6 +500,7 @@ def serve_vllm(
     ] = False,
 ) -> None:
     """Serve the base model with vLLM on the CPU, runtime LoRA loading on, loopback only."""
+    import signal
     import time
 
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings
@@ -522,6 +523,8 @@ def serve_vllm(
     python = environment.ensure()
     log = settings.home / "logs" / f"vllm-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # vLLM runs in its own process group: a SIGTERM to this command must stop it too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with VllmServer(server_settings, python=python, log_path=log, report=out.print) as server:
         out.print(
             f"vLLM serves {base.name} at {server.base_url} with runtime LoRA loading "
