@@ -312,7 +312,7 @@ def report(server: str, cells: dict[int, dict[str, Cell]]) -> list[dict[str, Any
                 "-" if name == "direct" else f"{added99:+.2f}",
                 "-" if name == "direct" else f"{ratio:.3f}",
             )
-    Console().print(table)
+    Console(width=180).print(table)
     return rows
 
 
@@ -369,10 +369,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8, help="max_tokens per answer.")
     parser.add_argument("--no-litellm", action="store_true", help="Skip LiteLLM's proxy.")
     parser.add_argument("--no-vllm", action="store_true", help="Only the instant stand-in.")
+    parser.add_argument("--no-stand-in", action="store_true", help="Only the real vLLM.")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"split": split_check(), "rows": []}
-    servers = [("stand-in", stub_server)] + ([] if args.no_vllm else [("vLLM CPU", vllm_server)])
+    servers = [] if args.no_stand_in else [("stand-in", stub_server)]
+    servers += [] if args.no_vllm else [("vLLM CPU", vllm_server)]
     gateway_headers = {"Authorization": f"Bearer {API_KEY}", "x-user-id": "bench-user"}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as scratch:
         work = Path(scratch)

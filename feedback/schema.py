@@ -176,8 +176,44 @@ class RouteChange(Base):
     __table_args__ = (Index("ix_route_changes_line_created", "business_line", "created_at"),)
 
 
+class LineWatermark(Base):
+    """How far the nightly run of a business line has consumed the store."""
+
+    __tablename__ = "line_watermarks"
+
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH), primary_key=True)
+    watermark: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    pending_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    locked_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    run_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    outcome: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class CanaryDecisionRecord(Base):
+    """One look of the canary flow at a canary: the action, why, and the numbers."""
+
+    __tablename__ = "canary_decisions"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    adapter: Mapped[str] = mapped_column(String(ID_LENGTH))
+    canary_fraction: Mapped[float] = mapped_column(Float)
+    look: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(16))
+    reasons: Mapped[str] = mapped_column(Text)
+    numbers: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    actor: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_canary_decisions_line_created", "business_line", "created_at"),)
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
 routes_table = Route.__table__
 route_changes_table = RouteChange.__table__
+watermarks_table = LineWatermark.__table__
+canary_decisions_table = CanaryDecisionRecord.__table__

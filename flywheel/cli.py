@@ -535,6 +535,40 @@ def serve_vllm(
 
 
 @app.command()
+def nightly(
+    line: Annotated[
+        list[str] | None, typer.Option(help="Only this business line (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Run the nightly flow now (Prefect): per line, in parallel, datasets → train → gate →
+    register → hot-load → 5% canary. Lines with too few new examples are skipped."""
+    from flows.prefect_env import configure_prefect
+
+    settings = _settings()
+    for name in line or []:
+        if name not in settings.business_lines:
+            raise UsageError(f"unknown business line {name!r}")
+    configure_prefect(settings)
+    from flows.nightly import nightly as nightly_flow
+
+    reports = nightly_flow(lines=line or None)
+    if as_json:
+        out.print_json(orjson.dumps(reports).decode())
+        return
+    table = Table("business line", "status", "version", "adapter", "why")
+    for report in reports:
+        table.add_row(
+            report["business_line"],
+            report["status"],
+            str(report["version"] or "-"),
+            report["adapter"] or "-",
+            report["reason"][:140],
+        )
+    out.print(table)
+
+
+@app.command()
 def demo(
     requests: Annotated[int, typer.Option(min=1, help="Simulated interactions.")] = 2_000,
     seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,

@@ -468,6 +468,33 @@ class Registry:
         self.client.delete_registered_model_alias(name, "previous")
         return Rollback(line=line, rolled_back=champion, champion=previous)
 
+    def set_alias(self, line: str, alias: str, version: int) -> None:
+        """Point ``alias`` (e.g. ``canary``) at ``version``."""
+        self._version(line, version)
+        self.client.set_registered_model_alias(model_name(line), alias, str(version))
+
+    def remove_alias(self, line: str, alias: str) -> None:
+        """Remove ``alias`` if it is set."""
+        if alias in self.aliases(line):
+            self.client.delete_registered_model_alias(model_name(line), alias)
+
+    def reject(self, line: str, version: int, reason: str, *, actor: str = "flywheel") -> None:
+        """A canary that failed online: tagged ``rolled_back`` with the reason; its
+        ``candidate`` and ``canary`` aliases are removed (the champion is untouched)."""
+        if not reason.strip():
+            raise FlywheelError("a rollback needs a reason (it is recorded on the version)")
+        name = model_name(line)
+        self._version(line, version)
+        for key, value in {
+            "rolled_back": truncate(reason),
+            "rolled_back_by": actor,
+            "rolled_back_at": _now(),
+        }.items():
+            self.client.set_model_version_tag(name, str(version), key, value)
+        for alias, pointed in self.aliases(line).items():
+            if alias in {"candidate", "canary"} and pointed == version:
+                self.client.delete_registered_model_alias(name, alias)
+
     def adapter_path(self, line: str, version: int) -> Path:
         """A local folder holding the version's adapter files, ready for vLLM to load.
 

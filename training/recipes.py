@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from flywheel.errors import FlywheelError
+from registry.canary import CanaryPolicy
 
 BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
 # Modules vLLM can serve LoRA on for Llama-style models (see --lora-target-modules).
@@ -88,6 +89,7 @@ class Recipe(BaseModel):
     seed: int = 0
     gate: GatePolicy = Field(default_factory=GatePolicy)
     canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)
+    canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
 
     @model_validator(mode="after")
     def _schedule(self) -> Recipe:

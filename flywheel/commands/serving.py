@@ -260,3 +260,92 @@ def serve_gateway(
         access_log=False,
     )
     out.print(f"gateway stopped after {time.monotonic() - started:.0f} s")
+
+
+@canary_app.command("status")
+def canary_status(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """The line's routing and its canary's latest decisions with their numbers."""
+    from flows.rollout import canary_decisions
+    from gateway.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    store = open_store(settings)
+    table = RouteStore(store.engine).table(business_line)
+    decisions = canary_decisions(store, business_line, limit=10)
+    if as_json:
+        rows = [{**d, "created_at": d["created_at"].isoformat()} for d in decisions]
+        out.print_json(orjson.dumps({"routes": table.model_dump(), "decisions": rows}).decode())
+        return
+    out.print(
+        f"{business_line}: champion {table.champion or 'base model'}, "
+        + (f"canary {table.canary} on {table.canary_fraction:.1%}" if table.canary else "no canary")
+        + (f", previous {table.previous}" if table.previous else "")
+    )
+    shown = Table("when (UTC)", "adapter", "share", "look", "action", "requests c/h", "why")
+    for decision in decisions:
+        numbers = decision["numbers"]
+        shown.add_row(
+            decision["created_at"].strftime("%Y-%m-%d %H:%M"),
+            decision["adapter"],
+            f"{decision['canary_fraction']:.0%}",
+            str(decision["look"]),
+            decision["action"],
+            f"{numbers['canary']['requests']}/{numbers['champion']['requests']}",
+            decision["reasons"][:120],
+        )
+    out.print(shown)
+
+
+def _judge(business_line: str, action: str | None, reason: str | None) -> None:
+    from flows.rollout import judge_canary
+    from gateway.settings import GatewaySettings
+    from registry.canary import CanaryAction
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    store = open_store(settings)
+    force = CanaryAction(action) if action else None
+    outcome = judge_canary(
+        settings,
+        store,
+        business_line,
+        upstreams=GatewaySettings().upstreams,
+        force=force,
+        reason=reason,
+        actor=_actor(),
+    )
+    table = outcome.table
+    where = f"champion {table.champion or 'base'}, canary {table.canary or '-'}" if table else ""
+    out.print(f"{business_line}: {outcome.action}: {outcome.reason} ({where})")
+
+
+@canary_app.command("promote")
+def canary_promote(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    reason: Annotated[str, typer.Option(help="Why, recorded in MLflow and the routes.")] = (
+        "promoted by hand"
+    ),
+) -> None:
+    """Promote the canary now (next canary step, or champion alias and all traffic)."""
+    _judge(business_line, "promote", reason)
+
+
+@canary_app.command("rollback")
+def canary_rollback(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    reason: Annotated[str, typer.Option(help="Why, recorded in MLflow and the routes.")],
+) -> None:
+    """Roll the canary back now: no traffic at once, then drain and unload it."""
+    _judge(business_line, "rollback", reason)
+
+
+@canary_app.command("check")
+def canary_check(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+) -> None:
+    """Run the canary decision once for the line (what the canary flow does every N minutes)."""
+    _judge(business_line, None, None)

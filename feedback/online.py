@@ -1,0 +1,83 @@
+"""Online numbers per served adapter over a time window, from what the gateway logged.
+
+The canary flow compares the canary and the champion on the same window:
+requests, errors, p99 latency, and how many of those requests drew a
+thumbs-down, a regenerate or an edit (each request counted once per signal,
+however many times it got one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Engine, and_, func, select
+
+from feedback.schema import feedback_table, interactions_table
+
+COUNTED_SIGNALS = ("thumbs_down", "regenerate", "edit", "thumbs_up", "abandon")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterWindow:
+    """One adapter's online numbers over a window."""
+
+    adapter: str | None
+    requests: int
+    errors: int
+    p99_latency_ms: float | None
+    signals: dict[str, int]
+
+
+def _p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def adapter_windows(
+    engine: Engine,
+    business_line: str,
+    adapters: Iterable[str | None],
+    since: datetime,
+    until: datetime,
+) -> dict[str | None, AdapterWindow]:
+    """Each adapter's numbers for requests made in ``[since, until)`` (None = the base model)."""
+    wanted = list(dict.fromkeys(adapters))
+    interactions = interactions_table
+    feedback = feedback_table
+    in_window = and_(
+        interactions.c.business_line == business_line,
+        interactions.c.created_at >= since,
+        interactions.c.created_at < until,
+    )
+    results: dict[str | None, AdapterWindow] = {}
+    with engine.connect() as connection:
+        for adapter in wanted:
+            served = (
+                interactions.c.adapter_name.is_(None)
+                if adapter is None
+                else interactions.c.adapter_name == adapter
+            )
+            rows = connection.execute(
+                select(interactions.c.status, interactions.c.latency_ms).where(in_window, served)
+            ).all()
+            counts = connection.execute(
+                select(feedback.c.type, func.count(func.distinct(feedback.c.request_id)))
+                .select_from(
+                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+                )
+                .where(in_window, served, feedback.c.type.in_(COUNTED_SIGNALS))
+                .group_by(feedback.c.type)
+            ).all()
+            latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
+            results[adapter] = AdapterWindow(
+                adapter=adapter,
+                requests=len(rows),
+                errors=sum(1 for r in rows if r.status != "ok"),
+                p99_latency_ms=_p99(latencies),
+                signals=dict.fromkeys(COUNTED_SIGNALS, 0) | {k: int(n) for k, n in counts},
+            )
+    return results

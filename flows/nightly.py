@@ -1,0 +1,267 @@
+"""Prefect flows: the nightly retraining of every business line, and the canary watch.
+
+The flow bodies read like a table of contents; the work is in ``flows.stages``,
+``flows.rollout`` and the packages. A line's nightly run holds the line's lease
+in the store (one run per line at a time, whoever starts it), works on a fixed
+window of the store (``feedback.watermarks``) and moves the watermark only when
+it finishes; a rerun after a crash sees the same window, rebuilds the same
+dataset and reuses the registered version by its hash instead of training again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from feedback.store import FeedbackStore
+from feedback.watermarks import LineWindow, WatermarkStore
+from flywheel.errors import FlywheelError
+from flywheel.settings import Settings, load_settings
+
+LEASE_S = 600.0
+
+
+class LineBusyError(FlywheelError):
+    """Another run holds the line."""
+
+
+@dataclass(slots=True)
+class LineReport:
+    """What one line's nightly run did, stage by stage."""
+
+    business_line: str
+    status: str = "started"  # deployed | gated_out | skipped | reused | failed | busy
+    reason: str = ""
+    window_since: str | None = None
+    window_until: str | None = None
+    resumed: bool = False
+    examples: dict[str, int] = field(default_factory=dict)
+    version: int | None = None
+    adapter: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@contextmanager
+def line_lease(watermarks: WatermarkStore, line: str, owner: str) -> Iterator[None]:
+    """Hold the line's lease while the block runs (renewed in the background)."""
+    if not watermarks.acquire(line, owner, LEASE_S, _now()):
+        raise LineBusyError(f"another nightly run holds {line}; try again when it finishes")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(LEASE_S / 3):
+            watermarks.renew(line, owner, LEASE_S, _now())
+
+    keeper = threading.Thread(target=renew, name=f"lease-{line}", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join(5)
+        watermarks.release(line, owner)
+
+
+@task(retries=2, retry_delay_seconds=5)
+def open_window(settings: Settings, line: str) -> LineWindow:
+    """The store window this run works on (the same one again after a crash)."""
+    store = FeedbackStore.open(settings)
+    try:
+        return WatermarkStore(store.engine).open_window(line, _now())
+    finally:
+        store.close()
+
+
+@task(retries=1, retry_delay_seconds=5)
+def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[str, Any]:
+    """Scrub, deduplicate and bucket the window's records into SFT/DPO/KTO datasets."""
+    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+    from feedback.pii import build_scrubber
+
+    store = FeedbackStore.open(settings)
+    try:
+        result = clean_line(
+            store.engine,
+            line,
+            scrub=scrub_with(build_scrubber()),
+            settings=CleaningSettings(),
+            dataset_root=settings.datasets_dir,
+            since=window.since,
+            until=window.until,
+        )
+    finally:
+        store.close()
+    counts = result.dataset.manifest["counts"] if result.dataset else {}
+    return {
+        "dataset": result.dataset.content_hash if result.dataset else None,
+        "train_examples": {kind: int(split.get("train", 0)) for kind, split in counts.items()},
+        "funnel": result.funnel.as_dict(),
+    }
+
+
+@task
+def train_and_gate(settings: Settings, line: str) -> dict[str, Any]:
+    """Train on the newest dataset, evaluate against the champion, gate and register."""
+    from flows.stages import train_line
+
+    outcome = train_line(settings, line)
+    return {
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "version": outcome.version,
+        "promote": bool(outcome.decision and outcome.decision.promote),
+    }
+
+
+@task(retries=2, retry_delay_seconds=10)
+def hot_load_and_canary(settings: Settings, line: str, version: int) -> dict[str, Any]:
+    """Load the version into every vLLM replica, probe it, start its canary."""
+    from flows.rollout import deploy_canary
+    from gateway.settings import GatewaySettings
+
+    store = FeedbackStore.open(settings)
+    try:
+        outcome = deploy_canary(settings, store, line, version, GatewaySettings().upstreams)
+    finally:
+        store.close()
+    return asdict(outcome)
+
+
+@task(retries=2, retry_delay_seconds=5)
+def close_window(settings: Settings, window: LineWindow, outcome: str, *, consumed: bool) -> None:
+    """Move the watermark (or leave it, when the window was too small to use)."""
+    store = FeedbackStore.open(settings)
+    try:
+        watermarks = WatermarkStore(store.engine)
+        if consumed:
+            run = str(flow_run.get_id() or "")
+            watermarks.close_window(window, run_id=run or None, outcome=outcome, now=_now())
+        else:
+            watermarks.release_window(window, outcome=outcome, now=_now())
+    finally:
+        store.close()
+
+
+@flow(name="flywheel-line-nightly", flow_run_name="nightly-{line}")
+def line_nightly(line: str) -> dict[str, Any]:
+    """One business line: window → datasets → train/eval/gate/register → hot-load → canary."""
+    settings = load_settings()
+    report = LineReport(line)
+    store = FeedbackStore.open(settings)
+    watermarks = WatermarkStore(store.engine)
+    owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    try:
+        with line_lease(watermarks, line, owner):
+            _run_line(settings, line, report)
+    except LineBusyError as exc:
+        report.status, report.reason = "busy", str(exc)
+    finally:
+        store.close()
+    _line_artifact(report)
+    return asdict(report)
+
+
+def _run_line(settings: Settings, line: str, report: LineReport) -> None:
+    window = open_window(settings, line)
+    report.window_since = window.since.isoformat() if window.since else None
+    report.window_until = window.until.isoformat()
+    report.resumed = window.resumed
+    datasets = build_datasets(settings, line, window)
+    report.examples = datasets["train_examples"]
+    trained = train_and_gate(settings, line)
+    report.version, report.reason = trained["version"], trained["reason"]
+    if trained["status"] == "skipped":
+        report.status = "skipped"
+        close_window(settings, window, f"skipped: {trained['reason']}", consumed=False)
+        return
+    if trained["status"] == "trained" and not trained["promote"]:
+        report.status = "gated_out"
+        close_window(settings, window, f"gated out: {trained['reason']}", consumed=True)
+        return
+    deployed = hot_load_and_canary(settings, line, trained["version"])
+    report.adapter = deployed["adapter"]
+    report.status = "deployed" if deployed["status"] == "canary" else "failed"
+    report.reason = deployed["reason"]
+    close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
+
+
+def _line_artifact(report: LineReport) -> None:
+    lines = [
+        f"# Nightly run of {report.business_line}: **{report.status}**",
+        "",
+        f"- window: {report.window_since or 'beginning'} → {report.window_until}"
+        + (" (resumed after an unfinished run)" if report.resumed else ""),
+        f"- training examples: {report.examples or 'none'}",
+        f"- version: {report.version or '-'}; adapter: {report.adapter or '-'}",
+        f"- why: {report.reason or '-'}",
+    ]
+    create_markdown_artifact(
+        key=f"nightly-{report.business_line.replace('_', '-')}",
+        markdown="\n".join(lines),
+        description=f"nightly run of {report.business_line}",
+    )
+
+
+@task
+def run_line(line: str) -> dict[str, Any]:
+    """A line's nightly run as a subflow (lines run in parallel threads)."""
+    try:
+        return line_nightly(line)
+    except Exception as exc:  # one line failing must not stop the others
+        get_run_logger().exception("nightly run of %s failed", line)
+        return asdict(LineReport(line, status="failed", reason=f"{type(exc).__name__}: {exc}"))
+
+
+@flow(name="flywheel-nightly", task_runner=ThreadPoolTaskRunner(max_workers=4))
+def nightly(lines: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every business line's nightly run, in parallel; a summary table as an artifact."""
+    chosen = lines or list(load_settings().business_lines)
+    futures = [run_line.submit(line) for line in chosen]
+    reports = [future.result() for future in futures]
+    create_table_artifact(
+        key="nightly-summary",
+        table=[
+            {k: r[k] for k in ("business_line", "status", "version", "adapter", "reason")}
+            for r in reports
+        ],
+        description="what each line's nightly run did",
+    )
+    return reports
+
+
+@flow(name="flywheel-canary")
+def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
+    """For each line with a canary: compare it with the champion and promote, step up,
+    roll back or wait; each decision is recorded with its numbers."""
+    from flows.rollout import judge_canary
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    chosen = lines or list(settings.business_lines)
+    store = FeedbackStore.open(settings)
+    results = []
+    try:
+        for line in chosen:
+            outcome = judge_canary(settings, store, line, upstreams=GatewaySettings().upstreams)
+            results.append(
+                {"business_line": line, "action": outcome.action, "reason": outcome.reason}
+            )
+    finally:
+        store.close()
+    create_table_artifact(key="canary-decisions", table=results, description="canary decisions")
+    return results
