@@ -569,6 +569,31 @@ def nightly(
 
 
 @app.command()
+def schedule(
+    cron: Annotated[str, typer.Option(help="When the nightly flow runs (cron).")] = "0 2 * * *",
+    timezone: Annotated[str, typer.Option(help="Time zone of the cron.")] = "UTC",
+    canary_minutes: Annotated[
+        float, typer.Option(min=0.1, help="How often the canary flow runs.")
+    ] = 10.0,
+    port: Annotated[int, typer.Option(min=1, max=65_535, help="Prefect server port.")] = 4200,
+) -> None:
+    """Start a local Prefect server and serve the nightly and canary schedules (Ctrl-C stops)."""
+    from flows.prefect_env import configure_prefect
+
+    settings = _settings()
+    configure_prefect(settings)
+    from flows.schedule import prefect_server, serve_schedules
+
+    with prefect_server(settings.home / "prefect", port) as api:
+        os.environ["PREFECT_API_URL"] = api
+        out.print(
+            f"Prefect at {api.removesuffix('/api')}: nightly at '{cron}' ({timezone}), "
+            f"canary every {canary_minutes:g} min; Ctrl-C stops"
+        )
+        serve_schedules(cron, timezone, timedelta(minutes=canary_minutes))
+
+
+@app.command()
 def demo(
     requests: Annotated[int, typer.Option(min=1, help="Simulated interactions.")] = 2_000,
     seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,
@@ -579,11 +604,17 @@ def demo(
         str, typer.Option("--train-line", help="Line to train with its demo recipe.")
     ] = "customer_service",
     no_train: Annotated[bool, typer.Option("--no-train", help="Stop after the datasets.")] = False,
+    no_serve: Annotated[
+        bool, typer.Option("--no-serve", help="Train and gate offline; no vLLM, gateway, canary.")
+    ] = False,
+    bad_canary: Annotated[
+        bool,
+        typer.Option("--bad-canary", help="Canary users dislike the new adapter: see a rollback."),
+    ] = False,
 ) -> None:
-    """The main job on embedded defaults: capture feedback, clean it into datasets, train and gate.
-
-    Serving, the canary and the nightly flow join this command as they land.
-    """
+    """The main job on embedded defaults, end to end: feedback in the store, datasets, vLLM and
+    the gateway, users through it, the nightly flow to a 5% canary, canary feedback, and the
+    canary flow to a promotion (or, with --bad-canary, a rollback)."""
     from feedback.simulate import SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
 
@@ -592,8 +623,10 @@ def demo(
         from training.recipes import packaged_recipes_dir
 
         settings = settings.model_copy(update={"recipes_dir": packaged_recipes_dir() / "demo"})
+    if train_line_name not in settings.business_lines:
+        raise UsageError(f"unknown business line {train_line_name!r}")
     store = _open_store(settings)
-    out.print(f"[bold]1/4[/] feedback store: {_safe_url(settings)}")
+    out.print(f"[bold]1/6[/] feedback store: {_safe_url(settings)}")
     if oasst is not None:
         from feedback.importers.business_rules import load_business_rules
         from feedback.importers.oasst import oasst_items
@@ -613,7 +646,7 @@ def demo(
         start=_parse_start(None),
         business_lines=settings.business_lines,
     )
-    out.print(f"[bold]2/4[/] simulating {requests} requests with feedback (seed {seed})")
+    out.print(f"[bold]2/6[/] yesterday's traffic: {requests} requests with feedback (seed {seed})")
     with progress_bar("simulating") as advance:
         report = store.ingest(
             TrafficSimulator(simulation).events(),
@@ -622,22 +655,117 @@ def demo(
         )
     _print_report(report)
     _print_buckets(store.stats())
-    out.print("[bold]3/4[/] cleaning: PII scrubbing, dedup, SFT/DPO/KTO datasets per line")
-    results = _build_datasets(settings, store, list(settings.business_lines))
-    for result in results:
+    others = [line for line in settings.business_lines if line != train_line_name]
+    out.print(f"[bold]3/6[/] cleaning {', '.join(others)}: PII scrubbing, dedup, datasets")
+    for result in _build_datasets(settings, store, others):
         _print_funnel(result.business_line, result.funnel.as_dict())
     if no_train:
-        out.print("[bold]4/4[/] training skipped (--no-train)")
-    else:
-        out.print(f"[bold]4/4[/] training {train_line_name} (recipe {settings.recipes_dir})")
+        out.print("training skipped (--no-train)")
+    elif no_serve:
+        out.print(f"training {train_line_name} offline (--no-serve)")
+        _build_datasets(settings, store, [train_line_name])
         _train_and_report(settings, train_line_name, force=False)
+    else:
+        _live_loop(settings, train_line_name, bad_canary=bad_canary, seed=seed)
     from registry.tracking import tracking_uri_for
 
     tracking = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
     out.print("\nwhere to look:")
-    out.print(f"  store: {_safe_url(settings)} (flywheel buckets, flywheel stats --json)")
+    out.print(f"  store: {_safe_url(settings)} (flywheel buckets, flywheel routes)")
+    out.print(f"  canary decisions: flywheel canary status {train_line_name}")
     out.print(f"  datasets: {settings.datasets_dir}")
     out.print(f"  MLflow: .venv/bin/mlflow ui --backend-store-uri {tracking} (flywheel runs)")
+    out.print(
+        f"  Prefect: PREFECT_HOME={settings.home / 'prefect'} .venv/bin/prefect server start "
+        "(flow runs and their artifacts)"
+    )
+
+
+def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) -> None:
+    """vLLM and the gateway up; users through them; nightly flow; canary traffic; canary flow."""
+    import time as clock
+
+    from feedback.simulate import SimulationSettings, TrafficSimulator
+    from flows.demo import canary_traffic, gateway_process
+    from flows.prefect_env import configure_prefect
+    from flywheel.progress import progress_bar
+    from gateway.keys import add_key
+    from gateway.routes import RouteStore
+    from gateway.settings import GatewaySettings
+    from gateway.traffic import GatewayDriver
+    from registry.tracking import Registry
+    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
+    from training.base_model import ensure_base_model
+
+    base = ensure_base_model(settings.models_dir, settings.base_model)
+    python = VllmEnvironment(_vllm_venv(settings), report=out.print).ensure()
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
+    out.print("[bold]4/6[/] serving: vLLM on the CPU and the gateway in front of it")
+    with (
+        VllmServer(vllm, python=python, log_path=logs / "demo-vllm.log", report=out.print) as llm,
+        (logs / "demo-gateway.log").open("ab") as gateway_log,
+        gateway_process(settings, llm.base_url, free_port(), gateway_log) as gateway,
+    ):
+        keys = GatewaySettings().resolved_keys_file(settings.home)
+        key = add_key(keys, f"demo-{int(clock.time())}", ["*"])
+        # The flows read their settings from the environment, like a scheduled run would.
+        os.environ.update(
+            FLYWHEEL_HOME=str(settings.home),
+            FLYWHEEL_RECIPES_DIR=str(settings.recipes_dir),
+            FLYWHEEL_GATEWAY_UPSTREAMS=llm.base_url,
+        )
+        live = SimulationSettings(
+            requests=60, seed=seed + 1, start=_parse_start(None), business_lines=(line,)
+        )
+        out.print(f"users through the gateway at {gateway} (answers from vLLM, feedback posted)")
+        with progress_bar("live users", total=live.requests) as advance:
+            report = GatewayDriver(gateway, key, concurrency=4, max_tokens=24).run(
+                TrafficSimulator(live).events(), on_request=advance
+            )
+        out.print(f"  {report.as_dict()}")
+        configure_prefect(settings)
+        from flows.nightly import canary_watch, nightly
+
+        out.print(f"[bold]5/6[/] nightly flow (Prefect) for {line}: datasets → train → gate → "
+                  "register → hot-load → probe → 5% canary")  # fmt: skip
+        for row in nightly(lines=[line]):
+            out.print(f"  {row['business_line']}: {row['status']}: {row['reason']}")
+        store = _open_store(settings)
+        table = RouteStore(store.engine).table(line)
+        _print_routes(table)
+        if table.canary is None:
+            out.print("[yellow]no canary this time[/] (see the reason above); stopping here")
+            return
+        out.print(
+            "[bold]6/6[/] canary traffic: users the sticky split puts on each arm"
+            + (" (they dislike the canary: --bad-canary)" if bad_canary else "")
+        )
+        traffic = canary_traffic(
+            gateway,
+            key,
+            table,
+            canary_users=30,
+            champion_users=60,
+            canary_dislike=0.7 if bad_canary else 0.1,
+            champion_dislike=0.1,
+            seed=seed,
+        )
+        out.print(f"  {traffic}")
+        for row in canary_watch(lines=[line]):
+            out.print(f"  canary flow: {row['business_line']}: {row['action']}: {row['reason']}")
+        _print_routes(RouteStore(store.engine).table(line))
+        registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+        out.print(f"  MLflow aliases of flywheel-{line}: {registry.aliases(line)}")
+
+
+def _print_routes(table: Any) -> None:
+    canary = f"{table.canary} on {table.canary_fraction:.0%}" if table.canary else "none"
+    out.print(
+        f"  routes of {table.business_line}: champion {table.champion or 'base model'}, "
+        f"canary {canary}, previous {table.previous or '-'}"
+    )
 
 
 def _build_datasets(
