@@ -702,14 +702,14 @@ def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) ->
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
+    keys = GatewaySettings().resolved_keys_file(settings.home)
+    key = add_key(keys, f"demo-{int(clock.time())}", ["*"])
     out.print("[bold]4/6[/] serving: vLLM on the CPU and the gateway in front of it")
     with (
         VllmServer(vllm, python=python, log_path=logs / "demo-vllm.log", report=out.print) as llm,
         (logs / "demo-gateway.log").open("ab") as gateway_log,
         gateway_process(settings, llm.base_url, free_port(), gateway_log) as gateway,
     ):
-        keys = GatewaySettings().resolved_keys_file(settings.home)
-        key = add_key(keys, f"demo-{int(clock.time())}", ["*"])
         # The flows read their settings from the environment, like a scheduled run would.
         os.environ.update(
             FLYWHEEL_HOME=str(settings.home),

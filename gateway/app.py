@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
@@ -37,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from feedback.events import IDENTIFIER, FeedbackType, InvalidEventError, TaskOutcome, validate_event
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
+from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from gateway.keys import ApiKey, KeyRing, bearer_token
 from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
@@ -234,6 +236,8 @@ class GatewayState:
     metrics: GatewayMetrics
     upstreams: Upstreams
     pins: SessionPins
+    keys_file: Path | None = None
+    keys_stamp: float | None = None
     snapshot: RouteSnapshot = field(default_factory=lambda: RouteSnapshot({}, {}))
     routes_read_at: float = 0.0
     base_model: str | None = None
@@ -245,10 +249,29 @@ class GatewayState:
         return frozenset(self.settings.business_lines) | self.snapshot.tables.keys()
 
 
+def _reload_keys(state: GatewayState) -> None:
+    """Pick up a changed key file (``flywheel gateway add-key`` needs no restart)."""
+    if state.keys_file is None:
+        return
+    try:
+        stamp = state.keys_file.stat().st_mtime
+    except FileNotFoundError:
+        stamp = None
+    if stamp == state.keys_stamp:
+        return
+    try:
+        state.keys = KeyRing.load(state.keys_file)
+    except FlywheelError as exc:
+        logger.warning("gateway: keeping the old keys: %s", exc)
+    state.keys_stamp = stamp
+
+
 async def _refresh_routes(state: GatewayState) -> None:
-    """Re-read the routing tables every ``routes_refresh_s``; keep the last good ones."""
+    """Re-read the routing tables (and a changed key file) every ``routes_refresh_s``; keep
+    the last good ones when the store cannot be read."""
     failing = False
     while True:
+        _reload_keys(state)
         try:
             snapshot = await asyncio.to_thread(state.routes.snapshot)
         except STORE_DOWN_ERRORS as exc:
@@ -670,11 +693,19 @@ def create_app(
     """The gateway application (one replica); resources open on startup, close on shutdown."""
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
+    keys_file: Path | None = None
+    keys_stamp: float | None = None
+    if keys is None:
+        keys_file = gateway.resolved_keys_file(settings.home)
+        keys_stamp = keys_file.stat().st_mtime if keys_file.exists() else None
+        keys = KeyRing.load(keys_file)
     state = GatewayState(
         settings=settings,
         gateway=gateway,
         store=feedback_store,
-        keys=keys or KeyRing.load(gateway.resolved_keys_file(settings.home)),
+        keys=keys,
+        keys_file=keys_file,
+        keys_stamp=keys_stamp,
         routes=RouteStore(feedback_store.engine),
         recorder=InteractionRecorder(
             feedback_store,

@@ -394,3 +394,23 @@ def test_a_replica_killed_before_answering_gives_503_not_502(settings: Settings)
         if stub.poll() is None:
             os.killpg(stub.pid, signal.SIGKILL)
         stub.wait()
+
+
+def test_a_key_added_while_the_gateway_runs_works_without_a_restart(settings: Settings) -> None:
+    from gateway.keys import add_key
+
+    store = FeedbackStore.open(settings)
+    with running_stub(StubBehaviour(adapters=set())) as stub:
+        config = GatewaySettings(upstreams=(stub.base_url,), routes_refresh_s=0.05)
+        app = create_app(settings, config, store=store)
+        with serving(app, free_port()) as url, httpx.Client(base_url=url) as client:
+            key = add_key(config.resolved_keys_file(settings.home), "late", ["legal"])
+            headers = {"Authorization": f"Bearer {key}"}
+            deadline = time.monotonic() + 2
+            while client.get("/v1/models", headers=headers).status_code == 401:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert [m["id"] for m in client.get("/v1/models", headers=headers).json()["data"]] == [
+                "legal"
+            ]
+    store.close()
