@@ -280,3 +280,40 @@ def _roll_back(
     for upstream in upstreams:
         with VllmAdminClient(upstream) as client, contextlib.suppress(AdapterNotLoadedError):
             client.unload_adapter(adapter)
+
+
+def sync_adapters(
+    settings: Settings, store: FeedbackStore, upstreams: Sequence[str]
+) -> dict[str, Any]:
+    """Load on every replica each adapter a routing table names (champion, canary, previous),
+    e.g. after a replica restarted; unload flywheel adapters no table names. Returns what
+    changed per replica."""
+    from registry.tracking import Registry
+    from registry.vllm_admin import VllmAdminClient, reconcile
+
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    desired: dict[str, Any] = {}
+    for line, table in RouteStore(store.engine).snapshot().tables.items():
+        for adapter in sorted(table.adapters):
+            desired[adapter] = registry.adapter_path(line, _version_of(adapter))
+    clients = {url: VllmAdminClient(url) for url in upstreams}
+    try:
+        report = reconcile(clients.values(), desired)
+        summary: dict[str, Any] = {}
+        for replica in report.replicas:
+            # A load is not done until the probe shows the adapter answers and differs.
+            failed = [str(f) for f in replica.failures]
+            for adapter in replica.loaded:
+                probe = clients[replica.replica].probe_adapter(adapter)
+                if not probe.passed:
+                    failed.append(f"{adapter}: probe failed: {'; '.join(probe.reasons)}")
+            summary[replica.replica] = {
+                "loaded": replica.loaded,
+                "kept": replica.kept,
+                "unloaded": replica.unloaded,
+                "failed": failed,
+            }
+    finally:
+        for client in clients.values():
+            client.close()
+    return summary

@@ -683,11 +683,13 @@ def demo(
 
 def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) -> None:
     """vLLM and the gateway up; users through them; nightly flow; canary traffic; canary flow."""
+    import signal
     import time as clock
 
     from feedback.simulate import SimulationSettings, TrafficSimulator
     from flows.demo import canary_traffic, gateway_process
     from flows.prefect_env import configure_prefect
+    from flows.rollout import sync_adapters
     from flywheel.progress import progress_bar
     from gateway.keys import add_key
     from gateway.routes import RouteStore
@@ -699,6 +701,8 @@ def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) ->
 
     base = ensure_base_model(settings.models_dir, settings.base_model)
     python = VllmEnvironment(_vllm_venv(settings), report=out.print).ensure()
+    # vLLM and the gateway run in their own process groups: a SIGTERM must stop them too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
@@ -716,6 +720,8 @@ def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) ->
             FLYWHEEL_RECIPES_DIR=str(settings.recipes_dir),
             FLYWHEEL_GATEWAY_UPSTREAMS=llm.base_url,
         )
+        synced = sync_adapters(settings, _open_store(settings), [llm.base_url])
+        out.print(f"  adapters the routing tables name, loaded and probed: {synced}")
         live = SimulationSettings(
             requests=60, seed=seed + 1, start=_parse_start(None), business_lines=(line,)
         )

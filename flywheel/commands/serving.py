@@ -172,6 +172,21 @@ def _print_history(routes: object, line: str, *, as_json: bool) -> None:
     out.print(table)
 
 
+@routes_app.command("sync")
+def routes_sync() -> None:
+    """Load (and probe) on every vLLM replica the adapters the routing tables name; unload
+    flywheel adapters none names (after a replica restart, or to check)."""
+    from flows.rollout import sync_adapters
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    store = open_store(settings)
+    summary = sync_adapters(settings, store, GatewaySettings().upstreams)
+    out.print_json(orjson.dumps(summary).decode())
+    if any(replica["failed"] for replica in summary.values()):
+        raise typer.Exit(1)
+
+
 @routes_app.command("champion")
 def routes_champion(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
