@@ -10,6 +10,7 @@ dataset and reuses the registered version by its hash instead of training again.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -30,6 +31,7 @@ from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, load_settings
 
 LEASE_S = 600.0
+logger = logging.getLogger(__name__)
 
 
 class LineBusyError(FlywheelError):
@@ -65,7 +67,11 @@ def line_lease(watermarks: WatermarkStore, line: str, owner: str) -> Iterator[No
 
     def renew() -> None:
         while not stop.wait(LEASE_S / 3):
-            watermarks.renew(line, owner, LEASE_S, _now())
+            try:
+                if not watermarks.renew(line, owner, LEASE_S, _now()):
+                    logger.error("lost the lease on %s: another run may start", line)
+            except Exception:  # a store hiccup: try again at the next beat
+                logger.exception("could not renew the lease on %s", line)
 
     keeper = threading.Thread(target=renew, name=f"lease-{line}", daemon=True)
     keeper.start()
@@ -120,11 +126,19 @@ def train_and_gate(settings: Settings, line: str) -> dict[str, Any]:
     from flows.stages import train_line
 
     outcome = train_line(settings, line)
+    if outcome.decision is not None:
+        promote = outcome.decision.promote
+    else:
+        # A version reused from an earlier (maybe crashed) run keeps that run's verdicts:
+        # one the gate refused, or one rolled back online, is never put on a canary again.
+        promote = outcome.metrics.get("gate") == "promote" and not outcome.metrics.get(
+            "rolled_back"
+        )
     return {
         "status": outcome.status,
         "reason": outcome.reason,
         "version": outcome.version,
-        "promote": bool(outcome.decision and outcome.decision.promote),
+        "promote": promote,
     }
 
 
@@ -189,7 +203,7 @@ def _run_line(settings: Settings, line: str, report: LineReport) -> None:
         report.status = "skipped"
         close_window(settings, window, f"skipped: {trained['reason']}", consumed=False)
         return
-    if trained["status"] == "trained" and not trained["promote"]:
+    if trained["status"] in {"trained", "reused"} and not trained["promote"]:
         report.status = "gated_out"
         close_window(settings, window, f"gated out: {trained['reason']}", consumed=True)
         return
@@ -257,7 +271,14 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
     results = []
     try:
         for line in chosen:
-            outcome = judge_canary(settings, store, line, upstreams=GatewaySettings().upstreams)
+            gateway = GatewaySettings()
+            outcome = judge_canary(
+                settings,
+                store,
+                line,
+                upstreams=gateway.upstreams,
+                in_flight=gateway.in_flight(),
+            )
             results.append(
                 {"business_line": line, "action": outcome.action, "reason": outcome.reason}
             )

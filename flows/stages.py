@@ -119,11 +119,15 @@ def train_line(
     version_of_code = code_version()
     existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)
     if existing is not None and not force:
+        gate, rolled_back = registry.version_verdict(line, existing)
         return TrainingOutcome(
             line,
             "reused",
-            f"dataset {build.content_hash[:12]} with this recipe is already version {existing}",
+            f"dataset {build.content_hash[:12]} with this recipe is already version {existing}"
+            + (f" (gate: {gate})" if gate else "")
+            + (f" (rolled back: {rolled_back})" if rolled_back else ""),
             version=existing,
+            metrics={"gate": gate, "rolled_back": rolled_back},
         )
     run_id = registry.start_training_run(
         line, recipe, build.content_hash, build.path / "manifest.json", base_name, version_of_code

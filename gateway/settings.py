@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,11 @@ class GatewaySettings(BaseSettings):
         default=("http://127.0.0.1:8000",),
         min_length=1,
         description="Root URLs of the vLLM replicas (their OpenAI API is under /v1).",
+    )
+    replicas: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Root URLs of every gateway replica: a rollback waits until none of them "
+        "has a request in flight for the adapter before unloading it.",
     )
     keys_file: Path | None = Field(
         default=None,
@@ -52,7 +58,7 @@ class GatewaySettings(BaseSettings):
     )
     spool_retry_s: float = Field(default=2.0, gt=0, le=600)
 
-    @field_validator("upstreams", mode="before")
+    @field_validator("upstreams", "replicas", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         # FLYWHEEL_GATEWAY_UPSTREAMS is a comma-separated list (or a JSON array).
@@ -62,13 +68,22 @@ class GatewaySettings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @field_validator("upstreams")
+    @field_validator("upstreams", "replicas")
     @classmethod
     def _http(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for url in value:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} is not an http(s) URL")
         return tuple(url.rstrip("/") for url in value)
+
+    def in_flight(self) -> Callable[[str], int] | None:
+        """Requests in flight for an adapter across the replicas (None when none are listed)."""
+        if not self.replicas:
+            return None
+        from gateway.metrics import requests_in_flight
+
+        replicas = self.replicas
+        return lambda adapter: requests_in_flight(replicas, adapter)
 
     def resolved_keys_file(self, home: Path) -> Path:
         """The API key file: the configured one or the one in FLYWHEEL_HOME."""

@@ -35,6 +35,7 @@ from registry.records import (
     TAG_BASE_MODEL,
     TAG_CODE_VERSION,
     TAG_DATASET_HASH,
+    TAG_GATE_DECISION,
     TAG_LINE,
     TAG_METHOD,
     TAG_RECIPE_HASH,
@@ -467,6 +468,14 @@ class Registry:
         self.client.set_registered_model_alias(name, "champion", str(previous))
         self.client.delete_registered_model_alias(name, "previous")
         return Rollback(line=line, rolled_back=champion, champion=previous)
+
+    def version_verdict(self, line: str, version: int) -> tuple[str | None, str | None]:
+        """(gate decision of the run that made ``version``, its ``rolled_back`` reason)."""
+        found = self._version(line, version)
+        gate = None
+        if found.run_id:
+            gate = self.client.get_run(found.run_id).data.tags.get(TAG_GATE_DECISION)
+        return gate, (found.tags or {}).get("rolled_back")
 
     def set_alias(self, line: str, alias: str, version: int) -> None:
         """Point ``alias`` (e.g. ``canary``) at ``version``."""

@@ -18,6 +18,23 @@ POSTGRES_ADMIN_URL = os.environ.get(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Prefect reads its settings once, at import: quiet, offline defaults and a private
+    home for the whole session (values already in the environment win)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if "PREFECT_HOME" not in os.environ:
+        home = tempfile.mkdtemp(prefix="flywheel-prefect-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        os.environ["PREFECT_HOME"] = home
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
 def shared_file(relative: str) -> Path:
     """A file of ../shared/data, or a clean skip when this checkout has none."""
     path = SHARED_DATA / relative

@@ -324,11 +324,13 @@ def _judge(business_line: str, action: str | None, reason: str | None) -> None:
     _check_line(settings, business_line)
     store = open_store(settings)
     force = CanaryAction(action) if action else None
+    gateway = GatewaySettings()
     outcome = judge_canary(
         settings,
         store,
         business_line,
-        upstreams=GatewaySettings().upstreams,
+        upstreams=gateway.upstreams,
+        in_flight=gateway.in_flight(),
         force=force,
         reason=reason,
         actor=_actor(),
