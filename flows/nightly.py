@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -191,14 +192,23 @@ def line_nightly(line: str) -> dict[str, Any]:
 
 
 def _run_line(settings: Settings, line: str, report: LineReport) -> None:
+    def timed(stage: str, started: float) -> None:
+        report.seconds[stage] = round(time.monotonic() - started, 2)
+
+    started = time.monotonic()
     window = open_window(settings, line)
     report.window_since = window.since.isoformat() if window.since else None
     report.window_until = window.until.isoformat()
     report.resumed = window.resumed
+    timed("window", started)
+    started = time.monotonic()
     datasets = build_datasets(settings, line, window)
     report.examples = datasets["train_examples"]
+    timed("datasets", started)
+    started = time.monotonic()
     trained = train_and_gate(settings, line)
     report.version, report.reason = trained["version"], trained["reason"]
+    timed("train_eval_gate_register", started)
     if trained["status"] == "skipped":
         report.status = "skipped"
         close_window(settings, window, f"skipped: {trained['reason']}", consumed=False)
@@ -207,10 +217,12 @@ def _run_line(settings: Settings, line: str, report: LineReport) -> None:
         report.status = "gated_out"
         close_window(settings, window, f"gated out: {trained['reason']}", consumed=True)
         return
+    started = time.monotonic()
     deployed = hot_load_and_canary(settings, line, trained["version"])
     report.adapter = deployed["adapter"]
     report.status = "deployed" if deployed["status"] == "canary" else "failed"
     report.reason = deployed["reason"]
+    timed("hot_load_probe_canary", started)
     close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
 
 
@@ -223,6 +235,8 @@ def _line_artifact(report: LineReport) -> None:
         f"- training examples: {report.examples or 'none'}",
         f"- version: {report.version or '-'}; adapter: {report.adapter or '-'}",
         f"- why: {report.reason or '-'}",
+        "- seconds by stage: "
+        + (", ".join(f"{k} {v:g}" for k, v in report.seconds.items()) or "-"),
     ]
     create_markdown_artifact(
         key=f"nightly-{report.business_line.replace('_', '-')}",

@@ -556,13 +556,14 @@ def nightly(
     if as_json:
         out.print_json(orjson.dumps(reports).decode())
         return
-    table = Table("business line", "status", "version", "adapter", "why")
+    table = Table("business line", "status", "version", "adapter", "seconds by stage", "why")
     for report in reports:
         table.add_row(
             report["business_line"],
             report["status"],
             str(report["version"] or "-"),
             report["adapter"] or "-",
+            ", ".join(f"{k} {v:g}" for k, v in report.get("seconds", {}).items()) or "-",
             report["reason"][:140],
         )
     out.print(table)
