@@ -24,9 +24,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +36,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from flywheel.processes import service_process  # noqa: E402 (after the path set-up)
+
 RESULTS = REPO / "bench" / "results"
 CONCURRENCY = (1, 16, 64)
 LINE = "customer_service"
@@ -131,38 +132,6 @@ async def _load(
     return samples, elapsed
 
 
-def _wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, headers=headers or {}, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
-
-
-@contextmanager
-def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            argv, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-
-
 @contextmanager
 def stub_server(work: Path) -> Iterator[tuple[str, str]]:
     """The instant stand-in in its own process: (base URL, model name)."""
@@ -171,8 +140,10 @@ def stub_server(work: Path) -> Iterator[tuple[str, str]]:
 
     port = free_port()
     argv = [sys.executable, "-m", "tests.stub_vllm", "--port", str(port), "--words", "8"]
-    with _process(argv, dict(os.environ), work / "stub.log"):
-        _wait_http(f"http://127.0.0.1:{port}/v1/models", 30)
+    ready = f"http://127.0.0.1:{port}/v1/models"
+    with service_process(
+        argv, name="the stand-in", ready_url=ready, log_path=work / "stub.log", cwd=REPO
+    ):
         yield f"http://127.0.0.1:{port}", BASE_MODEL
 
 
@@ -213,8 +184,10 @@ def gateway(upstream: str, work: Path) -> Iterator[str]:
         sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
-    with _process(argv, env, work / "gateway.log"):
-        _wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+    ready = f"http://127.0.0.1:{port}/healthz"
+    with service_process(
+        argv, name="the gateway", ready_url=ready, log_path=work / "gateway.log", env=env, cwd=REPO
+    ):
         yield f"http://127.0.0.1:{port}"
 
 

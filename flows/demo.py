@@ -9,36 +9,21 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from flywheel.errors import FlywheelError
+from flywheel.processes import service_process
 from flywheel.settings import Settings
 from gateway.routing import RoutingTable
 
-Say = Callable[[str], None]
-
-
-@dataclass
-class LoopResult:
-    """What the live demo did."""
-
-    nightly: list[dict[str, Any]] = field(default_factory=list)
-    canary: list[dict[str, Any]] = field(default_factory=list)
-    gateway_url: str = ""
-    traffic: dict[str, Any] = field(default_factory=dict)
-
 
 @contextmanager
-def gateway_process(settings: Settings, upstream: str, port: int, log: Any) -> Iterator[str]:
+def gateway_process(settings: Settings, upstream: str, port: int, log_path: Path) -> Iterator[str]:
     """The gateway as its own process (uvicorn), in front of ``upstream``; yields its URL."""
     env = {
         **os.environ,
@@ -49,32 +34,11 @@ def gateway_process(settings: Settings, upstream: str, port: int, log: Any) -> I
         sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
-    process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
-        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise FlywheelError(f"the gateway exited with {process.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise FlywheelError(f"the gateway did not start in 60 s; see {log.name}")
-            time.sleep(0.2)
+    with service_process(
+        argv, name="the gateway", ready_url=f"{url}/healthz", log_path=log_path, env=env
+    ):
         yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 def canary_traffic(

@@ -11,18 +11,13 @@ deployments for a work pool (``prefect.yaml``).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
-
-from flywheel.errors import FlywheelError
+from flywheel.processes import service_process
 
 
 @contextmanager
@@ -35,40 +30,20 @@ def prefect_server(home: Path, port: int, timeout_s: float = 180.0) -> Iterator[
         "DO_NOT_TRACK": "1",
     }
     env.pop("PREFECT_API_URL", None)
-    home.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
-    with (home / "server.log").open("ab") as log:
-        process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
     api = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise FlywheelError(
-                    f"prefect server exited ({process.returncode}): {home}/server.log"
-                )
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise FlywheelError(f"prefect server did not start in {timeout_s:.0f} s")
-            time.sleep(0.5)
+    with service_process(
+        argv,
+        name="prefect server",
+        ready_url=f"{api}/health",
+        log_path=home / "server.log",
+        env=env,
+        timeout_s=timeout_s,
+    ):
         yield api
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 def serve_schedules(cron: str, timezone: str, canary_every: timedelta) -> None:

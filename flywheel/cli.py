@@ -712,8 +712,7 @@ def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) ->
     out.print("[bold]4/6[/] serving: vLLM on the CPU and the gateway in front of it")
     with (
         VllmServer(vllm, python=python, log_path=logs / "demo-vllm.log", report=out.print) as llm,
-        (logs / "demo-gateway.log").open("ab") as gateway_log,
-        gateway_process(settings, llm.base_url, free_port(), gateway_log) as gateway,
+        gateway_process(settings, llm.base_url, free_port(), logs / "demo-gateway.log") as gateway,
     ):
         # The flows read their settings from the environment, like a scheduled run would.
         os.environ.update(
