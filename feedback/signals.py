@@ -9,11 +9,12 @@ types and times.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, or_, select, true
+from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from feedback.schema import feedback_table, interactions_table
 
@@ -92,22 +93,12 @@ def to_record(interaction: Any, events: list[Any]) -> dict[str, Any]:
     }
 
 
-def pull_records(
-    engine: Engine,
-    business_line: str,
-    *,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    page_size: int = 5_000,
-) -> Iterator[dict[str, Any]]:
-    """Feedback records of one line in ingest order, streamed a page at a time.
-
-    With a window (``since`` inclusive, ``until`` exclusive), a record is pulled
-    when its interaction or any of its feedback falls inside it: a task outcome
-    that arrives days after the answer brings the answer back in.
-    """
+def window_conditions(
+    business_line: str, since: datetime | None, until: datetime | None
+) -> list[ColumnElement[bool]]:
+    """Which interactions belong to a line's window (see :func:`pull_records`)."""
     i, f = interactions_table.c, feedback_table.c
-    conditions = [i.business_line == business_line]
+    conditions: list[ColumnElement[bool]] = [i.business_line == business_line]
     if since is not None or until is not None:
         in_window = [
             (column >= since if since is not None else true())
@@ -116,6 +107,57 @@ def pull_records(
         ]
         late = select(f.request_id).where(f.business_line == business_line, in_window[1])
         conditions.append(or_(in_window[0], i.request_id.in_(late)))
+    return conditions
+
+
+def id_partitions(
+    engine: Engine,
+    business_line: str,
+    parts: int,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[tuple[int, int]]:
+    """Split a line's window into at most ``parts`` ranges of interaction ids, in order.
+
+    The ranges are even in ids, not in records: lines share the id sequence
+    and arrive interleaved, so each range holds about the same share of a line.
+    """
+    i = interactions_table.c
+    with engine.connect() as connection:
+        low, high = connection.execute(
+            select(func.min(i.id), func.max(i.id)).where(
+                *window_conditions(business_line, since, until)
+            )
+        ).one()
+    if low is None:
+        return []
+    span = high + 1 - low
+    parts = max(1, min(parts, span))
+    cuts = [low + span * k // parts for k in range(parts + 1)]
+    return list(itertools.pairwise(cuts))
+
+
+def pull_records(
+    engine: Engine,
+    business_line: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    ids: tuple[int, int] | None = None,
+    page_size: int = 5_000,
+) -> Iterator[dict[str, Any]]:
+    """Feedback records of one line in ingest order, streamed a page at a time.
+
+    With a window (``since`` inclusive, ``until`` exclusive), a record is pulled
+    when its interaction or any of its feedback falls inside it: a task outcome
+    that arrives days after the answer brings the answer back in. ``ids``
+    (first inclusive, last exclusive) keeps one partition of the interactions.
+    """
+    i, f = interactions_table.c, feedback_table.c
+    conditions = window_conditions(business_line, since, until)
+    if ids is not None:
+        conditions += [i.id >= ids[0], i.id < ids[1]]
     last_id = 0
     with engine.connect() as connection:
         while True:
@@ -128,9 +170,11 @@ def pull_records(
             if not page:
                 return
             last_id = page[-1].id
-            ids = [row.request_id for row in page]
-            events: dict[str, list[Any]] = {rid: [] for rid in ids}
-            for event in connection.execute(select(feedback_table).where(f.request_id.in_(ids))):
+            request_ids = [row.request_id for row in page]
+            events: dict[str, list[Any]] = {rid: [] for rid in request_ids}
+            for event in connection.execute(
+                select(feedback_table).where(f.request_id.in_(request_ids))
+            ):
                 events[event.request_id].append(event)
             for row in page:
                 yield to_record(row, events[row.request_id])

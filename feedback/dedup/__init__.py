@@ -15,6 +15,7 @@ from feedback.dedup.clusters import (
     DedupDecision,
     bucket_edges,
     cluster_signatures,
+    decide_clusters,
 )
 from feedback.dedup.records import (
     DEFAULT_BUSINESS_LINE,
@@ -50,6 +51,7 @@ __all__ = [
     "assign_clusters",
     "bucket_edges",
     "cluster_signatures",
+    "decide_clusters",
     "estimated_similarity",
     "message_forms",
     "normalise_text",

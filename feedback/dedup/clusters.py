@@ -149,7 +149,9 @@ def cluster_signatures(
     forest = ClusterForest(count)
     for left, right in _edges(signatures, scopes, forest, settings):
         forest.join(left, right)
-    return _decide(signatures, forest.parent, times, settings)
+    return decide_clusters(
+        signatures.has_text, signatures.exact_hash, forest.parent, times, settings
+    )
 
 
 def _edges(
@@ -176,13 +178,18 @@ def _edges(
         yield left[similar], right[similar]
 
 
-def _decide(
-    signatures: TextSignatures,
+def decide_clusters(
+    has_text: NDArray[np.bool_],
+    exact_hash: NDArray[np.uint64],
     roots: Indices,
     times: NDArray[np.float64],
     settings: DedupSettings,
 ) -> list[DedupDecision]:
-    count = len(signatures)
+    """Keep the ``max_kept_per_cluster`` earliest records of each cluster; say why for each.
+
+    ``roots`` gives each record's cluster (any id shared by its members).
+    """
+    count = int(has_text.size)
     index = np.arange(count, dtype=np.intp)
     order = np.lexsort((index, times, roots))
     sorted_roots = roots[order]
@@ -199,9 +206,9 @@ def _decide(
     keep = rank < settings.max_kept_per_cluster
 
     # The earliest record with the same exact hash inside each cluster.
-    exact_order = np.lexsort((index, times, signatures.exact_hash, roots))
+    exact_order = np.lexsort((index, times, exact_hash, roots))
     exact_roots = roots[exact_order]
-    exact_hashes = signatures.exact_hash[exact_order]
+    exact_hashes = exact_hash[exact_order]
     starts_twins = np.ones(count, dtype=np.bool_)
     starts_twins[1:] = (exact_roots[1:] != exact_roots[:-1]) | (
         exact_hashes[1:] != exact_hashes[:-1]
@@ -214,16 +221,16 @@ def _decide(
     kept = keep.tolist()
     capped = settings.max_kept_per_cluster > 1
     decisions: list[DedupDecision] = []
-    for record, has_text, record_rank, record_first, record_size, twin in zip(
+    for record, record_has_text, record_rank, record_first, record_size, twin in zip(
         range(count),
-        signatures.has_text.tolist(),
+        has_text.tolist(),
         rank.tolist(),
         first.tolist(),
         size.tolist(),
         earliest_twin.tolist(),
         strict=True,
     ):
-        if not has_text:
+        if not record_has_text:
             decisions.append(DedupDecision(record, True, DecisionKind.NO_TEXT))
         elif record_size == 1:
             decisions.append(DedupDecision(record, True, DecisionKind.UNIQUE))
