@@ -1,0 +1,205 @@
+"""The cleaning stage of one line spread over partitions (``--workers N``).
+
+Partitions of the line's window are scrubbed and signed in parallel tasks, the
+dedup band keys are joined shard by shard in parallel tasks, and the flow
+joins the shards and writes the dataset (see :mod:`feedback.partitions` and
+:mod:`feedback.dedup.shuffle`). With a Dask task runner the tasks run in
+worker processes, so the Presidio scrubbing, the bulk of the work, uses every
+core; the result is the same dataset as the one-process stage.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.task_runners import TaskRunner
+
+from feedback.cleaning import CleaningSettings, ScrubBatch
+from feedback.dedup import DedupSettings
+from feedback.partitions import PartitionSummary
+from feedback.store import FeedbackStore
+from flywheel.settings import Settings
+
+PARTITIONS_PER_WORKER = 2
+
+
+@cache
+def _worker_scrub() -> ScrubBatch:
+    # Loading spaCy and the recognizers takes seconds: once per worker process.
+    from feedback.cleaning import scrub_with
+    from feedback.pii import build_scrubber
+
+    return scrub_with(build_scrubber())
+
+
+@task(retries=1, retry_delay_seconds=5)
+def clean_partition_task(
+    settings: Settings,
+    line: str,
+    ids: tuple[int, int],
+    since: datetime | None,
+    until: datetime | None,
+    staging: Path,
+    partition: int,
+    shards: int,
+    cleaning: CleaningSettings,
+) -> PartitionSummary:
+    """Pull, scrub, filter and sign one partition of the line's window."""
+    from feedback.partitions import clean_partition
+
+    store = FeedbackStore.open(settings, migrate=False)
+    try:
+        return clean_partition(
+            store.engine,
+            line,
+            ids=ids,
+            since=since,
+            until=until,
+            scrub=_worker_scrub(),
+            settings=cleaning,
+            staging=staging,
+            partition=partition,
+            shards=shards,
+        )
+    finally:
+        store.close()
+
+
+@task
+def bucket_shard_task(
+    staging: Path, shard: int, offsets: list[int], dedup: DedupSettings
+) -> tuple[Any, Any]:
+    """Join the dedup buckets of one shard; a spanning forest of what it joined."""
+    from feedback.dedup.shuffle import bucket_shard
+
+    return bucket_shard(staging, shard, offsets, dedup)
+
+
+@dataclass(slots=True)
+class PartitionedCleaning:
+    """What the partitioned stage produced, with seconds per step."""
+
+    dataset: str | None
+    train_examples: dict[str, int]
+    funnel: dict[str, Any]
+    partitions: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def _staging_folder(settings: Settings, line: str):  # type: ignore[no-untyped-def]
+    folder = settings.home / "staging" / f"{line}-{uuid.uuid4().hex[:12]}"
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@flow(name="flywheel-clean-line", flow_run_name="clean-{line}")
+def clean_line_partitioned(
+    settings: Settings,
+    line: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    workers: int = 2,
+    cleaning: CleaningSettings | None = None,
+) -> PartitionedCleaning:
+    """Partitions → scrub/filter/sign (parallel) → bucket shards (parallel) → join → dataset."""
+    from feedback.partitions import finish_partitions, partition_offsets
+    from feedback.signals import id_partitions
+
+    cleaning = cleaning or CleaningSettings()
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    store = FeedbackStore.open(settings)
+    try:
+        ranges = id_partitions(
+            store.engine, line, workers * PARTITIONS_PER_WORKER, since=since, until=until
+        )
+    finally:
+        store.close()
+    with _staging_folder(settings, line) as staging:
+        summaries = [
+            future.result()
+            for future in [
+                clean_partition_task.submit(
+                    settings, line, ids, since, until, staging, partition, workers, cleaning
+                )
+                for partition, ids in enumerate(ranges)
+            ]
+        ]
+        seconds["pull_scrub_sign"] = round(time.monotonic() - started, 2)
+        started = time.monotonic()
+        offsets = partition_offsets(summaries)
+        edges = [
+            future.result()
+            for future in [
+                bucket_shard_task.submit(staging, shard, offsets, cleaning.dedup)
+                for shard in range(workers if ranges else 0)
+            ]
+        ]
+        seconds["dedup_shards"] = round(time.monotonic() - started, 2)
+        started = time.monotonic()
+        result = finish_partitions(
+            staging,
+            summaries,
+            edges,
+            business_line=line,
+            settings=cleaning,
+            dataset_root=settings.datasets_dir,
+            since=since,
+            until=until,
+        )
+        seconds["join_build_write"] = round(time.monotonic() - started, 2)
+    counts = result.dataset.manifest["counts"] if result.dataset else {}
+    return PartitionedCleaning(
+        dataset=result.dataset.content_hash if result.dataset else None,
+        train_examples={kind: int(split.get("train", 0)) for kind, split in counts.items()},
+        funnel=result.funnel.as_dict(),
+        partitions=len(ranges),
+        seconds=seconds,
+    )
+
+
+def dask_runner(workers: int, address: str | None = None) -> TaskRunner[Any]:
+    """A Dask task runner: on a running scheduler, or a local cluster of worker processes."""
+    from prefect_dask import DaskTaskRunner
+
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            # No dashboard: its port may be taken and nothing here serves it.
+            "dashboard_address": None,
+        }
+    )
+
+
+def run_partitioned(
+    settings: Settings,
+    line: str,
+    *,
+    workers: int,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    address: str | None = None,
+    cleaning: CleaningSettings | None = None,
+) -> PartitionedCleaning:
+    """Run the partitioned cleaning flow on Dask workers."""
+    runner = dask_runner(workers, address)
+    return clean_line_partitioned.with_options(task_runner=runner)(
+        settings, line, since, until, workers, cleaning
+    )
