@@ -89,6 +89,7 @@ class PartitionedCleaning:
     """What the partitioned stage produced, with seconds per step."""
 
     dataset: str | None
+    path: str | None
     train_examples: dict[str, int]
     funnel: dict[str, Any]
     partitions: int
@@ -164,6 +165,7 @@ def clean_line_partitioned(
     counts = result.dataset.manifest["counts"] if result.dataset else {}
     return PartitionedCleaning(
         dataset=result.dataset.content_hash if result.dataset else None,
+        path=str(result.dataset.path) if result.dataset else None,
         train_examples={kind: int(split.get("train", 0)) for kind, split in counts.items()},
         funnel=result.funnel.as_dict(),
         partitions=len(ranges),

@@ -121,6 +121,23 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
     }
 
 
+def build_datasets_on_workers(
+    settings: Settings, line: str, window: LineWindow, workers: int, address: str | None
+) -> dict[str, Any]:
+    """The same stage as :func:`build_datasets`, spread over Dask worker processes."""
+    from flows.cleaning import run_partitioned
+
+    result = run_partitioned(
+        settings, line, workers=workers, since=window.since, until=window.until, address=address
+    )
+    return {
+        "dataset": result.dataset,
+        "train_examples": result.train_examples,
+        "funnel": result.funnel,
+        "seconds": result.seconds,
+    }
+
+
 @task
 def train_and_gate(settings: Settings, line: str) -> dict[str, Any]:
     """Train on the newest dataset, evaluate against the champion, gate and register."""
@@ -173,8 +190,14 @@ def close_window(settings: Settings, window: LineWindow, outcome: str, *, consum
 
 
 @flow(name="flywheel-line-nightly", flow_run_name="nightly-{line}")
-def line_nightly(line: str) -> dict[str, Any]:
-    """One business line: window → datasets → train/eval/gate/register → hot-load → canary."""
+def line_nightly(
+    line: str, workers: int | None = None, dask_address: str | None = None
+) -> dict[str, Any]:
+    """One business line: window → datasets → train/eval/gate/register → hot-load → canary.
+
+    With more than one cleaning worker (``workers``, else the setting), the
+    datasets stage runs on Dask: on ``dask_address``, else on a local cluster.
+    """
     settings = load_settings()
     report = LineReport(line)
     store = FeedbackStore.open(settings)
@@ -182,7 +205,13 @@ def line_nightly(line: str) -> dict[str, Any]:
     owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     try:
         with line_lease(watermarks, line, owner):
-            _run_line(settings, line, report)
+            _run_line(
+                settings,
+                line,
+                report,
+                workers or settings.cleaning_workers,
+                dask_address or settings.dask_address,
+            )
     except LineBusyError as exc:
         report.status, report.reason = "busy", str(exc)
     finally:
@@ -191,7 +220,9 @@ def line_nightly(line: str) -> dict[str, Any]:
     return asdict(report)
 
 
-def _run_line(settings: Settings, line: str, report: LineReport) -> None:
+def _run_line(
+    settings: Settings, line: str, report: LineReport, workers: int, dask_address: str | None
+) -> None:
     def timed(stage: str, started: float) -> None:
         report.seconds[stage] = round(time.monotonic() - started, 2)
 
@@ -202,9 +233,14 @@ def _run_line(settings: Settings, line: str, report: LineReport) -> None:
     report.resumed = window.resumed
     timed("window", started)
     started = time.monotonic()
-    datasets = build_datasets(settings, line, window)
+    if workers > 1 or dask_address:
+        datasets = build_datasets_on_workers(settings, line, window, workers, dask_address)
+    else:
+        datasets = build_datasets(settings, line, window)
     report.examples = datasets["train_examples"]
     timed("datasets", started)
+    for step, seconds in datasets.get("seconds", {}).items():
+        report.seconds[f"datasets.{step}"] = seconds
     started = time.monotonic()
     trained = train_and_gate(settings, line)
     report.version, report.reason = trained["version"], trained["reason"]
@@ -246,21 +282,29 @@ def _line_artifact(report: LineReport) -> None:
 
 
 @task
-def run_line(line: str) -> dict[str, Any]:
+def run_line(line: str, workers: int | None, dask_address: str | None) -> dict[str, Any]:
     """A line's nightly run as a subflow (lines run in parallel threads)."""
     try:
-        return line_nightly(line)
+        return line_nightly(line, workers, dask_address)
     except Exception as exc:  # one line failing must not stop the others
         get_run_logger().exception("nightly run of %s failed", line)
         return asdict(LineReport(line, status="failed", reason=f"{type(exc).__name__}: {exc}"))
 
 
 @flow(name="flywheel-nightly", task_runner=ThreadPoolTaskRunner(max_workers=4))
-def nightly(lines: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every business line's nightly run, in parallel; a summary table as an artifact."""
-    chosen = lines or list(load_settings().business_lines)
-    futures = [run_line.submit(line) for line in chosen]
-    reports = [future.result() for future in futures]
+def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[dict[str, Any]]:
+    """Every business line's nightly run, in parallel; a summary table as an artifact.
+
+    With ``workers`` > 1 (else the ``cleaning_workers`` setting) and no Dask
+    scheduler configured, one local cluster of that many worker processes
+    serves the cleaning stage of every line.
+    """
+    settings = load_settings()
+    chosen = lines or list(settings.business_lines)
+    workers = workers or settings.cleaning_workers
+    with _dask_cluster(workers, settings.dask_address) as address:
+        futures = [run_line.submit(line, workers, address) for line in chosen]
+        reports = [future.result() for future in futures]
     create_table_artifact(
         key="nightly-summary",
         table=[
@@ -270,6 +314,19 @@ def nightly(lines: list[str] | None = None) -> list[dict[str, Any]]:
         description="what each line's nightly run did",
     )
     return reports
+
+
+@contextmanager
+def _dask_cluster(workers: int, address: str | None) -> Iterator[str | None]:
+    if address or workers <= 1:
+        yield address
+        return
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        yield cluster.scheduler_address
 
 
 @flow(name="flywheel-canary")

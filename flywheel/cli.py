@@ -378,6 +378,12 @@ def datasets_build(
     ] = None,
     eval_fraction: Annotated[float, typer.Option(min=0, max=0.9)] = 0.1,
     max_user_share: Annotated[float, typer.Option(min=0.001, max=1.0)] = 0.1,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, max=256, help="Dask worker processes (partitioned cleaning); 1: in-process."
+        ),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Scrub, filter, dedup and turn each line's feedback into SFT, DPO and KTO datasets."""
@@ -388,15 +394,17 @@ def datasets_build(
     unknown = sorted(set(lines) - set(known))
     if unknown:
         raise UsageError(f"no interactions for business line(s): {', '.join(unknown)}")
-    results = _build_datasets(
-        settings,
-        store,
-        lines,
-        eval_fraction=eval_fraction,
-        max_user_share=max_user_share,
-        since=_parse_start(since) if since else None,
-    )
-    if as_json:
+    start = _parse_start(since) if since else None
+    if workers > 1:
+        rows = _build_datasets_on_workers(
+            settings,
+            lines,
+            workers=workers,
+            eval_fraction=eval_fraction,
+            max_user_share=max_user_share,
+            since=start,
+        )
+    else:
         rows = [
             {
                 "business_line": r.business_line,
@@ -404,14 +412,63 @@ def datasets_build(
                 "dataset": str(r.dataset.path) if r.dataset else None,
                 "content_hash": r.dataset.content_hash if r.dataset else None,
             }
-            for r in results
+            for r in _build_datasets(
+                settings,
+                store,
+                lines,
+                eval_fraction=eval_fraction,
+                max_user_share=max_user_share,
+                since=start,
+            )
         ]
+    if as_json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    for result in results:
-        _print_funnel(result.business_line, result.funnel.as_dict())
-        where = result.dataset.path if result.dataset else "no examples, nothing written"
-        out.print(f"  dataset: {where}")
+    for row in rows:
+        _print_funnel(row["business_line"], row["funnel"])
+        out.print(f"  dataset: {row['dataset'] or 'no examples, nothing written'}")
+
+
+def _build_datasets_on_workers(
+    settings: Settings,
+    lines: list[str],
+    *,
+    workers: int,
+    eval_fraction: float,
+    max_user_share: float,
+    since: datetime | None,
+) -> list[dict[str, Any]]:
+    from flows.prefect_env import configure_prefect
+
+    configure_prefect(settings)
+    from feedback.cleaning import CleaningSettings
+    from feedback.datasets import DatasetSettings
+    from flows.cleaning import run_partitioned
+
+    cleaning = CleaningSettings(
+        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
+    )
+    rows = []
+    for name in lines:
+        with out.status(f"cleaning {name} on {workers} Dask workers"):
+            result = run_partitioned(
+                settings,
+                name,
+                workers=workers,
+                since=since,
+                address=settings.dask_address,
+                cleaning=cleaning,
+            )
+        rows.append(
+            {
+                "business_line": name,
+                "funnel": result.funnel,
+                "dataset": result.path,
+                "content_hash": result.dataset,
+                "seconds": result.seconds,
+            }
+        )
+    return rows
 
 
 def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
@@ -539,6 +596,15 @@ def nightly(
     line: Annotated[
         list[str] | None, typer.Option(help="Only this business line (repeatable).")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            help="Dask worker processes for the cleaning stage "
+            "(default: FLYWHEEL_CLEANING_WORKERS, 1 = in-process).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Run the nightly flow now (Prefect): per line, in parallel, datasets → train → gate →
@@ -552,7 +618,7 @@ def nightly(
     configure_prefect(settings)
     from flows.nightly import nightly as nightly_flow
 
-    reports = nightly_flow(lines=line or None)
+    reports = nightly_flow(lines=line or None, workers=workers)
     if as_json:
         out.print_json(orjson.dumps(reports).decode())
         return

@@ -50,6 +50,17 @@ class Settings(BaseSettings):
         default=None,
         description="MLflow tracking server; a local SQLite store in FLYWHEEL_HOME when unset.",
     )
+    cleaning_workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Dask worker processes for the nightly cleaning stage; 1 runs it in-process.",
+    )
+    dask_address: str | None = Field(
+        default=None,
+        description="A running Dask scheduler for the cleaning stage (tcp://host:8786); "
+        "a local cluster of cleaning_workers processes when unset.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
 
     @field_validator("home")
