@@ -93,6 +93,10 @@ class Interaction(Base):
         Index("ix_interactions_line_created", "business_line", "created_at"),
         Index("ix_interactions_session_prompt", "session_id", "prompt_hash"),
         Index("ix_interactions_user", "user_id"),
+        # The feedback page's samples filtered by adapter version, newest first.
+        Index(
+            "ix_interactions_line_adapter_created", "business_line", "adapter_name", "created_at"
+        ),
     )
 
 
@@ -210,6 +214,32 @@ class CanaryDecisionRecord(Base):
     __table_args__ = (Index("ix_canary_decisions_line_created", "business_line", "created_at"),)
 
 
+class SignalRollup(Base):
+    """Counts per business line, served adapter, hour and signal (``feedback.rollup``).
+
+    ``requests`` and ``errors`` count interactions; every other signal counts feedback
+    events, filed under the hour and adapter of the interaction they are about.
+    """
+
+    __tablename__ = "signal_rollup"
+
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH), primary_key=True)
+    adapter: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    signal: Mapped[str] = mapped_column(String(16), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class RollupWatermark(Base):
+    """The highest row id of a source table already counted in ``signal_rollup``."""
+
+    __tablename__ = "rollup_watermarks"
+
+    source: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_id: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
@@ -217,3 +247,5 @@ routes_table = Route.__table__
 route_changes_table = RouteChange.__table__
 watermarks_table = LineWatermark.__table__
 canary_decisions_table = CanaryDecisionRecord.__table__
+signal_rollup_table = SignalRollup.__table__
+rollup_watermarks_table = RollupWatermark.__table__

@@ -1,0 +1,1 @@
+"""The feedback page: per-line signals, cleaning funnel, samples, routing and eval review."""

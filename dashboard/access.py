@@ -1,0 +1,114 @@
+"""Who may see which business line: the gateway's API keys, reused as they are.
+
+A key sees exactly the lines it may use on the gateway (``*`` sees all). It comes
+as ``Authorization: Bearer <key>`` (API, scripts) or in the cookie the login form
+sets (browsers). The key file is re-read when it changes, like the gateway does.
+
+Open mode, for local embedded use: when no key file exists, nobody has keys to
+show, so the page is open, but only to clients on the loopback interface; any
+other client gets 403 with the way out (``flywheel gateway add-key``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from dashboard.errors import PageError
+from gateway.keys import ApiKey, KeyRing, bearer_token
+
+COOKIE = "flywheel_key"
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """The caller: a key's name and the lines it may see (``open_mode``: no keys exist)."""
+
+    name: str
+    key: ApiKey | None
+    open_mode: bool = False
+
+    def may_see(self, business_line: str) -> bool:
+        """Whether this caller may see ``business_line``."""
+        return self.open_mode or (self.key is not None and self.key.may_use(business_line))
+
+    def lines_among(self, known: Collection[str]) -> list[str]:
+        """The known lines this caller may see, sorted."""
+        return sorted(line for line in known if self.may_see(line))
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether a client address is on the loopback interface."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Gatekeeper:
+    """Turns a request's key (header or cookie) into a :class:`Viewer`, or refuses it."""
+
+    def __init__(self, keys_file: Path | None, keys: KeyRing | None = None) -> None:
+        self.keys_file = keys_file
+        self._keys = keys
+        self._stamp: float | None = None
+        self._lock = threading.Lock()
+
+    def _ring(self) -> KeyRing | None:
+        """The current keys, re-read when the file changed; ``None`` when no file exists."""
+        if self.keys_file is None:
+            return self._keys
+        try:
+            stamp = self.keys_file.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            if self._keys is None or stamp != self._stamp:
+                self._keys = KeyRing.load(self.keys_file)
+                self._stamp = stamp
+            return self._keys
+
+    @property
+    def open_mode(self) -> bool:
+        """True when no key file exists (the page is then open on loopback only)."""
+        return self._ring() is None
+
+    def authorize(self, token: str | None) -> ApiKey | None:
+        """The key behind ``token``, if the key file knows it."""
+        ring = self._ring()
+        return ring.authorize(token) if ring is not None else None
+
+    def viewer(
+        self, authorization: str | None, cookie: str | None, client_host: str | None
+    ) -> Viewer:
+        """The caller of a request; 401 without a valid key, 403 for open mode off loopback."""
+        ring = self._ring()
+        if ring is None:
+            if not is_loopback(client_host):
+                raise PageError(
+                    403,
+                    "no API keys are configured, so the feedback page only answers on loopback; "
+                    "create one with `flywheel gateway add-key NAME --lines LINES` and log in",
+                )
+            return Viewer(name="local", key=None, open_mode=True)
+        token = bearer_token(authorization) or cookie
+        if not token:
+            raise PageError(401, "log in with a gateway API key (or send Authorization: Bearer)")
+        key = ring.authorize(token)
+        if key is None:
+            raise PageError(401, "unknown API key")
+        return Viewer(name=key.name, key=key)
+
+
+def check_line(viewer: Viewer, business_line: str, known: Collection[str]) -> None:
+    """403 for a line the caller's key may not see, 404 for one nobody knows (in that
+    order, so a key limited to some lines learns nothing about the others)."""
+    if not viewer.may_see(business_line):
+        raise PageError(403, f"your key ({viewer.name}) may not see {business_line!r}")
+    if business_line not in known:
+        raise PageError(404, f"unknown business line {business_line!r}")

@@ -1,0 +1,526 @@
+"""The feedback page: a FastAPI app with server-rendered pages, a JSON API and exports.
+
+Pages (HTML, Jinja2, plots as inline SVG; no script, nothing loaded from outside
+this server):
+
+- ``/lines/{line}``: signal counts and rates over time per adapter version,
+  routing (champion, canary, share), the canary's online numbers against the
+  champion, and the latest cleaning funnel;
+- ``/lines/{line}/samples``: browsable samples, scrubbed, filtered by time,
+  signal and adapter, keyset-paginated; ``/samples/{request_id}`` shows one with
+  its edit as a diff and where it was used in training;
+- ``/lines/{line}/funnel``: raw → scrubbed → deduplicated → training data per
+  build, with why records were dropped;
+- ``/lines/{line}/evals``: MLflow runs for a data scientist (comparison plot,
+  sample generations side by side, gate reasons, links to the MLflow UI).
+
+The same views as JSON under ``/api/lines/...``, and the visible bucket as
+``export.csv`` / ``export.jsonl``. Access: see :mod:`dashboard.access`.
+Refusals are 4xx with a message; an unexpected error is a 500 that names no
+internals, and is logged by type only (exception messages may quote data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, quote
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dashboard import plots
+from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line
+from dashboard.errors import PageError
+from dashboard.evals import EvalReview
+from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_filter
+from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
+from dashboard.pages import FeedbackPages, funnel_dict
+from dashboard.scrubbed import Sample, SampleScrubber
+from dashboard.settings import DashboardSettings
+from dashboard.shaping import RATE_SIGNALS
+from feedback.rollup import SignalRollup
+from feedback.store import FeedbackStore
+from flywheel.settings import Settings
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from feedback.pii import Scrubber
+    from gateway.keys import KeyRing
+
+logger = logging.getLogger("flywheel.dashboard")
+JSON = "application/json"
+LINES_TTL_S = 5.0
+
+
+def _templates() -> Environment:
+    environment = Environment(
+        loader=PackageLoader("dashboard", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["percent"] = lambda v: "–" if v is None else f"{v:.1%}"
+    environment.filters["number"] = lambda v: "–" if v is None else f"{v:,}"
+    environment.filters["when"] = lambda v: v.strftime("%Y-%m-%d %H:%M") if v else ""
+    environment.filters["signed"] = lambda v: "–" if v is None else f"{v:+.1%}"
+    environment.filters["until_day"] = lambda v: (
+        BucketFilter(until=v).params().get("until", "")[:10]
+    )
+    environment.globals.update(
+        funnel_steps=funnel_steps, drop_reasons=drop_reasons, funnel_signals=funnel_signals
+    )
+    return environment
+
+
+def _until_day(value: datetime | None) -> str:
+    """The last day an exclusive ``until`` covers, for a date input."""
+    return BucketFilter(until=value).params().get("until", "")[:10]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON)
+
+
+def _wants_json(request: Request) -> bool:
+    path = request.url.path
+    return path.startswith("/api/") or path.endswith((".csv", ".jsonl"))
+
+
+class _KnownLines:
+    """Configured lines plus those with traffic, re-read every few seconds."""
+
+    def __init__(self, configured: tuple[str, ...], rollup: SignalRollup) -> None:
+        self.configured = configured
+        self.rollup = rollup
+        self._lines: list[str] = []
+        self._read_at = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._read_at < LINES_TTL_S and self._lines:
+                return self._lines
+        lines = sorted(set(self.configured) | set(self.rollup.lines()))
+        with self._lock:
+            self._lines, self._read_at = lines, now
+        return lines
+
+
+def _default_scrubber() -> Scrubber:
+    from feedback.pii import build_scrubber
+
+    return build_scrubber()
+
+
+def create_app(
+    settings: Settings,
+    dashboard: DashboardSettings,
+    *,
+    store: FeedbackStore | None = None,
+    keys: KeyRing | None = None,
+    keys_file: Path | None = None,
+    scrubber_factory: Callable[[], Scrubber] | None = None,
+    mlflow_client_factory: Callable[[], MlflowClient] | None = None,
+) -> FastAPI:
+    """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
+    or the configured one); when that file does not exist the page is open on loopback."""
+    from gateway.settings import GatewaySettings
+    from registry.tracking import tracking_uri_for
+
+    own_store = store is None
+    feedback_store = store or FeedbackStore.open(settings)
+    if keys is None and keys_file is None:
+        keys_file = GatewaySettings().resolved_keys_file(settings.home)
+    gatekeeper = Gatekeeper(keys_file, keys)
+    rollup = SignalRollup(
+        feedback_store.engine,
+        grace=timedelta(seconds=dashboard.rollup_grace_s),
+        min_fold_interval_s=dashboard.rollup_interval_s,
+    )
+    tracking_uri = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
+    pages = FeedbackPages(
+        feedback_store.engine,
+        dashboard,
+        rollup=rollup,
+        scrubber=SampleScrubber(scrubber_factory or _default_scrubber, dashboard.scrub_cache_size),
+        datasets=DatasetIndex(settings.datasets_dir),
+        evals=EvalReview(
+            tracking_uri,
+            dashboard.resolved_mlflow_ui(settings.mlflow_tracking_uri),
+            client_factory=mlflow_client_factory,
+        ),
+    )
+    known_lines = _KnownLines(settings.business_lines, rollup)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # The first fold of a big store takes seconds: start it now, not on the first view.
+        warmup = threading.Thread(
+            target=_warm, args=(rollup,), name="dashboard-rollup", daemon=True
+        )
+        warmup.start()
+        try:
+            yield
+        finally:
+            if own_store:
+                feedback_store.close()
+
+    app = FastAPI(
+        title="flywheel feedback page",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.pages = pages
+    app.state.gatekeeper = gatekeeper
+    _add_routes(app, pages, gatekeeper, known_lines, _templates())
+    return app
+
+
+def _warm(rollup: SignalRollup) -> None:
+    try:
+        rollup.refresh(force=True)
+    except Exception as exc:  # the page still answers, counting live
+        logger.warning("dashboard: rollup warm-up failed (%s)", type(exc).__name__)
+
+
+class _Context:
+    """What every handler needs: the views, who is asking, the filters, the templates."""
+
+    def __init__(
+        self,
+        pages: FeedbackPages,
+        gatekeeper: Gatekeeper,
+        known_lines: _KnownLines,
+        templates: Environment,
+    ) -> None:
+        self.pages = pages
+        self.gatekeeper = gatekeeper
+        self.known_lines = known_lines
+        self.templates = templates
+
+    def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        """A template rendered with the page-wide helpers."""
+        html = self.templates.get_template(name).render(
+            plots=plots, signals=SAMPLE_SIGNALS, rate_signals=RATE_SIGNALS, **context
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def viewer_of(self, request: Request) -> Viewer:
+        """The caller (401/403 when refused)."""
+        client = request.client.host if request.client else None
+        return self.gatekeeper.viewer(
+            request.headers.get("authorization"), request.cookies.get(COOKIE), client
+        )
+
+    def line_view(self, request: Request, business_line: str) -> tuple[Viewer, list[str]]:
+        """The caller, checked against the line, and every line it may switch to."""
+        viewer = self.viewer_of(request)
+        known = self.known_lines()
+        check_line(viewer, business_line, known)
+        return viewer, viewer.lines_among(known)
+
+    @staticmethod
+    def bucket_of(request: Request) -> BucketFilter:
+        """The filters of the request's query string."""
+        query = request.query_params
+        return parse_filter(
+            query.get("since"), query.get("until"), query.get("signal"), query.get("adapter")
+        )
+
+
+def _add_routes(
+    app: FastAPI,
+    pages: FeedbackPages,
+    gatekeeper: Gatekeeper,
+    known_lines: _KnownLines,
+    templates: Environment,
+) -> None:
+    """Pages, API, exports, login, and the error handlers."""
+    context = _Context(pages, gatekeeper, known_lines, templates)
+    _add_error_handlers(app, context)
+    _add_access_routes(app, context)
+    _add_pages(app, context)
+    _add_api(app, context)
+
+
+def _add_error_handlers(app: FastAPI, context: _Context) -> None:
+    render = context.render
+
+    @app.exception_handler(PageError)
+    async def _refused(request: Request, exc: PageError) -> Response:
+        if _wants_json(request):
+            return _json({"error": exc.message}, exc.status)
+        if exc.status == 401:
+            return render(
+                "login.html", status=401, message=exc.message, next=request.url.path, lines=[]
+            )
+        return render("error.html", status=exc.status, message=exc.message, lines=[])
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"bad request: {where}: {first.get('msg', 'invalid')}"
+        return await _refused(request, PageError(400, message))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        return await _refused(request, PageError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        logger.error(
+            "dashboard: %s on %s (message withheld: it may quote stored text)",
+            type(exc).__name__,
+            request.url.path,
+        )
+        return await _refused(request, PageError(500, "internal error in the feedback page"))
+
+
+def _add_access_routes(app: FastAPI, context: _Context) -> None:
+    render, gatekeeper = context.render, context.gatekeeper
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return _json({"status": "ok", "open_mode": gatekeeper.open_mode})
+
+    @app.get("/static/style.css")
+    def stylesheet() -> Response:
+        css = resources.files("dashboard").joinpath("static/style.css").read_bytes()
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+
+    @app.get("/login")
+    def login_form(request: Request) -> Response:
+        return render("login.html", message=None, next=request.query_params.get("next"), lines=[])
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        token = (form.get("key") or [""])[0].strip()
+        target = (form.get("next") or ["/"])[0]
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        if gatekeeper.authorize(token) is None:
+            return render(
+                "login.html", status=401, message="unknown API key", next=target, lines=[]
+            )
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            max_age=12 * 3600,
+        )
+        return response
+
+    @app.post("/logout")
+    def logout() -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    @app.get("/")
+    def home(request: Request) -> Response:
+        viewer = context.viewer_of(request)
+        lines = viewer.lines_among(context.known_lines())
+        if not lines:
+            raise PageError(403, f"your key ({viewer.name}) may see no business line")
+        return RedirectResponse(f"/lines/{quote(lines[0])}", status_code=303)
+
+
+def _add_pages(app: FastAPI, context: _Context) -> None:
+    render, pages = context.render, context.pages
+    line_view, bucket_of = context.line_view, context.bucket_of
+
+    @app.get("/lines/{business_line}")
+    def overview(request: Request, business_line: str) -> Response:
+        viewer, lines = line_view(request, business_line)
+        view = pages.overview(business_line, bucket_of(request))
+        return render("overview.html", view=view, viewer=viewer, lines=lines, tab="overview")
+
+    @app.get("/lines/{business_line}/samples")
+    def samples(request: Request, business_line: str) -> Response:
+        viewer, lines = line_view(request, business_line)
+        bucket = bucket_of(request)
+        cursor = parse_cursor(request.query_params.get("cursor"))
+        view = pages.samples(business_line, bucket, cursor)
+        adapters = pages.rollup.adapters(business_line)
+        return render(
+            "samples.html",
+            view=view,
+            viewer=viewer,
+            lines=lines,
+            tab="samples",
+            adapters=adapters,
+            first_page=cursor is None,
+        )
+
+    @app.get("/lines/{business_line}/samples/{request_id}")
+    def sample(request: Request, business_line: str, request_id: str) -> Response:
+        viewer, lines = line_view(request, business_line)
+        found, uses = pages.sample(business_line, request_id)
+        return render(
+            "sample.html",
+            sample=found,
+            uses=uses,
+            viewer=viewer,
+            lines=lines,
+            business_line=business_line,
+            tab="samples",
+            back=request.query_params.get("back") or "",
+        )
+
+    @app.get("/lines/{business_line}/funnel")
+    def funnel(request: Request, business_line: str) -> Response:
+        viewer, lines = line_view(request, business_line)
+        builds = pages.funnel(business_line)
+        return render(
+            "funnel.html",
+            builds=builds,
+            viewer=viewer,
+            lines=lines,
+            business_line=business_line,
+            tab="funnel",
+        )
+
+    @app.get("/lines/{business_line}/evals")
+    def evals(request: Request, business_line: str) -> Response:
+        viewer, lines = line_view(request, business_line)
+        view = pages.eval_page(business_line, request.query_params.get("run"))
+        return render(
+            "evals.html",
+            view=view,
+            viewer=viewer,
+            lines=lines,
+            business_line=business_line,
+            tab="evals",
+        )
+
+    @app.get("/lines/{business_line}/export.{kind}")
+    def export(request: Request, business_line: str, kind: str) -> Response:
+        line_view(request, business_line)
+        if kind not in {"csv", "jsonl"}:
+            raise PageError(404, f"no export as {kind!r}; use export.csv or export.jsonl")
+        bucket = bucket_of(request)
+        rows = pages.export(business_line, bucket)
+        uses = pages.datasets
+        stream = (
+            _csv_lines(rows, business_line, uses)
+            if kind == "csv"
+            else _jsonl_lines(rows, business_line, uses)
+        )
+        media = "text/csv" if kind == "csv" else "application/x-ndjson"
+        name = f"{business_line}-samples.{kind}"
+        return StreamingResponse(
+            stream,
+            media_type=media,
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+
+def _add_api(app: FastAPI, context: _Context) -> None:
+    pages, line_view, bucket_of = context.pages, context.line_view, context.bucket_of
+
+    @app.get("/api/lines")
+    def api_lines(request: Request) -> Response:
+        viewer = context.viewer_of(request)
+        return _json({"viewer": viewer.name, "lines": viewer.lines_among(context.known_lines())})
+
+    @app.get("/api/lines/{business_line}/overview")
+    def api_overview(request: Request, business_line: str) -> Response:
+        line_view(request, business_line)
+        return _json(pages.overview(business_line, bucket_of(request)).as_dict())
+
+    @app.get("/api/lines/{business_line}/samples")
+    def api_samples(request: Request, business_line: str) -> Response:
+        line_view(request, business_line)
+        cursor = parse_cursor(request.query_params.get("cursor"))
+        return _json(pages.samples(business_line, bucket_of(request), cursor).as_dict())
+
+    @app.get("/api/lines/{business_line}/samples/{request_id}")
+    def api_sample(request: Request, business_line: str, request_id: str) -> Response:
+        line_view(request, business_line)
+        found, uses = pages.sample(business_line, request_id)
+        body = found.as_dict() | {
+            "diff": [{"op": s.op, "text": s.text} for s in found.diff()],
+            "training": [u.as_dict() for u in uses],
+        }
+        return _json(body)
+
+    @app.get("/api/lines/{business_line}/funnel")
+    def api_funnel(request: Request, business_line: str) -> Response:
+        line_view(request, business_line)
+        return _json({"builds": [funnel_dict(b) for b in pages.funnel(business_line)]})
+
+    @app.get("/api/lines/{business_line}/evals")
+    def api_evals(request: Request, business_line: str) -> Response:
+        line_view(request, business_line)
+        return _json(pages.eval_page(business_line, request.query_params.get("run")).as_dict())
+
+
+def _training_of(uses: DatasetIndex, line: str, sample: Sample) -> list[dict[str, str]]:
+    return [use.as_dict() for use in uses.uses(line, sample.request_id)]
+
+
+def _csv_lines(rows: Iterator[Sample], line: str, uses: DatasetIndex) -> Iterator[str]:
+    columns = [
+        "request_id", "created_at", "adapter", "status", "signals",
+        "prompt", "response", "edit", "pii_replaced", "training",
+    ]  # fmt: skip
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    yield buffer.getvalue()
+    for sample in rows:
+        buffer.seek(0)
+        buffer.truncate()
+        training = _training_of(uses, line, sample)
+        writer.writerow(
+            [
+                sample.request_id,
+                sample.created_at.isoformat(),
+                sample.adapter,
+                sample.status,
+                "|".join(sample.signals),
+                sample.prompt,
+                sample.response,
+                sample.edit or "",
+                orjson.dumps(sample.pii).decode(),
+                "|".join(f"{u['dataset']}:{u['kind']}:{u['split']}" for u in training),
+            ]
+        )
+        yield buffer.getvalue()
+
+
+def _jsonl_lines(rows: Iterator[Sample], line: str, uses: DatasetIndex) -> Iterator[bytes]:
+    for sample in rows:
+        body = sample.as_dict() | {"training": _training_of(uses, line, sample)}
+        yield orjson.dumps(body) + b"\n"
+
+
+def app_from_env() -> FastAPI:
+    """The page configured from the environment (``flywheel serve dashboard``;
+    ``uvicorn dashboard.app:app_from_env --factory``)."""
+    from flywheel.settings import load_settings
+
+    return create_app(load_settings(), DashboardSettings())

@@ -1,0 +1,390 @@
+"""What each view of the feedback page shows, assembled from the store, datasets and MLflow.
+
+Each method returns a plain view object that the HTML templates, the JSON API
+and the exports all render, so they cannot disagree; ``flywheel buckets`` uses
+:meth:`FeedbackPages.overview` too. Text from the store only ever reaches a view
+through :class:`dashboard.scrubbed.SampleScrubber`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+
+from dashboard import queries
+from dashboard.evals import EvalReview, EvalRun, EvalSample
+from dashboard.filters import BucketFilter, Cursor
+from dashboard.lineage import DatasetBuild, DatasetIndex, TrainingUse, drop_reasons, funnel_steps
+from dashboard.scrubbed import Sample, SampleScrubber
+from dashboard.settings import DashboardSettings
+from dashboard.shaping import (
+    RATE_SIGNALS,
+    AdapterTotals,
+    ArmComparison,
+    Series,
+    adapter_totals,
+    compare_arms,
+    default_range,
+    time_series,
+)
+from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
+from gateway.routes import RouteChangeRecord, RouteStore
+from gateway.routing import RoutingTable
+
+DEFAULT_RANGE = timedelta(days=14)
+
+
+@dataclass(slots=True)
+class CanaryView:
+    """The canary against the champion since the canary's share last changed."""
+
+    canary: str
+    champion: str
+    fraction: float
+    since: datetime
+    champion_requests: int
+    canary_requests: int
+    rows: list[ArmComparison]
+    decisions: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Overview:
+    """Signals over time per adapter, routing, the canary, and the latest funnel."""
+
+    business_line: str
+    bucket: BucketFilter
+    since: datetime
+    until: datetime
+    adapters: list[str]
+    totals: list[AdapterTotals]
+    series: Series
+    signals: tuple[str, ...]
+    routing: RoutingTable
+    history: list[RouteChangeRecord]
+    canary: CanaryView | None
+    latest_build: DatasetBuild | None
+
+    def request_series(self) -> dict[str, list[float | None]]:
+        """Requests per bucket, per adapter (for the requests plot)."""
+        empty = [0] * len(self.series.starts)
+        return {
+            adapter: [float(v) for v in counts.get(REQUESTS, empty)]
+            for adapter, counts in self.series.counts.items()
+        }
+
+    def rate_series(self, signal: str) -> dict[str, list[float | None]]:
+        """Rate of ``signal`` per bucket, per adapter (unknown where nothing was served)."""
+        return {adapter: self.series.rates(adapter, signal) for adapter in self.series.counts}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "business_line": self.business_line,
+            "filter": self.bucket.params(),
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "adapters": self.adapters,
+            "totals": [t.as_dict() for t in self.totals],
+            "series": {
+                "bucket_seconds": int(self.series.size.total_seconds()),
+                "starts": [s.isoformat() for s in self.series.starts],
+                "counts": self.series.counts,
+            },
+            "routing": self.routing.model_dump(),
+            "canary": None
+            if self.canary is None
+            else {
+                "canary": self.canary.canary,
+                "champion": self.canary.champion,
+                "fraction": self.canary.fraction,
+                "since": self.canary.since.isoformat(),
+                "champion_requests": self.canary.champion_requests,
+                "canary_requests": self.canary.canary_requests,
+                "rates": [
+                    {
+                        "signal": r.signal,
+                        "champion": r.champion_rate,
+                        "canary": r.canary_rate,
+                        "difference": r.difference,
+                    }
+                    for r in self.canary.rows
+                ],
+            },
+            "funnel": None if self.latest_build is None else funnel_dict(self.latest_build),
+        }
+
+
+@dataclass(slots=True)
+class SamplePage:
+    """One page of a bucket's samples (scrubbed)."""
+
+    business_line: str
+    bucket: BucketFilter
+    samples: list[Sample]
+    next_cursor: str | None
+    bucket_size: int | None
+    used: dict[str, list[TrainingUse]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "business_line": self.business_line,
+            "filter": self.bucket.params(),
+            "approximate_total": self.bucket_size,
+            "next_cursor": self.next_cursor,
+            "samples": [
+                s.as_dict() | {"training": [u.as_dict() for u in self.used.get(s.request_id, [])]}
+                for s in self.samples
+            ],
+        }
+
+
+@dataclass(slots=True)
+class EvalPage:
+    """The line's runs and the chosen run's comparison and sample generations."""
+
+    business_line: str
+    available: bool
+    runs: list[EvalRun]
+    chosen: EvalRun | None
+    samples: list[EvalSample]
+    run_urls: dict[str, str | None]
+    version_urls: dict[int, str | None]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "business_line": self.business_line,
+            "runs": [
+                r.as_dict()
+                | {
+                    "mlflow_url": self.run_urls.get(r.run_id),
+                    "version_url": self.version_urls.get(r.version) if r.version else None,
+                }
+                for r in self.runs
+            ],
+            "chosen": self.chosen.run_id if self.chosen else None,
+            "samples": [
+                {
+                    "prompt": s.prompt,
+                    "champion_answer": s.champion_answer,
+                    "candidate_answer": s.candidate_answer,
+                    "champion_refused": s.champion_refused,
+                    "candidate_refused": s.candidate_refused,
+                    "flags": s.flags,
+                }
+                for s in self.samples
+            ],
+        }
+
+
+def funnel_dict(build: DatasetBuild) -> dict[str, Any]:
+    """A build's funnel as the API returns it."""
+    return {
+        "dataset": build.name,
+        "created_at": build.created_at,
+        "window": build.source,
+        "steps": [{"step": name, "records": n} for name, n in funnel_steps(build.funnel)],
+        "dropped": [{"why": why, "records": n} for why, n in drop_reasons(build.funnel)],
+        "by_signal": build.funnel.get("steps", {}),
+        "pii_replaced": build.funnel.get("pii", {}),
+        "examples": build.funnel.get("examples", {}),
+        "counts": build.counts,
+    }
+
+
+def _canary_start(history: list[RouteChangeRecord], table: RoutingTable) -> datetime | None:
+    """When the current canary got its current share (history is newest first)."""
+    start = None
+    for change in history:
+        same = (
+            change.table.canary == table.canary
+            and abs(change.table.canary_fraction - table.canary_fraction) < 1e-9
+        )
+        if not same:
+            break
+        start = change.created_at
+    return start
+
+
+class FeedbackPages:
+    """Builds every view from the store, the dataset manifests and MLflow."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DashboardSettings,
+        *,
+        rollup: SignalRollup,
+        scrubber: SampleScrubber,
+        datasets: DatasetIndex,
+        evals: EvalReview,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.rollup = rollup
+        self.scrubber = scrubber
+        self.datasets = datasets
+        self.evals = evals
+        self.routes = RouteStore(engine)
+
+    def _range(self, business_line: str, bucket: BucketFilter) -> tuple[datetime, datetime]:
+        span = self.rollup.span(business_line)
+        if bucket.since is None and span is not None:
+            end = bucket.until or span[1]
+            span = (max(span[0], end - DEFAULT_RANGE), span[1])
+        since, until = default_range(span, bucket.since, bucket.until)
+        return floor_hour(since), ceil_hour(until)
+
+    def overview(self, business_line: str, bucket: BucketFilter) -> Overview:
+        """Counts and rates over time per adapter, routing and canary, latest funnel."""
+        since, until = self._range(business_line, bucket)
+        adapters = self.rollup.adapters(business_line)
+        cells = self.rollup.counts(RollupQuery(business_line, since, until, bucket.adapter))
+        shown = [bucket.adapter] if bucket.adapter else adapters
+        series = time_series(cells, since, until, self.settings.max_points, shown)
+        signals = (
+            RATE_SIGNALS
+            if bucket.signal is None or bucket.signal not in RATE_SIGNALS
+            else (bucket.signal,)
+        )
+        routing = self.routes.table(business_line)
+        history = self.routes.history(business_line, limit=10)
+        builds = self.datasets.builds(business_line)
+        return Overview(
+            business_line=business_line,
+            bucket=bucket,
+            since=since,
+            until=until,
+            adapters=adapters,
+            totals=adapter_totals(cells, adapters),
+            series=series,
+            signals=signals,
+            routing=routing,
+            history=history,
+            canary=self._canary(business_line, routing, history),
+            latest_build=builds[0] if builds else None,
+        )
+
+    def _canary(
+        self, business_line: str, routing: RoutingTable, history: list[RouteChangeRecord]
+    ) -> CanaryView | None:
+        if routing.canary is None:
+            return None
+        started = _canary_start(history, routing) or (
+            history[-1].created_at if history else floor_hour(datetime.now().astimezone())
+        )
+        champion = routing.champion or "base"
+        cells = self.rollup.counts(RollupQuery(business_line, floor_hour(started)))
+        champion_requests, canary_requests, rows = compare_arms(cells, champion, routing.canary)
+        return CanaryView(
+            canary=routing.canary,
+            champion=champion,
+            fraction=routing.canary_fraction,
+            since=started,
+            champion_requests=champion_requests,
+            canary_requests=canary_requests,
+            rows=rows,
+            decisions=queries.canary_decisions(self.engine, business_line, limit=5),
+        )
+
+    def bucket_size(self, business_line: str, bucket: BucketFilter) -> int | None:
+        """About how many samples a bucket holds (from the hourly rollup; ``None`` for
+        'no feedback', which the rollup does not count)."""
+        if bucket.signal == "none":
+            return None
+        since = floor_hour(bucket.since) if bucket.since else None
+        until = ceil_hour(bucket.until) if bucket.until else None
+        cells = self.rollup.counts(RollupQuery(business_line, since, until, bucket.adapter))
+        wanted = bucket.signal or REQUESTS
+        return sum(cell.count for cell in cells if cell.signal == wanted)
+
+    def samples(
+        self, business_line: str, bucket: BucketFilter, cursor: Cursor | None
+    ) -> SamplePage:
+        """One page of the bucket, scrubbed, with where each sample went into training."""
+        raws, following = queries.sample_page(
+            self.engine, business_line, bucket, cursor, self.settings.page_size
+        )
+        samples = self.scrubber.scrub(raws)
+        return SamplePage(
+            business_line=business_line,
+            bucket=bucket,
+            samples=samples,
+            next_cursor=following.encode() if following else None,
+            bucket_size=self.bucket_size(business_line, bucket),
+            used={s.request_id: self.datasets.uses(business_line, s.request_id) for s in samples},
+        )
+
+    def sample(self, business_line: str, request_id: str) -> tuple[Sample, list[TrainingUse]]:
+        """One sample, scrubbed, and the training examples it went into (404 if unknown)."""
+        from dashboard.errors import PageError
+
+        raw = queries.sample(self.engine, business_line, request_id)
+        if raw is None:
+            raise PageError(404, f"no sample {request_id!r} in {business_line}")
+        (found,) = self.scrubber.scrub([raw])
+        return found, self.datasets.uses(business_line, request_id)
+
+    def export(self, business_line: str, bucket: BucketFilter) -> Iterator[Sample]:
+        """The bucket's newest samples up to the export limit, scrubbed, a page at a time."""
+        left = self.settings.export_limit
+        cursor: Cursor | None = None
+        while left > 0:
+            raws, cursor = queries.sample_page(
+                self.engine, business_line, bucket, cursor, min(left, self.settings.page_size)
+            )
+            yield from self.scrubber.scrub(raws)
+            left -= len(raws)
+            if cursor is None:
+                return
+
+    def funnel(self, business_line: str) -> list[DatasetBuild]:
+        """The line's dataset builds, newest first (each with its funnel)."""
+        return self.datasets.builds(business_line)
+
+    def eval_page(self, business_line: str, run_id: str | None) -> EvalPage:
+        """The line's runs; the chosen one (or the newest evaluated) with its samples."""
+        runs = self.evals.runs(business_line)
+        chosen = next((r for r in runs if r.run_id == run_id), None) if run_id else None
+        if chosen is None and run_id:
+            from dashboard.errors import PageError
+
+            raise PageError(404, f"no run {run_id!r} among the latest runs of {business_line}")
+        chosen = chosen or next((r for r in runs if r.metrics), runs[0] if runs else None)
+        samples: list[EvalSample] = []
+        if chosen is not None:
+            raw = self.evals.samples(chosen.run_id)
+            texts = self.scrubber.scrub_texts(
+                [t for s in raw for t in (s.prompt, s.champion_answer, s.candidate_answer)]
+            )
+            for i, s in enumerate(raw):
+                prompt, champion, candidate = texts[3 * i : 3 * i + 3]
+                samples.append(
+                    EvalSample(
+                        prompt=prompt or "",
+                        champion_answer=champion,
+                        candidate_answer=candidate,
+                        champion_refused=s.champion_refused,
+                        candidate_refused=s.candidate_refused,
+                        flags=s.flags,
+                    )
+                )
+        return EvalPage(
+            business_line=business_line,
+            available=self.evals.available(),
+            runs=runs,
+            chosen=chosen,
+            samples=samples,
+            run_urls={r.run_id: self.evals.run_url(r) for r in runs},
+            version_urls={
+                r.version: self.evals.version_url(business_line, r.version)
+                for r in runs
+                if r.version is not None
+            },
+        )

@@ -1,0 +1,177 @@
+"""The feedback page's reads from the store (SQLAlchemy Core), thin and index-backed.
+
+Samples come back as :class:`RawSample`: raw text straight from the store, meant
+only for :mod:`dashboard.scrubbed`, which turns them into what a page may show.
+Pages are keyset-paginated on ``(created_at, id)`` newest first, so page 1000
+costs what page 1 does; filters are index range scans on
+``interactions(business_line, created_at)`` (or ``(business_line, adapter_name,
+created_at)``) with a probe of ``feedback_events(request_id)`` per candidate row
+for a signal filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, and_, exists, or_, select
+
+from dashboard.filters import BucketFilter, Cursor
+from feedback.examples import user_digest
+from feedback.rollup import BASE_ADAPTER
+from feedback.schema import canary_decisions_table, feedback_table, interactions_table
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    """One feedback event of a sample (``edited_text`` is raw)."""
+
+    type: str
+    outcome: str | None
+    created_at: datetime
+    edited_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RawSample:
+    """An interaction with its feedback, unscrubbed: never rendered as it is."""
+
+    id: int
+    request_id: str
+    business_line: str
+    created_at: datetime
+    adapter: str
+    status: str
+    latency_ms: float | None
+    user: str | None
+    messages: list[dict[str, Any]]
+    response: str
+    events: tuple[RawEvent, ...]
+
+    @property
+    def edit(self) -> str | None:
+        """The newest edit's text (as the cleaning stage takes it)."""
+        edits = [e.edited_text for e in self.events if e.type == "edit" and e.edited_text]
+        return edits[-1] if edits else None
+
+    def cursor(self) -> Cursor:
+        """The cursor of the page that starts just after this sample."""
+        return Cursor(self.created_at, self.id)
+
+
+def _signal_condition(signal: str) -> ColumnElement[bool]:
+    i, f = interactions_table.c, feedback_table.c
+    about = f.request_id == i.request_id
+    if signal == "none":
+        return ~exists().where(about)
+    if signal in {"task_success", "task_failure"}:
+        outcome = "success" if signal == "task_success" else "failure"
+        return exists().where(about, f.type == "task_outcome", f.outcome == outcome)
+    return exists().where(about, f.type == signal)
+
+
+def sample_conditions(business_line: str, bucket: BucketFilter) -> list[ColumnElement[bool]]:
+    """WHERE clauses of a bucket (shared by pages and exports)."""
+    i = interactions_table.c
+    where: list[ColumnElement[bool]] = [i.business_line == business_line]
+    if bucket.since is not None:
+        where.append(i.created_at >= bucket.since)
+    if bucket.until is not None:
+        where.append(i.created_at < bucket.until)
+    if bucket.adapter is not None:
+        where.append(
+            i.adapter_name.is_(None)
+            if bucket.adapter == BASE_ADAPTER
+            else i.adapter_name == bucket.adapter
+        )
+    if bucket.signal is not None:
+        where.append(_signal_condition(bucket.signal))
+    return where
+
+
+def sample_page(
+    engine: Engine,
+    business_line: str,
+    bucket: BucketFilter,
+    cursor: Cursor | None,
+    limit: int,
+) -> tuple[list[RawSample], Cursor | None]:
+    """One page of a bucket, newest first, and the cursor of the next page (if any)."""
+    i = interactions_table.c
+    where = sample_conditions(business_line, bucket)
+    if cursor is not None:
+        # The first bound alone is an index range; the OR breaks ties on id.
+        where.append(i.created_at <= cursor.created_at)
+        where.append(
+            or_(
+                i.created_at < cursor.created_at,
+                and_(i.created_at == cursor.created_at, i.id < cursor.id),
+            )
+        )
+    query = select(interactions_table).where(*where)
+    query = query.order_by(i.created_at.desc(), i.id.desc()).limit(limit + 1)
+    with engine.connect() as connection:
+        rows = connection.execute(query).all()
+        samples = _with_events(connection, rows[:limit])
+    following = samples[-1].cursor() if len(rows) > limit and samples else None
+    return samples, following
+
+
+def sample(engine: Engine, business_line: str, request_id: str) -> RawSample | None:
+    """One interaction of the line with its feedback, or ``None``."""
+    i = interactions_table.c
+    query = select(interactions_table).where(
+        i.request_id == request_id, i.business_line == business_line
+    )
+    with engine.connect() as connection:
+        rows = connection.execute(query).all()
+        found = _with_events(connection, rows)
+    return found[0] if found else None
+
+
+def _with_events(connection: Any, rows: Sequence[Any]) -> list[RawSample]:
+    if not rows:
+        return []
+    f = feedback_table.c
+    ids = [row.request_id for row in rows]
+    events: dict[str, list[RawEvent]] = {rid: [] for rid in ids}
+    query = (
+        select(f.request_id, f.type, f.outcome, f.created_at, f.edited_text)
+        .where(f.request_id.in_(ids))
+        .order_by(f.created_at, f.id)
+    )
+    for row in connection.execute(query):
+        events[row.request_id].append(
+            RawEvent(row.type, row.outcome, row.created_at, row.edited_text)
+        )
+    return [
+        RawSample(
+            id=row.id,
+            request_id=row.request_id,
+            business_line=row.business_line,
+            created_at=row.created_at,
+            adapter=row.adapter_name or BASE_ADAPTER,
+            status=row.status,
+            latency_ms=row.latency_ms,
+            user=(user_digest(row.user_id) or "")[:12] or None,
+            messages=list(row.messages),
+            response=row.response,
+            events=tuple(events[row.request_id]),
+        )
+        for row in rows
+    ]
+
+
+def canary_decisions(engine: Engine, business_line: str, limit: int = 10) -> list[dict[str, Any]]:
+    """The line's latest canary decisions with their numbers, newest first."""
+    decisions = canary_decisions_table
+    query = (
+        select(decisions)
+        .where(decisions.c.business_line == business_line)
+        .order_by(decisions.c.id.desc())
+        .limit(limit)
+    )
+    with engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(query)]

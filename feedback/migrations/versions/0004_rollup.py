@@ -1,0 +1,47 @@
+"""hourly signal rollup for the feedback page, and an index for samples by adapter
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-01 09:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "signal_rollup",
+        sa.Column("business_line", sa.String(length=64), nullable=False),
+        sa.Column("adapter", sa.String(length=128), nullable=False),
+        sa.Column("hour", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("signal", sa.String(length=16), nullable=False),
+        sa.Column("count", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("business_line", "adapter", "hour", "signal"),
+    )
+    op.create_table(
+        "rollup_watermarks",
+        sa.Column("source", sa.String(length=32), nullable=False),
+        sa.Column("last_id", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("source"),
+    )
+    op.create_index(
+        "ix_interactions_line_adapter_created",
+        "interactions",
+        ["business_line", "adapter_name", "created_at"],
+        unique=False,
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_interactions_line_adapter_created", table_name="interactions")
+    op.drop_table("rollup_watermarks")
+    op.drop_table("signal_rollup")
