@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
+from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dashboard import plots
@@ -128,6 +129,38 @@ def _default_scrubber() -> Scrubber:
     return build_scrubber()
 
 
+def build_pages(
+    settings: Settings,
+    dashboard: DashboardSettings,
+    engine: Engine,
+    *,
+    scrubber_factory: Callable[[], Scrubber] | None = None,
+    mlflow_client_factory: Callable[[], MlflowClient] | None = None,
+) -> FeedbackPages:
+    """Every view's data source, built from the settings (nothing heavy loads until used:
+    the scrubber on the first sample, MLflow on the first eval page)."""
+    from registry.tracking import tracking_uri_for
+
+    rollup = SignalRollup(
+        engine,
+        grace=timedelta(seconds=dashboard.rollup_grace_s),
+        min_fold_interval_s=dashboard.rollup_interval_s,
+    )
+    tracking_uri = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
+    return FeedbackPages(
+        engine,
+        dashboard,
+        rollup=rollup,
+        scrubber=SampleScrubber(scrubber_factory or _default_scrubber, dashboard.scrub_cache_size),
+        datasets=DatasetIndex(settings.datasets_dir),
+        evals=EvalReview(
+            tracking_uri,
+            dashboard.resolved_mlflow_ui(settings.mlflow_tracking_uri),
+            client_factory=mlflow_client_factory,
+        ),
+    )
+
+
 def create_app(
     settings: Settings,
     dashboard: DashboardSettings,
@@ -141,31 +174,20 @@ def create_app(
     """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
     or the configured one); when that file does not exist the page is open on loopback."""
     from gateway.settings import GatewaySettings
-    from registry.tracking import tracking_uri_for
 
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
     if keys is None and keys_file is None:
         keys_file = GatewaySettings().resolved_keys_file(settings.home)
     gatekeeper = Gatekeeper(keys_file, keys)
-    rollup = SignalRollup(
-        feedback_store.engine,
-        grace=timedelta(seconds=dashboard.rollup_grace_s),
-        min_fold_interval_s=dashboard.rollup_interval_s,
-    )
-    tracking_uri = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
-    pages = FeedbackPages(
-        feedback_store.engine,
+    pages = build_pages(
+        settings,
         dashboard,
-        rollup=rollup,
-        scrubber=SampleScrubber(scrubber_factory or _default_scrubber, dashboard.scrub_cache_size),
-        datasets=DatasetIndex(settings.datasets_dir),
-        evals=EvalReview(
-            tracking_uri,
-            dashboard.resolved_mlflow_ui(settings.mlflow_tracking_uri),
-            client_factory=mlflow_client_factory,
-        ),
+        feedback_store.engine,
+        scrubber_factory=scrubber_factory,
+        mlflow_client_factory=mlflow_client_factory,
     )
+    rollup = pages.rollup
     known_lines = _KnownLines(settings.business_lines, rollup)
 
     @contextlib.asynccontextmanager

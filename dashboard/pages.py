@@ -241,6 +241,16 @@ class FeedbackPages:
         since, until = default_range(span, bucket.since, bucket.until)
         return floor_hour(since), ceil_hour(until)
 
+    def totals(
+        self, business_line: str, bucket: BucketFilter
+    ) -> tuple[datetime, datetime, list[AdapterTotals]]:
+        """The range a view shows and the per-adapter totals in it (``flywheel buckets``
+        prints exactly these)."""
+        since, until = self._range(business_line, bucket)
+        adapters = self.rollup.adapters(business_line)
+        cells = self.rollup.counts(RollupQuery(business_line, since, until, bucket.adapter))
+        return since, until, adapter_totals(cells, adapters)
+
     def overview(self, business_line: str, bucket: BucketFilter) -> Overview:
         """Counts and rates over time per adapter, routing and canary, latest funnel."""
         since, until = self._range(business_line, bucket)

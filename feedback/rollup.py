@@ -17,8 +17,8 @@ only moves the watermark over rows ingested more than ``grace`` ago (ingest and
 gateway transactions last well under a second); rows above the watermark are
 counted live on every read (the tail), so numbers are exact and fresh either way.
 A transaction held open for longer than the grace would be missed by the fold;
-:func:`rebuild_rollup` recounts from scratch, and ``flywheel forget`` calls it
-because deletions are not folded.
+:func:`rebuild_rollup` recounts from scratch. Deletions are not folded:
+``FeedbackStore.forget_user`` empties the rollup in its own transaction.
 
 Two folds at once cannot double count: the watermark moves by compare-and-set in
 the same transaction as the counts it covers; the loser rolls back.

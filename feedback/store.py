@@ -36,7 +36,13 @@ from feedback.events import (
     validate_event,
 )
 from feedback.jsonl import JsonlRecord, MalformedLine
-from feedback.schema import feedback_table, interactions_table, quarantine_table
+from feedback.schema import (
+    feedback_table,
+    interactions_table,
+    quarantine_table,
+    rollup_watermarks_table,
+    signal_rollup_table,
+)
 from flywheel.settings import Settings, StoreSettings
 
 IngestItem = JsonlRecord | MalformedLine | dict[str, Any]
@@ -553,6 +559,10 @@ class FeedbackStore:
             ]
             if doomed:
                 connection.execute(delete(quarantine_table).where(q.id.in_(doomed)))
+            if interactions.rowcount or on_theirs.rowcount or given.rowcount:
+                # The hourly rollup only ever adds; the next read recounts from scratch.
+                connection.execute(delete(signal_rollup_table))
+                connection.execute(delete(rollup_watermarks_table))
         return {
             "interactions": interactions.rowcount,
             "feedback_events": on_theirs.rowcount + given.rowcount,

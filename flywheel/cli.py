@@ -13,10 +13,17 @@ import orjson
 import typer
 from rich.table import Table
 
+from flywheel.commands.buckets import buckets as buckets_command
 from flywheel.commands.common import err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.scrub import scrub as scrub_command
-from flywheel.commands.serving import canary_app, gateway_app, routes_app, serve_gateway
+from flywheel.commands.serving import (
+    canary_app,
+    gateway_app,
+    routes_app,
+    serve_dashboard,
+    serve_gateway,
+)
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.settings import Settings, load_settings
 
@@ -46,6 +53,8 @@ app.add_typer(canary_app, name="canary")
 app.add_typer(routes_app, name="routes")
 app.add_typer(gateway_app, name="gateway")
 serve_app.command("gateway")(serve_gateway)
+serve_app.command("dashboard")(serve_dashboard)
+app.command("buckets")(buckets_command)
 
 
 def _settings() -> Settings:
@@ -289,21 +298,6 @@ def stats(
         sys.stdout.write(orjson.dumps(counts, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     _print_buckets(counts)
-
-
-@app.command()
-def buckets() -> None:
-    """Per-line signal counts, and each line's latest cleaning funnel (raw → training data)."""
-    from feedback.datasets import latest_dataset
-
-    settings = _settings()
-    counts = _open_store(settings).stats()
-    _print_buckets(counts)
-    for line in counts["business_lines"]:
-        build = latest_dataset(settings.datasets_dir, line)
-        if build is not None:
-            _print_funnel(line, build.manifest["funnel"])
-            out.print(f"  dataset: {build.path}")
 
 
 SHORT_NAMES = {

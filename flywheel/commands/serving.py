@@ -1,4 +1,5 @@
-"""``flywheel canary``, ``flywheel routes``, ``flywheel gateway`` and ``flywheel serve gateway``."""
+"""``flywheel canary``, ``flywheel routes``, ``flywheel gateway``, ``flywheel serve gateway``
+and ``flywheel serve dashboard``."""
 
 from __future__ import annotations
 
@@ -275,6 +276,44 @@ def serve_gateway(
         access_log=False,
     )
     out.print(f"gateway stopped after {time.monotonic() - started:.0f} s")
+
+
+def serve_dashboard(
+    port: Annotated[int | None, typer.Option(min=1, max=65_535, help="Port to listen on.")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "",
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Server processes.")] = 1,
+) -> None:
+    """Run the feedback page (per-line signals, funnel, samples, routing, eval review)."""
+    import uvicorn
+
+    from dashboard.access import is_loopback
+    from dashboard.settings import DashboardSettings
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    dashboard = DashboardSettings()
+    keys = GatewaySettings().resolved_keys_file(settings.home)
+    open_store(settings).close()
+    bind = host or dashboard.host
+    listen = port or dashboard.port
+    if not keys.exists():
+        where = "" if is_loopback(bind) else " (other clients get 403)"
+        out.print(
+            f"[yellow]no API keys[/] ({keys}): the page is open to loopback clients only{where}; "
+            "`flywheel gateway add-key` makes one"
+        )
+    out.print(f"feedback page on http://{bind}:{listen}; Ctrl-C stops it")
+    started = time.monotonic()
+    uvicorn.run(
+        "dashboard.app:app_from_env",
+        factory=True,
+        host=bind,
+        port=listen,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
+    out.print(f"feedback page stopped after {time.monotonic() - started:.0f} s")
 
 
 @canary_app.command("status")
