@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,7 +98,7 @@ class PartitionedCleaning:
 
 
 @contextmanager
-def _staging_folder(settings: Settings, line: str):  # type: ignore[no-untyped-def]
+def _staging_folder(settings: Settings, line: str) -> Iterator[Path]:
     folder = settings.home / "staging" / f"{line}-{uuid.uuid4().hex[:12]}"
     folder.mkdir(parents=True)
     try:
@@ -173,6 +174,29 @@ def clean_line_partitioned(
     )
 
 
+@contextmanager
+def dask_cluster(workers: int, address: str | None = None) -> Iterator[str | None]:
+    """A Dask scheduler address for the block: ``address`` as given, none for one worker,
+    else a local cluster of ``workers`` processes that lives as long as the block."""
+    if address or workers <= 1:
+        yield address
+        return
+    with local_cluster(workers) as local:
+        yield local
+
+
+@contextmanager
+def local_cluster(workers: int) -> Iterator[str]:
+    """A local Dask cluster of ``workers`` single-threaded processes; its scheduler address."""
+    from distributed import LocalCluster
+
+    # No dashboard: its port may be taken and nothing here serves it.
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
 def dask_runner(workers: int, address: str | None = None) -> TaskRunner[Any]:
     """A Dask task runner: on a running scheduler, or a local cluster of worker processes."""
     from prefect_dask import DaskTaskRunner
@@ -184,7 +208,6 @@ def dask_runner(workers: int, address: str | None = None) -> TaskRunner[Any]:
             "n_workers": workers,
             "threads_per_worker": 1,
             "processes": True,
-            # No dashboard: its port may be taken and nothing here serves it.
             "dashboard_address": None,
         }
     )

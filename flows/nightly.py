@@ -302,7 +302,9 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
     settings = load_settings()
     chosen = lines or list(settings.business_lines)
     workers = workers or settings.cleaning_workers
-    with _dask_cluster(workers, settings.dask_address) as address:
+    from flows.cleaning import dask_cluster
+
+    with dask_cluster(workers, settings.dask_address) as address:
         futures = [run_line.submit(line, workers, address) for line in chosen]
         reports = [future.result() for future in futures]
     create_table_artifact(
@@ -314,19 +316,6 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
         description="what each line's nightly run did",
     )
     return reports
-
-
-@contextmanager
-def _dask_cluster(workers: int, address: str | None) -> Iterator[str | None]:
-    if address or workers <= 1:
-        yield address
-        return
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-    ) as cluster:
-        yield cluster.scheduler_address
 
 
 @flow(name="flywheel-canary")

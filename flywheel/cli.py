@@ -437,31 +437,27 @@ def _build_datasets_on_workers(
     configure_prefect(settings)
     from feedback.cleaning import CleaningSettings
     from feedback.datasets import DatasetSettings
-    from flows.cleaning import run_partitioned
+    from flows.cleaning import dask_cluster, run_partitioned
 
     cleaning = CleaningSettings(
         datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
     )
     rows = []
-    for name in lines:
-        with out.status(f"cleaning {name} on {workers} Dask workers"):
-            result = run_partitioned(
-                settings,
-                name,
-                workers=workers,
-                since=since,
-                address=settings.dask_address,
-                cleaning=cleaning,
+    with dask_cluster(workers, settings.dask_address) as address:
+        for name in lines:
+            with out.status(f"cleaning {name} on {workers} Dask workers"):
+                result = run_partitioned(
+                    settings, name, workers=workers, since=since, address=address, cleaning=cleaning
+                )
+            rows.append(
+                {
+                    "business_line": name,
+                    "funnel": result.funnel,
+                    "dataset": result.path,
+                    "content_hash": result.dataset,
+                    "seconds": result.seconds,
+                }
             )
-        rows.append(
-            {
-                "business_line": name,
-                "funnel": result.funnel,
-                "dataset": result.path,
-                "content_hash": result.dataset,
-                "seconds": result.seconds,
-            }
-        )
     return rows
 
 
