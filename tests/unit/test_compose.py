@@ -388,7 +388,31 @@ def _check_mlflow_command(name: str, argv: list[str], tmp_path: Path) -> None:
     assert host in allowed, f"MLflow would refuse Host: {host} (--allowed-hosts)"
 
 
+def _check_dask_command(name: str, argv: list[str], tmp_path: Path) -> None:
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("dask")), *argv[1:2], "--help"],
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
+    _flags_in_help(name, argv, shown.stdout)
+    address = urlsplit(COMPOSE[ENV_ANCHOR]["FLYWHEEL_DASK_ADDRESS"])
+    if argv[1] == "scheduler":
+        assert address.hostname == name, "FLYWHEEL_DASK_ADDRESS names another service"
+        assert int(_option(argv, "--port")) == address.port
+    elif argv[1] == "worker":
+        assert argv[2] == COMPOSE[ENV_ANCHOR]["FLYWHEEL_DASK_ADDRESS"]
+        replicas = SERVICES[name].get("deploy", {}).get("replicas", 1)
+        assert replicas == int(COMPOSE[ENV_ANCHOR]["FLYWHEEL_CLEANING_WORKERS"])
+    else:
+        pytest.fail(f"{name}: no check for `{shlex.join(argv)}`")
+
+
 CHECKS = {
+    "dask": _check_dask_command,
     "flywheel": _check_flywheel_command,
     "uvicorn": _check_uvicorn_command,
     "prefect": _check_prefect_command,
