@@ -115,6 +115,7 @@ def train_line(
         )
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry.close_orphan_runs(line)
     base_name = base_dir.name
     version_of_code = code_version()
     existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,8 @@ TAG_BASE_MODEL = "flywheel.base_model"
 TAG_CODE_VERSION = "flywheel.code_version"
 TAG_METHOD = "flywheel.method"
 TAG_REGISTERED_VERSION = "flywheel.registered_version"
+TAG_TRAINER = "flywheel.trainer"  # host:pid of the process that trains in the run
+TAG_ENDED_BECAUSE = "flywheel.ended_because"
 TAG_GATE_DECISION = "gate.decision"
 TAG_GATE_REASONS = "gate.reasons"
 
@@ -94,6 +96,17 @@ def flatten_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str
 def recipe_params(recipe: Recipe) -> dict[str, str]:
     """A recipe flattened into MLflow params."""
     return flatten_params(recipe.model_dump(mode="json"))
+
+
+def trainer_is_gone(trainer: str, host: str, alive: Callable[[int], bool]) -> bool:
+    """Whether a run's trainer (``host:pid``) is a process of this host that no longer runs.
+
+    A trainer on another host, or a tag that cannot be read, is never judged gone.
+    """
+    name, _, pid = trainer.rpartition(":")
+    if name != host or not pid.isdigit():
+        return False
+    return not alive(int(pid))
 
 
 def truncate(text: str, limit: int = MAX_RUN_TAG_CHARS) -> str:

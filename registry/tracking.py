@@ -13,6 +13,7 @@ never leak into each other.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -35,11 +36,13 @@ from registry.records import (
     TAG_BASE_MODEL,
     TAG_CODE_VERSION,
     TAG_DATASET_HASH,
+    TAG_ENDED_BECAUSE,
     TAG_GATE_DECISION,
     TAG_LINE,
     TAG_METHOD,
     TAG_RECIPE_HASH,
     TAG_REGISTERED_VERSION,
+    TAG_TRAINER,
     Promotion,
     Rollback,
     RunSummary,
@@ -56,6 +59,7 @@ from registry.records import (
     recipe_params,
     samples_table,
     summarize_run,
+    trainer_is_gone,
     truncate,
 )
 from training.recipes import Recipe
@@ -216,6 +220,7 @@ class Registry:
             TAG_BASE_MODEL: base_model,
             TAG_CODE_VERSION: code_version,
             TAG_METHOD: recipe.method,
+            TAG_TRAINER: f"{os.uname().nodename}:{os.getpid()}",
         }
         run = self.client.create_run(
             self.experiment_id(line),
@@ -302,6 +307,31 @@ class Registry:
         if not (adapter_dir / ADAPTER_CONFIG).is_file():
             raise FlywheelError(f"{adapter_dir} is not an adapter folder: {ADAPTER_CONFIG} missing")
         self.client.log_artifacts(run_id, str(adapter_dir), ADAPTER_ARTIFACT)
+
+    def close_orphan_runs(self, line: str) -> list[str]:
+        """Mark KILLED the line's runs left RUNNING by a trainer of this host that died.
+
+        A run whose process was killed (SIGKILL, OOM, a lost node) stays RUNNING
+        in MLflow for good; the next training of the line closes it, with why.
+        """
+        experiment = self.client.get_experiment_by_name(experiment_name(line))
+        if experiment is None:
+            return []
+        closed = []
+        host = os.uname().nodename
+        for run in self.client.search_runs(
+            [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
+        ):
+            trainer = run.data.tags.get(TAG_TRAINER, "")
+            if trainer_is_gone(trainer, host, _process_alive):
+                self.client.set_tag(
+                    run.info.run_id,
+                    TAG_ENDED_BECAUSE,
+                    f"its trainer {trainer} ended without closing the run",
+                )
+                self.client.set_terminated(run.info.run_id, "KILLED")
+                closed.append(str(run.info.run_id))
+        return closed
 
     def finish_run(self, run_id: str, status: RunStatus = "FINISHED") -> None:
         """Close the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``)."""
@@ -573,6 +603,16 @@ class Registry:
             )
             for run in runs
         ]
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
 
 
 def _safe(value: str) -> str:

@@ -587,3 +587,5 @@ def test_a_nightly_run_killed_during_training_then_rerun_registers_once(
     assert mark["pending_until"] is None
     assert _lease(loop) == (None, None)
     assert loop.routes.table(LINE).canary == f"{LINE}-v1"
+    # The dead process's MLflow run no longer claims to be running.
+    assert registry.client.get_run(training.info.run_id).info.status == "KILLED"

@@ -268,3 +268,31 @@ def test_the_same_registry_works_over_http(mlflow_server: str, tmp_path: Path) -
     assert (tmp_path / "server-artifacts").is_dir()
     assert registry.rollback(LINE, "canary regressed").champion == 1
     assert [r.registered_version for r in registry.recent_runs(LINE)] == [2, 1]
+
+
+def test_runs_of_a_dead_trainer_are_closed_and_live_ones_kept(tmp_path: Path) -> None:
+    from registry.records import TAG_ENDED_BECAUSE, TAG_TRAINER
+
+    registry = Registry.for_home(tmp_path / "home")
+    manifest = _manifest(tmp_path, "d" * 64)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = os.uname().nodename
+    runs = {}
+    for name, trainer in {
+        "dead": f"{host}:{dead.pid}",
+        "alive": f"{host}:{os.getpid()}",
+        "elsewhere": "another-host:1",
+    }.items():
+        runs[name] = registry.start_training_run(
+            LINE, _recipe(), "d" * 64, manifest, BASE_MODEL, "test"
+        )
+        registry.client.set_tag(runs[name], TAG_TRAINER, trainer)
+
+    assert registry.close_orphan_runs(LINE) == [runs["dead"]]
+    closed = registry.client.get_run(runs["dead"])
+    assert closed.info.status == "KILLED"
+    assert str(dead.pid) in closed.data.tags[TAG_ENDED_BECAUSE]
+    for name in ("alive", "elsewhere"):
+        assert registry.client.get_run(runs[name]).info.status == "RUNNING"
+    assert registry.close_orphan_runs("legal") == []
