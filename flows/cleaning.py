@@ -31,6 +31,7 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 
 PARTITIONS_PER_WORKER = 2
+STALE_STAGING_S = 24 * 3600
 
 
 @cache
@@ -99,7 +100,12 @@ class PartitionedCleaning:
 
 @contextmanager
 def _staging_folder(settings: Settings, line: str) -> Iterator[Path]:
-    folder = settings.home / "staging" / f"{line}-{uuid.uuid4().hex[:12]}"
+    root = settings.home / "staging"
+    # A run killed outright leaves its folder behind; a day later no run can still use it.
+    for stale in root.glob(f"{line}-*"):
+        if time.time() - stale.stat().st_mtime > STALE_STAGING_S:
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = root / f"{line}-{uuid.uuid4().hex[:12]}"
     folder.mkdir(parents=True)
     try:
         yield folder
