@@ -1,0 +1,290 @@
+"""The feedback page over HTTP (FastAPI TestClient) on a generated SQLite store."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from feedback.schema import feedback_table, interactions_table
+from tests.dashboard_store import TRAINED_LINE, PageHome, build_page_home
+
+LOOPBACK = ("127.0.0.1", 40000)
+REMOTE = ("10.1.2.3", 40000)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PageHome]:
+    built = build_page_home(tmp_path_factory.mktemp("page") / "home")
+    yield built
+    built.store.close()
+
+
+@pytest.fixture(scope="module")
+def client(home: PageHome) -> Iterator[TestClient]:
+    with TestClient(home.app(), client=REMOTE, headers=home.bearer("admin")) as session:
+        yield session
+
+
+def _count(home: PageHome, line: str, *where: object) -> int:
+    i = interactions_table.c
+    query = select(func.count()).select_from(interactions_table).where(i.business_line == line)
+    with home.store.engine.connect() as connection:
+        return int(connection.execute(query.where(*where)).scalar_one())
+
+
+# --- access -------------------------------------------------------------------------------------
+
+
+def test_health_needs_no_key(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE) as anonymous:
+        assert anonymous.get("/healthz").json() == {"status": "ok", "open_mode": False}
+
+
+def test_no_key_gets_the_login_form_or_401_json(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE) as anonymous:
+        page = anonymous.get("/lines/legal")
+        assert page.status_code == 401
+        assert 'name="key"' in page.text
+        api = anonymous.get("/api/lines/legal/overview")
+        assert api.status_code == 401
+        assert "API key" in api.json()["error"]
+        wrong = anonymous.get("/api/lines", headers={"Authorization": "Bearer fw-nope"})
+        assert wrong.status_code == 401
+
+
+def test_a_key_sees_only_its_lines(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE, headers=home.bearer("support")) as support:
+        assert support.get("/api/lines").json() == {
+            "viewer": "support",
+            "lines": ["customer_service"],
+        }
+        refused = support.get("/api/lines/legal/overview")
+        assert refused.status_code == 403
+        assert "may not see 'legal'" in refused.json()["error"]
+        assert support.get("/lines/legal/samples").status_code == 403
+        assert support.get("/lines/legal/export.csv").status_code == 403
+        page = support.get("/lines/customer_service")
+        assert page.status_code == 200
+        assert 'data-line="legal"' not in page.text  # the switcher lists its lines only
+        home_page = support.get("/", follow_redirects=False)
+        assert home_page.headers["location"] == "/lines/customer_service"
+
+
+def test_login_form_sets_a_cookie_that_opens_the_lines(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE) as browser:
+        bad = browser.post("/login", data={"key": "fw-wrong", "next": "/lines/legal"})
+        assert bad.status_code == 401
+        good = browser.post(
+            "/login",
+            data={"key": home.keys["counsel"], "next": "/lines/legal"},
+            follow_redirects=False,
+        )
+        assert good.status_code == 303
+        assert good.headers["location"] == "/lines/legal"
+        assert "httponly" in good.headers["set-cookie"].lower()
+        assert browser.get("/lines/legal").status_code == 200
+        assert browser.get("/lines/customer_service").status_code == 403
+        offsite = browser.post(
+            "/login",
+            data={"key": home.keys["counsel"], "next": "//evil.example"},
+            follow_redirects=False,
+        )
+        assert offsite.headers["location"] == "/"
+        browser.post("/logout")
+        assert browser.get("/lines/legal").status_code == 401
+
+
+def test_without_a_key_file_the_page_is_open_on_loopback_only(tmp_path: Path) -> None:
+    bare = build_page_home(tmp_path / "home", requests=30, with_dataset=False, with_keys=False)
+    try:
+        app = bare.app()
+        with TestClient(app, client=LOOPBACK) as local:
+            assert local.get("/healthz").json()["open_mode"] is True
+            assert local.get("/lines/medical").status_code == 200
+        with TestClient(app, client=REMOTE) as remote:
+            refused = remote.get("/api/lines")
+            assert refused.status_code == 403
+            assert "flywheel gateway add-key" in refused.json()["error"]
+    finally:
+        bare.store.close()
+
+
+# --- views --------------------------------------------------------------------------------------
+
+
+def test_overview_plots_signals_per_adapter_and_shows_routing(client: TestClient) -> None:
+    page = client.get("/lines/medical")
+    assert page.status_code == 200
+    text = page.text
+    assert text.count("<svg") >= 9  # requests + one rate plot per signal + funnel or not
+    for adapter in ("medical-v1", "medical-v2", "medical-v3"):
+        assert adapter in text
+    assert "canary" in text
+    assert "20.0% of users" in text
+    assert 'id="canary"' in text
+    assert "<script" not in text
+    assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_overview_api_counts_match_the_store(home: PageHome, client: TestClient) -> None:
+    body = client.get("/api/lines/legal/overview").json()
+    totals = {row["adapter"]: row for row in body["totals"]}
+    assert totals["all"]["requests"] == _count(home, "legal")
+    f = feedback_table.c
+    with home.store.engine.connect() as connection:
+        edits = connection.execute(
+            select(func.count()).where(f.business_line == "legal", f.type == "edit")
+        ).scalar_one()
+    assert totals["all"]["counts"]["edit"] == edits
+    assert body["routing"] == {
+        "business_line": "legal",
+        "champion": "legal-v2",
+        "canary": "legal-v3",
+        "canary_fraction": 0.2,
+        "previous": "legal-v1",
+    }
+    assert body["canary"]["canary_requests"] == totals["legal-v3"]["requests"]
+    assert body["funnel"]["steps"][0]["step"] == "raw"
+
+
+def test_buckets_command_prints_the_page_numbers(home: PageHome, client: TestClient) -> None:
+    from flywheel.cli import app
+
+    runner = CliRunner()
+    env = {
+        "FLYWHEEL_HOME": str(home.settings.home),
+        "FLYWHEEL_DATABASE_URL": home.settings.resolved_database_url,
+        "COLUMNS": "200",
+    }
+    query = {"since": "2026-11-02", "until": "2026-11-03", "adapter": "legal-v2"}
+    args = ["buckets", "--line", "legal", "--json"]
+    args += [item for key, value in query.items() for item in (f"--{key}", value)]
+    result = runner.invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    (printed,) = json.loads(result.stdout)
+    shown = client.get("/api/lines/legal/overview", params=query).json()
+    assert printed["totals"] == shown["totals"]
+    assert (printed["since"], printed["until"]) == (shown["since"], shown["until"])
+    assert printed["funnel"]["steps"] == [
+        [s["step"], s["records"]] for s in shown["funnel"]["steps"]
+    ]
+    table = runner.invoke(app, ["buckets", "--line", "legal"], env=env)
+    assert "legal-v3" in table.stdout
+    assert "in training data" in table.stdout
+
+
+def test_pages_walk_a_bucket_once_newest_first(home: PageHome, client: TestClient) -> None:
+    seen: list[str] = []
+    times: list[str] = []
+    cursor = None
+    while True:
+        params = {"adapter": "medical-v2"} | ({"cursor": cursor} if cursor else {})
+        body = client.get("/api/lines/medical/samples", params=params).json()
+        seen += [s["request_id"] for s in body["samples"]]
+        times += [s["created_at"] for s in body["samples"]]
+        assert all(s["adapter"] == "medical-v2" for s in body["samples"])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert (
+        len(seen)
+        == len(set(seen))
+        == _count(home, "medical", interactions_table.c.adapter_name == "medical-v2")
+    )
+    assert times == sorted(times, reverse=True)
+    assert body["approximate_total"] == len(seen)
+
+
+def test_signal_and_time_filters(client: TestClient) -> None:
+    edits = client.get("/api/lines/customer_service/samples", params={"signal": "edit"}).json()
+    assert edits["samples"]
+    assert all("edit" in s["signals"] and s["edit"] for s in edits["samples"])
+    quiet = client.get("/api/lines/customer_service/samples", params={"signal": "none"}).json()
+    assert all(s["signals"] == [] for s in quiet["samples"])
+    day = client.get(
+        "/api/lines/customer_service/samples", params={"since": "2026-11-02", "until": "2026-11-02"}
+    ).json()
+    assert day["samples"]
+    assert all(s["created_at"].startswith("2026-11-02") for s in day["samples"])
+    html = client.get("/lines/customer_service/samples", params={"signal": "thumbs_down"})
+    assert html.status_code == 200
+    assert 'value="thumbs_down" selected' in html.text
+
+
+def test_a_sample_with_an_edit_shows_a_diff_and_its_training_use(
+    home: PageHome, client: TestClient
+) -> None:
+    from dashboard.lineage import DatasetIndex
+
+    uses = DatasetIndex(home.settings.datasets_dir).builds(TRAINED_LINE)[0].uses
+    edits = client.get(f"/api/lines/{TRAINED_LINE}/samples", params={"signal": "edit"}).json()
+    used = [s for s in edits["samples"] if s["request_id"] in uses]
+    assert used, "some edited answer should have become a training example"
+    request_id = used[0]["request_id"]
+    page = client.get(f"/lines/{TRAINED_LINE}/samples/{request_id}")
+    assert page.status_code == 200
+    assert 'id="edit-diff"' in page.text
+    assert "<del>" in page.text
+    assert "<ins>" in page.text
+    assert 'id="training"' in page.text
+    assert "sft" in page.text or "dpo" in page.text
+    api = client.get(f"/api/lines/{TRAINED_LINE}/samples/{request_id}").json()
+    assert {seg["op"] for seg in api["diff"]} >= {"removed", "added"}
+    assert api["training"]
+    assert client.get(f"/lines/{TRAINED_LINE}/samples/no-such-id").status_code == 404
+
+
+def test_funnel_page_explains_the_drops(client: TestClient) -> None:
+    page = client.get(f"/lines/{TRAINED_LINE}/funnel")
+    assert page.status_code == 200
+    for words in ("raw", "scrubbed + filtered", "deduplicated", "in training data"):
+        assert words in page.text
+    assert "duplicate cluster" in page.text or "filter:" in page.text
+    empty = client.get("/lines/medical/funnel")
+    assert "no dataset built" in empty.text
+
+
+def test_exports_are_the_filtered_bucket(home: PageHome, client: TestClient) -> None:
+    params = {"signal": "thumbs_down"}
+    rows = list(
+        csv.DictReader(io.StringIO(client.get("/lines/legal/export.csv", params=params).text))
+    )
+    assert rows
+    assert all("thumbs_down" in row["signals"].split("|") for row in rows)
+    lines = client.get("/lines/legal/export.jsonl", params=params).text.splitlines()
+    assert [json.loads(line)["request_id"] for line in lines] == [r["request_id"] for r in rows]
+    capped = TestClient(home.app(export_limit=5), client=REMOTE, headers=home.bearer("admin"))
+    with capped:
+        assert len(capped.get("/lines/legal/export.jsonl").text.splitlines()) == 5
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "words"),
+    [
+        ("/lines/legal?since=last-week", 400, "bad 'since'"),
+        ("/lines/legal/samples?signal=smile", 400, "bad 'signal'"),
+        ("/lines/legal/samples?cursor=%%%", 400, "bad 'cursor'"),
+        ("/api/lines/legal/samples?since=2026-11-03&until=2026-11-01", 400, "bad time range"),
+        ("/lines/atlantis", 404, "unknown business line"),
+        ("/api/lines/atlantis/overview", 404, "unknown business line"),
+        ("/lines/legal/export.xml", 404, "no export as 'xml'"),
+        ("/lines/legal/evals?run=nope", 404, "no run 'nope'"),
+        ("/nowhere", 404, "Not Found"),
+    ],
+)
+def test_bad_requests_get_a_reason_not_a_trace(
+    client: TestClient, url: str, status: int, words: str
+) -> None:
+    answer = client.get(url)
+    assert answer.status_code == status
+    assert words in html.unescape(answer.text)
+    assert "Traceback" not in answer.text
