@@ -6,13 +6,18 @@ per module (``build_page_home``); the real scrubber is built once per session.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
+
 from dashboard.demo_store import fill_demo_store
+from feedback.rollup import feedback_signal, floor_hour
+from feedback.schema import feedback_table, interactions_table
 from feedback.simulate import PlantedPii, SimulationSettings
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
@@ -108,3 +113,21 @@ def build_page_home(
             "admin": add_key(path, "admin", ["*"]),
         }
     return PageHome(settings, store, list(simulator.planted), keys)
+
+
+def recount(store: FeedbackStore) -> Counter[tuple[str, str, datetime, str]]:
+    """The rollup's numbers straight from the raw tables."""
+    f = feedback_table.c
+    counts: Counter[tuple[str, str, datetime, str]] = Counter()
+    with store.engine.connect() as connection:
+        served = {}
+        for row in connection.execute(select(interactions_table)):
+            key = (row.business_line, row.adapter_name or "base", floor_hour(row.created_at))
+            served[row.request_id] = key
+            counts[(*key, "requests")] += 1
+            if row.status != "ok":
+                counts[(*key, "errors")] += 1
+        for row in connection.execute(select(f.request_id, f.type, f.outcome)):
+            if row.type != "rank":
+                counts[(*served[row.request_id], feedback_signal(row.type, row.outcome))] += 1
+    return counts

@@ -11,11 +11,12 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.demo_store import ServingPlan, served_events
-from feedback.rollup import RollupQuery, SignalRollup, feedback_signal, floor_hour, rebuild_rollup
-from feedback.schema import feedback_table, interactions_table
+from feedback.rollup import RollupQuery, SignalRollup, floor_hour, rebuild_rollup
+from feedback.schema import interactions_table
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from tests.dashboard_store import recount
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -25,24 +26,6 @@ def traffic(requests: int, seed: int = 5) -> list[dict[str, object]]:
         SimulationSettings(requests=requests, seed=seed, start=START, span=timedelta(days=2))
     )
     return list(served_events(simulator, ServingPlan()))
-
-
-def recount(store: FeedbackStore) -> Counter[tuple[str, str, datetime, str]]:
-    """The rollup's numbers straight from the raw tables."""
-    f = feedback_table.c
-    counts: Counter[tuple[str, str, datetime, str]] = Counter()
-    with store.engine.connect() as connection:
-        served = {}
-        for row in connection.execute(select(interactions_table)):
-            key = (row.business_line, row.adapter_name or "base", floor_hour(row.created_at))
-            served[row.request_id] = key
-            counts[(*key, "requests")] += 1
-            if row.status != "ok":
-                counts[(*key, "errors")] += 1
-        for row in connection.execute(select(f.request_id, f.type, f.outcome)):
-            if row.type != "rank":
-                counts[(*served[row.request_id], feedback_signal(row.type, row.outcome))] += 1
-    return counts
 
 
 def as_counter(
