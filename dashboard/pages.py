@@ -310,9 +310,8 @@ class FeedbackPages:
             return None
         since = floor_hour(bucket.since) if bucket.since else None
         until = ceil_hour(bucket.until) if bucket.until else None
-        cells = self.rollup.counts(RollupQuery(business_line, since, until, bucket.adapter))
-        wanted = bucket.signal or REQUESTS
-        return sum(cell.count for cell in cells if cell.signal == wanted)
+        query = RollupQuery(business_line, since, until, bucket.adapter)
+        return self.rollup.total(query, bucket.signal or REQUESTS)
 
     def samples(
         self, business_line: str, bucket: BucketFilter, cursor: Cursor | None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, exists, or_, select
+from sqlalchemy import ColumnElement, Engine, Select, and_, exists, or_, select
 
 from dashboard.filters import BucketFilter, Cursor
 from feedback.examples import user_digest
@@ -91,14 +91,10 @@ def sample_conditions(business_line: str, bucket: BucketFilter) -> list[ColumnEl
     return where
 
 
-def sample_page(
-    engine: Engine,
-    business_line: str,
-    bucket: BucketFilter,
-    cursor: Cursor | None,
-    limit: int,
-) -> tuple[list[RawSample], Cursor | None]:
-    """One page of a bucket, newest first, and the cursor of the next page (if any)."""
+def sample_query(
+    business_line: str, bucket: BucketFilter, cursor: Cursor | None, limit: int
+) -> Select[Any]:
+    """The statement of one page: ``limit`` interactions of the bucket after ``cursor``."""
     i = interactions_table.c
     where = sample_conditions(business_line, bucket)
     if cursor is not None:
@@ -111,7 +107,18 @@ def sample_page(
             )
         )
     query = select(interactions_table).where(*where)
-    query = query.order_by(i.created_at.desc(), i.id.desc()).limit(limit + 1)
+    return query.order_by(i.created_at.desc(), i.id.desc()).limit(limit)
+
+
+def sample_page(
+    engine: Engine,
+    business_line: str,
+    bucket: BucketFilter,
+    cursor: Cursor | None,
+    limit: int,
+) -> tuple[list[RawSample], Cursor | None]:
+    """One page of a bucket, newest first, and the cursor of the next page (if any)."""
+    query = sample_query(business_line, bucket, cursor, limit + 1)
     with engine.connect() as connection:
         rows = connection.execute(query).all()
         samples = _with_events(connection, rows[:limit])

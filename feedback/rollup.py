@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,6 +38,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     and_,
     case,
     delete,
@@ -72,6 +73,7 @@ FEEDBACK_SIGNALS: tuple[str, ...] = (
 ALL_SIGNALS: tuple[str, ...] = (REQUESTS, ERRORS, *FEEDBACK_SIGNALS)
 SOURCES = ("interactions", "feedback_events")
 FOLD_CHUNK_ROWS = 250_000
+TAIL_PAGE_ROWS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,42 @@ def _as_hour(value: Any) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def matches(cell: RollupCount, query: RollupQuery) -> bool:
+    """Whether a cell falls inside ``query`` (pure; hours compared at their start)."""
+    return (
+        (query.business_line is None or cell.business_line == query.business_line)
+        and (query.since is None or cell.hour >= query.since)
+        and (query.until is None or cell.hour < query.until)
+        and (query.adapter is None or cell.adapter == query.adapter)
+    )
+
+
+def _cell_conditions(query: RollupQuery) -> list[ColumnElement[bool]]:
+    table = signal_rollup_table.c
+    where: list[ColumnElement[bool]] = [true()]
+    if query.business_line is not None:
+        where.append(table.business_line == query.business_line)
+    if query.since is not None:
+        where.append(table.hour >= query.since)
+    if query.until is not None:
+        where.append(table.hour < query.until)
+    if query.adapter is not None:
+        where.append(table.adapter == query.adapter)
+    return where
+
+
+def _pages(connection: Connection, query: Select[Any], key: Any, above: int) -> Iterator[Any]:
+    """Rows of ``query`` with ``key`` above ``above``, in key order, a page at a time."""
+    while True:
+        rows = connection.execute(
+            query.where(key > above).order_by(key).limit(TAIL_PAGE_ROWS)
+        ).all()
+        yield from rows
+        if len(rows) < TAIL_PAGE_ROWS:
+            return
+        above = rows[-1][0]
+
+
 def _watermarks(connection: Connection) -> dict[str, int]:
     marks = rollup_watermarks_table.c
     found = {
@@ -154,13 +192,17 @@ class SignalRollup:
         *,
         grace: timedelta = timedelta(minutes=2),
         min_fold_interval_s: float = 5.0,
+        tail_ttl_s: float = 1.0,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.engine = engine
         self.grace = grace
         self.min_fold_interval_s = min_fold_interval_s
         self._clock = clock or (lambda: datetime.now(UTC))
+        self.tail_ttl_s = tail_ttl_s
         self._lock = threading.Lock()
+        self._lock_tail = threading.Lock()
+        self._tail_memo: tuple[float, dict[str, int], list[RollupCount]] | None = None
         self._folded_at: float | None = None
 
     @property
@@ -229,7 +271,7 @@ class SignalRollup:
                 if moved != 1:
                     # Another fold moved it first and counted these rows; ours rolls back.
                     return folded
-                cells = self._aggregate(connection, source, RollupQuery(), old, ready)
+                cells = self._aggregate(connection, source, old, ready)
                 self._add(connection, cells)
             folded += int(rows)
 
@@ -267,37 +309,23 @@ class SignalRollup:
         )
 
     def _aggregate(
-        self,
-        connection: Connection,
-        source: str,
-        query: RollupQuery,
-        above: int,
-        upto: int | None,
+        self, connection: Connection, source: str, above: int, upto: int
     ) -> list[RollupCount]:
-        """Count the rows of ``source`` with ids in ``(above, upto]`` by line, adapter, hour."""
+        """Count the rows of ``source`` with ids in ``(above, upto]`` by line, adapter, hour.
+
+        Only a bounded id range selects rows, so the plan is a primary-key range scan
+        (plus a unique-index probe per feedback event of a small range).
+        """
         i, f = interactions_table.c, feedback_table.c
         adapter = func.coalesce(i.adapter_name, literal(BASE_ADAPTER))
         hour = _hour_of(i.created_at, self.dialect)
-        where: list[ColumnElement[bool]] = [true()]
-        if query.business_line is not None:
-            where.append(i.business_line == query.business_line)
-        if query.since is not None:
-            where.append(i.created_at >= query.since)
-        if query.until is not None:
-            where.append(i.created_at < query.until)
-        if query.adapter is not None:
-            where.append(
-                i.adapter_name.is_(None)
-                if query.adapter == BASE_ADAPTER
-                else i.adapter_name == query.adapter
-            )
         cells: list[RollupCount] = []
         if source == "interactions":
-            in_range = and_(i.id > above, i.id <= upto) if upto is not None else i.id > above
+            in_range = and_(i.id > above, i.id <= upto)
             errors = func.sum(case((i.status != "ok", 1), else_=0))
             rows = connection.execute(
                 select(i.business_line, adapter, hour, func.count(), errors)
-                .where(in_range, *where)
+                .where(in_range)
                 .group_by(i.business_line, adapter, hour)
             )
             for line, name, at, requests, failed in rows:
@@ -305,17 +333,88 @@ class SignalRollup:
                 if failed:
                     cells.append(RollupCount(line, name, _as_hour(at), ERRORS, int(failed)))
             return cells
-        in_range = and_(f.id > above, f.id <= upto) if upto is not None else f.id > above
+        in_range = and_(f.id > above, f.id <= upto)
         rows = connection.execute(
             select(i.business_line, adapter, hour, f.type, f.outcome, func.count())
             .select_from(feedback_table.join(interactions_table, i.request_id == f.request_id))
-            .where(in_range, f.type.in_((*FEEDBACK_SIGNALS, "task_outcome")), *where)
+            .where(in_range, f.type.in_((*FEEDBACK_SIGNALS, "task_outcome")))
             .group_by(i.business_line, adapter, hour, f.type, f.outcome)
         )
         for line, name, at, kind, outcome, count in rows:
             signal = feedback_signal(kind, outcome)
             cells.append(RollupCount(line, name, _as_hour(at), signal, int(count)))
         return merge_counts(cells)
+
+    def _tail(self, connection: Connection) -> list[RollupCount]:
+        """Cells of the rows above the watermarks (not folded yet), counted live and kept
+        for ``tail_ttl_s`` (one page view reads it several times).
+
+        Read in primary-key order with a limit, a page at a time, and counted here:
+        whatever the planner's statistics say, that is an index range scan of the few
+        rows that arrived in the last ``grace``, never a scan of the store.
+        """
+        now = time.monotonic()
+        marks = _watermarks(connection)
+        with self._lock_tail:
+            memo = self._tail_memo
+        if memo is not None and memo[1] == marks and now - memo[0] < self.tail_ttl_s:
+            return memo[2]
+        cells = self._count_tail(connection, marks)
+        with self._lock_tail:
+            self._tail_memo = (now, marks, cells)
+        return cells
+
+    def _count_tail(self, connection: Connection, marks: dict[str, int]) -> list[RollupCount]:
+        i, f = interactions_table.c, feedback_table.c
+        served: dict[str, tuple[str, str, datetime]] = {}
+        cells: Counter[tuple[str, str, datetime, str]] = Counter()
+        for row in _pages(
+            connection,
+            select(i.id, i.request_id, i.business_line, i.adapter_name, i.created_at, i.status),
+            i.id,
+            marks["interactions"],
+        ):
+            key = (row.business_line, row.adapter_name or BASE_ADAPTER, floor_hour(row.created_at))
+            served[row.request_id] = key
+            cells[(*key, REQUESTS)] += 1
+            if row.status != "ok":
+                cells[(*key, ERRORS)] += 1
+        events = list(
+            _pages(
+                connection,
+                select(f.id, f.request_id, f.type, f.outcome),
+                f.id,
+                marks["feedback_events"],
+            )
+        )
+        missing = sorted({e.request_id for e in events} - served.keys())
+        for start in range(0, len(missing), 1_000):
+            chunk = missing[start : start + 1_000]
+            query = select(i.request_id, i.business_line, i.adapter_name, i.created_at).where(
+                i.request_id.in_(chunk)
+            )
+            for row in connection.execute(query):
+                served[row.request_id] = (
+                    row.business_line,
+                    row.adapter_name or BASE_ADAPTER,
+                    floor_hour(row.created_at),
+                )
+        for event in events:
+            signal = feedback_signal(event.type, event.outcome)
+            if signal in FEEDBACK_SIGNALS and event.request_id in served:
+                cells[(*served[event.request_id], signal)] += 1
+        return [RollupCount(*key, count) for key, count in cells.items()]
+
+    def total(self, query: RollupQuery, signal: str) -> int:
+        """How many of ``signal`` the cells matching ``query`` hold (summed in the database)."""
+        self.refresh()
+        table = signal_rollup_table
+        where = [*_cell_conditions(query), table.c.signal == signal]
+        with self.engine.connect() as connection:
+            folded = connection.execute(select(func.sum(table.c.count)).where(*where)).scalar()
+            tail = self._tail(connection)
+        fresh = sum(c.count for c in tail if c.signal == signal and matches(c, query))
+        return int(folded or 0) + fresh
 
     def counts(self, query: RollupQuery) -> list[RollupCount]:
         """The cells matching ``query``: folded ones plus the live tail above the watermarks.
@@ -325,30 +424,17 @@ class SignalRollup:
         """
         self.refresh()
         table = signal_rollup_table
-        where: list[ColumnElement[bool]] = [true()]
-        if query.business_line is not None:
-            where.append(table.c.business_line == query.business_line)
-        if query.since is not None:
-            where.append(table.c.hour >= query.since)
-        if query.until is not None:
-            where.append(table.c.hour < query.until)
-        if query.adapter is not None:
-            where.append(table.c.adapter == query.adapter)
+        where = _cell_conditions(query)
+        columns = (table.c.business_line, table.c.adapter, table.c.hour, table.c.signal)
         with self.engine.connect() as connection:
-            marks = _watermarks(connection)
-            columns = (table.c.business_line, table.c.adapter, table.c.hour, table.c.signal)
             folded = [
                 RollupCount(line, adapter, _as_hour(hour), signal, int(count))
                 for line, adapter, hour, signal, count in connection.execute(
                     select(*columns, table.c.count).where(*where)
                 )
             ]
-            tail = [
-                cell
-                for source in SOURCES
-                for cell in self._aggregate(connection, source, query, marks[source], None)
-            ]
-        return merge_counts(folded, tail)
+            tail = [cell for cell in self._tail(connection) if matches(cell, query)]
+        return merge_counts(folded, tail) if tail else folded
 
     def lines(self) -> list[str]:
         """Business lines with at least one counted request (folded or in the tail)."""
@@ -357,17 +443,8 @@ class SignalRollup:
             folded = set(
                 connection.execute(select(signal_rollup_table.c.business_line).distinct()).scalars()
             )
-            mark = connection.execute(
-                select(rollup_watermarks_table.c.last_id).where(
-                    rollup_watermarks_table.c.source == "interactions"
-                )
-            ).scalar_one_or_none()
-            fresh = connection.execute(
-                select(interactions_table.c.business_line)
-                .where(interactions_table.c.id > int(mark or 0))
-                .distinct()
-            ).scalars()
-            return sorted(folded | set(fresh))
+            fresh = {cell.business_line for cell in self._tail(connection)}
+        return sorted(folded | fresh)
 
     def span(self, business_line: str) -> tuple[datetime, datetime] | None:
         """From the line's first counted hour to the end of its last one (None when empty)."""
@@ -379,19 +456,9 @@ class SignalRollup:
                     table.c.business_line == business_line
                 )
             ).one()
-            mark = connection.execute(
-                select(rollup_watermarks_table.c.last_id).where(
-                    rollup_watermarks_table.c.source == "interactions"
-                )
-            ).scalar_one_or_none()
-            i = interactions_table.c
-            tail_first, tail_last = connection.execute(
-                select(func.min(i.created_at), func.max(i.created_at)).where(
-                    i.id > int(mark or 0), i.business_line == business_line
-                )
-            ).one()
+            tail = self._tail(connection)
         hours = [_as_hour(v) for v in (first, last) if v is not None]
-        hours += [floor_hour(_as_hour(v)) for v in (tail_first, tail_last) if v is not None]
+        hours += [cell.hour for cell in tail if cell.business_line == business_line]
         if not hours:
             return None
         return min(hours), max(hours) + timedelta(hours=1)
@@ -409,16 +476,9 @@ class SignalRollup:
                     .group_by(table.c.adapter)
                 )
             }
-            mark = connection.execute(
-                select(rollup_watermarks_table.c.last_id).where(
-                    rollup_watermarks_table.c.source == "interactions"
-                )
-            ).scalar_one_or_none()
-            tail = self._aggregate(
-                connection, "interactions", RollupQuery(business_line), int(mark or 0), None
-            )
+            tail = self._tail(connection)
         for cell in tail:
-            if cell.signal == REQUESTS:
+            if cell.business_line == business_line and cell.signal == REQUESTS:
                 first[cell.adapter] = min(first.get(cell.adapter, cell.hour), cell.hour)
         return sorted(first, key=lambda name: (first[name], name))
 

@@ -64,7 +64,7 @@ def test_folded_and_live_counts_both_match_a_recount(store: FeedbackStore) -> No
 
 def test_new_rows_are_folded_incrementally(store: FeedbackStore) -> None:
     events = traffic(900)
-    rollup = SignalRollup(store.engine, grace=timedelta(0), min_fold_interval_s=0)
+    rollup = SignalRollup(store.engine, grace=timedelta(0), min_fold_interval_s=0, tail_ttl_s=0)
     store.ingest(events[:700], source="test")
     assert as_counter(rollup) == recount(store)
     before = rollup.watermarks()
@@ -110,7 +110,7 @@ def test_two_folds_at_once_count_each_row_once(store: FeedbackStore) -> None:
 
 def test_forgetting_a_user_recounts_and_a_rebuild_changes_nothing(store: FeedbackStore) -> None:
     store.ingest(traffic(400), source="test")
-    rollup = SignalRollup(store.engine, grace=timedelta(0))
+    rollup = SignalRollup(store.engine, grace=timedelta(0), tail_ttl_s=0)
     before = as_counter(rollup)
     with store.engine.connect() as connection:
         someone = connection.execute(select(interactions_table.c.user_id).limit(1)).scalar_one()
