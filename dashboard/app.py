@@ -93,6 +93,11 @@ def _until_day(value: datetime | None) -> str:
     return BucketFilter(until=value).params().get("until", "")[:10]
 
 
+def _back_link(value: str | None) -> str:
+    """The query string of the samples page a sample was opened from (nothing else)."""
+    return value if value and value.startswith("?") and "\n" not in value else ""
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type=JSON)
 
@@ -397,7 +402,7 @@ def _add_pages(app: FastAPI, context: _Context) -> None:
             first_page=cursor is None,
         )
 
-    @app.get("/lines/{business_line}/samples/{request_id}")
+    @app.get("/lines/{business_line}/samples/{request_id:path}")
     def sample(request: Request, business_line: str, request_id: str) -> Response:
         viewer, lines = line_view(request, business_line)
         found, uses = pages.sample(business_line, request_id)
@@ -409,7 +414,7 @@ def _add_pages(app: FastAPI, context: _Context) -> None:
             lines=lines,
             business_line=business_line,
             tab="samples",
-            back=request.query_params.get("back") or "",
+            back=_back_link(request.query_params.get("back")),
         )
 
     @app.get("/lines/{business_line}/funnel")
@@ -479,7 +484,7 @@ def _add_api(app: FastAPI, context: _Context) -> None:
         cursor = parse_cursor(request.query_params.get("cursor"))
         return _json(pages.samples(business_line, bucket_of(request), cursor).as_dict())
 
-    @app.get("/api/lines/{business_line}/samples/{request_id}")
+    @app.get("/api/lines/{business_line}/samples/{request_id:path}")
     def api_sample(request: Request, business_line: str, request_id: str) -> Response:
         line_view(request, business_line)
         found, uses = pages.sample(business_line, request_id)

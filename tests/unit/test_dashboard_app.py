@@ -288,3 +288,33 @@ def test_bad_requests_get_a_reason_not_a_trace(
     assert answer.status_code == status
     assert words in html.unescape(answer.text)
     assert "Traceback" not in answer.text
+
+
+def test_request_ids_with_slashes_and_a_foreign_back_link(tmp_path: Path) -> None:
+    bare = build_page_home(tmp_path / "home", requests=10, with_dataset=False, with_keys=False)
+    odd = "team/a+b@1"
+    bare.store.ingest(
+        [
+            {
+                "type": "interaction",
+                "request_id": odd,
+                "business_line": "legal",
+                "base_model": "m",
+                "messages": [{"role": "user", "content": "Can I break my lease early?"}],
+                "response": "Usually, with notice.",
+                "created_at": "2026-11-02T10:00:00Z",
+            }
+        ],
+        source="test",
+    )
+    try:
+        with TestClient(bare.app(), client=LOOPBACK) as local:
+            listing = local.get("/lines/legal/samples")
+            assert "/samples/team/a%2Bb%401" in listing.text
+            page = local.get("/lines/legal/samples/team/a%2Bb%401?back=javascript:alert(1)")
+            assert page.status_code == 200
+            assert "Can I break my lease early?" in page.text
+            assert "javascript:" not in page.text
+            assert local.get(f"/api/lines/legal/samples/{odd}").json()["request_id"] == odd
+    finally:
+        bare.store.close()
