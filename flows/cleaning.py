@@ -10,6 +10,7 @@ core; the result is the same dataset as the one-process stage.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 import uuid
@@ -196,9 +197,15 @@ def local_cluster(workers: int) -> Iterator[str]:
     """A local Dask cluster of ``workers`` single-threaded processes; its scheduler address."""
     from distributed import LocalCluster
 
-    # No dashboard: its port may be taken and nothing here serves it.
+    # No dashboard: its port may be taken and nothing here serves it. Worker processes hold
+    # Prefect's client threads, so at close the nanny warns that it kills them after 4 s,
+    # once all work is done: only errors are worth showing.
     with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
     ) as cluster:
         yield cluster.scheduler_address
 
