@@ -185,6 +185,18 @@ def clean_records(
     funnel.count("filtered", kept)
     unique, dropped = deduplicate(kept, settings.dedup)
     funnel.dropped.update(dropped)
+    return finish_dataset(unique, business_line, funnel, settings, dataset_root, source)
+
+
+def finish_dataset(
+    unique: list[dict[str, Any]],
+    business_line: str,
+    funnel: Funnel,
+    settings: CleaningSettings,
+    dataset_root: Path,
+    source: dict[str, Any],
+) -> CleaningResult:
+    """From deduplicated records to the written dataset (none when no example is left)."""
     funnel.count("deduplicated", unique)
     splits = build_splits(unique, settings.datasets, funnel)
     if not any(split for by_split in splits.values() for split in by_split.values()):

@@ -26,12 +26,11 @@ from feedback.cleaning import (
     CleaningSettings,
     Funnel,
     ScrubBatch,
-    build_splits,
     dedup_text,
+    finish_dataset,
     scrub_and_filter,
     window_source,
 )
-from feedback.datasets import write_dataset
 from feedback.dedup.shuffle import join_shards, partition_dir, read_meta, sign_partition
 from feedback.signals import pull_records
 
@@ -148,17 +147,7 @@ def finish_partitions(
         )
         if decision.keep
     ]
-    funnel.count("deduplicated", unique)
-    splits = build_splits(unique, settings.datasets, funnel)
     pulled = sum(funnel.steps["pulled"].values())
-    if not any(split for by_split in splits.values() for split in by_split.values()):
-        return CleaningResult(business_line, funnel, None)
-    build = write_dataset(
-        dataset_root,
-        business_line,
-        splits,
-        funnel=funnel.as_dict(),
-        source=window_source(since, until, pulled),
-        settings=settings.datasets,
+    return finish_dataset(
+        unique, business_line, funnel, settings, dataset_root, window_source(since, until, pulled)
     )
-    return CleaningResult(business_line, funnel, build)

@@ -336,20 +336,27 @@ def _flags_in_help(name: str, argv: list[str], help_text: str) -> None:
         )
 
 
-def _check_prefect_command(name: str, argv: list[str], tmp_path: Path) -> None:
-    # Prefect's CLI prints help whatever else follows; its help must list every flag used.
-    # In a child: flywheel's commands must import Prefect after configuring it themselves.
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "COLUMNS": "200"}
+def _help_of(command: list[str], **env: str) -> str:
+    """The ``--help`` text of a command line, run in a child process."""
     shown = subprocess.run(
-        [sys.executable, "-m", "prefect", *argv[1:], "--help"],
-        env=env,
+        [*command, "--help"],
+        env={**os.environ, "COLUMNS": "200", **env},
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
-    _flags_in_help(name, argv, shown.stdout)
+    return shown.stdout
+
+
+def _check_prefect_command(name: str, argv: list[str], tmp_path: Path) -> None:
+    # Prefect's CLI prints help whatever else follows; its help must list every flag used.
+    # In a child: flywheel's commands must import Prefect after configuring it themselves.
+    help_text = _help_of(
+        [sys.executable, "-m", "prefect", *argv[1:]], PREFECT_HOME=str(tmp_path / "prefect")
+    )
+    _flags_in_help(name, argv, help_text)
     words = [part for part in argv[1:] if part not in {"--no-prompt", "--prompt"}]
     pools = {d["work_pool"]["name"] for d in _prefect_config()["deployments"]}
     if words[:2] == ["worker", "start"]:
@@ -389,16 +396,7 @@ def _check_mlflow_command(name: str, argv: list[str], tmp_path: Path) -> None:
 
 
 def _check_dask_command(name: str, argv: list[str], tmp_path: Path) -> None:
-    shown = subprocess.run(
-        [str(Path(sys.executable).with_name("dask")), *argv[1:2], "--help"],
-        env={**os.environ, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
-    _flags_in_help(name, argv, shown.stdout)
+    _flags_in_help(name, argv, _help_of([str(Path(sys.executable).with_name("dask")), argv[1]]))
     address = urlsplit(COMPOSE[ENV_ANCHOR]["FLYWHEEL_DASK_ADDRESS"])
     if argv[1] == "scheduler":
         assert address.hostname == name, "FLYWHEEL_DASK_ADDRESS names another service"
