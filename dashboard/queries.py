@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Select, and_, exists, or_, select
+from sqlalchemy import ColumnElement, Engine, Select, and_, exists, literal, or_, select
 
 from dashboard.filters import BucketFilter, Cursor
 from feedback.examples import user_digest
@@ -62,14 +62,21 @@ class RawSample:
 
 
 def _signal_condition(signal: str) -> ColumnElement[bool]:
+    """A per-row probe of ``feedback_events(request_id)`` for the signal.
+
+    ``OFFSET 0`` keeps PostgreSQL from turning the probe into a join: as a join,
+    stale or missing statistics can make it read every event of the signal (or
+    worse) before the first page; as a probe, a page costs the rows it walks.
+    """
     i, f = interactions_table.c, feedback_table.c
-    about = f.request_id == i.request_id
-    if signal == "none":
-        return ~exists().where(about)
+    about = [f.request_id == i.request_id]
     if signal in {"task_success", "task_failure"}:
         outcome = "success" if signal == "task_success" else "failure"
-        return exists().where(about, f.type == "task_outcome", f.outcome == outcome)
-    return exists().where(about, f.type == signal)
+        about += [f.type == "task_outcome", f.outcome == outcome]
+    elif signal != "none":
+        about.append(f.type == signal)
+    probe = exists(select(literal(1)).where(*about).offset(0))
+    return ~probe if signal == "none" else probe
 
 
 def sample_conditions(business_line: str, bucket: BucketFilter) -> list[ColumnElement[bool]]:

@@ -90,12 +90,18 @@ class Interaction(Base):
     ingested_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=NOW)
 
     __table_args__ = (
-        Index("ix_interactions_line_created", "business_line", "created_at"),
+        # id last: pages ordered by (created_at, id) read the index in order and stop
+        # at the page size, whatever the planner's statistics say (no sort of the line).
+        Index("ix_interactions_line_created", "business_line", "created_at", "id"),
         Index("ix_interactions_session_prompt", "session_id", "prompt_hash"),
         Index("ix_interactions_user", "user_id"),
         # The feedback page's samples filtered by adapter version, newest first.
         Index(
-            "ix_interactions_line_adapter_created", "business_line", "adapter_name", "created_at"
+            "ix_interactions_line_adapter_created",
+            "business_line",
+            "adapter_name",
+            "created_at",
+            "id",
         ),
     )
 

@@ -1,4 +1,9 @@
-"""hourly signal rollup for the feedback page, and an index for samples by adapter
+"""hourly signal rollup for the feedback page; sample indexes end in id
+
+The feedback page pages samples by ``(created_at, id)``; with ``id`` in the index
+PostgreSQL reads it in that order and stops at the page size instead of sorting a
+whole line when its statistics are stale. Rebuilding ``ix_interactions_line_created``
+locks writes to ``interactions`` for the time it takes (seconds per million rows).
 
 Revision ID: 0004
 Revises: 0003
@@ -36,12 +41,26 @@ def upgrade() -> None:
     op.create_index(
         "ix_interactions_line_adapter_created",
         "interactions",
-        ["business_line", "adapter_name", "created_at"],
+        ["business_line", "adapter_name", "created_at", "id"],
+        unique=False,
+    )
+    op.drop_index("ix_interactions_line_created", table_name="interactions")
+    op.create_index(
+        "ix_interactions_line_created",
+        "interactions",
+        ["business_line", "created_at", "id"],
         unique=False,
     )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_interactions_line_created", table_name="interactions")
+    op.create_index(
+        "ix_interactions_line_created",
+        "interactions",
+        ["business_line", "created_at"],
+        unique=False,
+    )
     op.drop_index("ix_interactions_line_adapter_created", table_name="interactions")
     op.drop_table("rollup_watermarks")
     op.drop_table("signal_rollup")
