@@ -736,6 +736,11 @@ def demo(
         f"  Prefect: PREFECT_HOME={settings.home / 'prefect'} .venv/bin/prefect server start "
         "(flow runs and their artifacts)"
     )
+    out.print(
+        f"  feedback page: FLYWHEEL_HOME={settings.home} .venv/bin/flywheel serve dashboard, "
+        "then http://127.0.0.1:8090 (log in with a key from flywheel gateway add-key NAME "
+        "--lines '*')"
+    )
 
 
 def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) -> None:
