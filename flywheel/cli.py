@@ -118,6 +118,25 @@ def db_current() -> None:
         engine.dispose()
 
 
+@db_app.command("rebuild-rollup")
+def db_rebuild_rollup() -> None:
+    """Recount the feedback page's hourly signal counts from the raw tables.
+
+    Needed only after a write transaction stayed open longer than the rollup's grace
+    period (2 minutes), whose rows the incremental fold may have passed over.
+    """
+    from feedback.rollup import SignalRollup, rebuild_rollup
+
+    store = _open_store(_settings())
+    rebuild_rollup(store.engine)
+    with out.status("recounting every interaction and feedback event"):
+        folded = SignalRollup(store.engine).refresh(force=True)
+    out.print(
+        f"rollup rebuilt: {folded:,} rows folded (rows of the last 2 minutes are counted live "
+        "until a later fold)"
+    )
+
+
 @import_app.command("jsonl")
 def import_jsonl(
     path: Annotated[Path, typer.Argument(help="JSONL file in flywheel's event format.")],

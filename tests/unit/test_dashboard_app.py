@@ -182,6 +182,23 @@ def test_buckets_command_prints_the_page_numbers(home: PageHome, client: TestCli
     assert "in training data" in table.stdout
 
 
+def test_a_rebuilt_rollup_counts_the_same(home: PageHome) -> None:
+    from flywheel.cli import app
+
+    runner = CliRunner()
+    env = {
+        "FLYWHEEL_HOME": str(home.settings.home),
+        "FLYWHEEL_DATABASE_URL": home.settings.resolved_database_url,
+    }
+    before = runner.invoke(app, ["buckets", "--json"], env=env)
+    assert before.exit_code == 0, before.output
+    rebuilt = runner.invoke(app, ["db", "rebuild-rollup"], env=env)
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert "rollup rebuilt from" in rebuilt.stdout
+    after = runner.invoke(app, ["buckets", "--json"], env=env)
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+
+
 def test_pages_walk_a_bucket_once_newest_first(home: PageHome, client: TestClient) -> None:
     seen: list[str] = []
     times: list[str] = []
