@@ -194,7 +194,7 @@ def test_a_rebuilt_rollup_counts_the_same(home: PageHome) -> None:
     assert before.exit_code == 0, before.output
     rebuilt = runner.invoke(app, ["db", "rebuild-rollup"], env=env)
     assert rebuilt.exit_code == 0, rebuilt.output
-    assert "rollup rebuilt from" in rebuilt.stdout
+    assert "rollup rebuilt" in rebuilt.stdout
     after = runner.invoke(app, ["buckets", "--json"], env=env)
     assert json.loads(after.stdout) == json.loads(before.stdout)
 
