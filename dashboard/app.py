@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gc
 import io
 import logging
 import threading
@@ -197,6 +198,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # What is imported and built by now lives as long as the server. Frozen out of the
+        # collector, a full collection walks only request garbage: without it the overview
+        # stalls 150-250 ms every few seconds on a full collection (p99 619 ms vs p50 93 ms).
+        gc.freeze()
         # The first fold of a big store takes seconds: start it now, not on the first view.
         warmup = threading.Thread(
             target=_warm, args=(rollup,), name="dashboard-rollup", daemon=True
@@ -205,6 +210,7 @@ def create_app(
         try:
             yield
         finally:
+            gc.unfreeze()
             if own_store:
                 feedback_store.close()
 

@@ -10,6 +10,7 @@ second, so results are kept in an LRU cache keyed by the record's id and content
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
 from collections import OrderedDict
@@ -134,6 +135,8 @@ class SampleScrubber:
     def _engine(self) -> Scrubber:
         if self._scrubber is None:
             self._scrubber = self._factory()
+            # spaCy's model lives as long as the server: keep it out of full collections.
+            gc.freeze()
         return self._scrubber
 
     def _remember(self, cache: OrderedDict[str, Any], key: str, value: Any) -> None:
