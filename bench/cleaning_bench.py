@@ -26,20 +26,15 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench_db import drop_database, fresh_database
 from rich.console import Console
 from rich.table import Table
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from ingest_bench import drop_database, fresh_database  # noqa: E402 (a sibling bench script)
 
 out = Console()
 START = datetime(2026, 11, 1, tzinfo=UTC)

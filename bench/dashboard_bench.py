@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,36 +36,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-ADMIN_URL = os.environ.get(
-    "FLYWHEEL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
+
+from bench_db import drop_database, fresh_database  # noqa: E402 (beside this script)
+
 START = datetime(2026, 10, 1, tzinfo=UTC)
 SPAN = timedelta(days=30)
 LINE = "medical"
 EVENTS_PER_REQUEST = 1.45
-
-
-def fresh_database() -> str:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"flywheel_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_database(url: str) -> None:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        name = make_url(url).database
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @dataclass

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-ADMIN_URL = os.environ.get(
-    "FLYWHEEL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
+
+from bench_db import drop_database, fresh_database  # noqa: E402 (beside this script)
 
 
 def make_traffic(path: Path, events: int) -> int:
@@ -52,29 +49,6 @@ def make_traffic(path: Path, events: int) -> int:
             written += 1
             advance(1)
     return written
-
-
-def fresh_database() -> str:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"flywheel_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_database(url: str) -> None:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        name = make_url(url).database
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def run_flywheel(url: str, path: Path, limit: int | None) -> dict[str, Any]:
