@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from flywheel.commands.buckets import buckets as buckets_command
-from flywheel.commands.common import err, open_store, out, safe_url
+from flywheel.commands.common import SHORT_NAMES, err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
@@ -317,18 +317,6 @@ def stats(
         sys.stdout.write(orjson.dumps(counts, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     _print_buckets(counts)
-
-
-SHORT_NAMES = {
-    "regenerated": "regen",
-    "task_failure": "failed",
-    "task_success": "solved",
-    "abandon": "aband",
-    "thumbs_up": "up",
-    "thumbs_down": "down",
-    "regenerate": "regen",
-    "task_outcome": "outcome",
-}
 
 
 def _print_buckets(counts: dict[str, Any]) -> None:

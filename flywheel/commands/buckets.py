@@ -15,19 +15,9 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.common import open_store, out
+from flywheel.commands.common import SHORT_NAMES, open_store, out
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
-
-SHORT = {
-    "errors": "err",
-    "thumbs_up": "up",
-    "thumbs_down": "down",
-    "regenerate": "regen",
-    "abandon": "aband",
-    "task_success": "solved",
-    "task_failure": "failed",
-}
 
 
 def buckets(
@@ -106,7 +96,7 @@ def _print_line(entry: dict[str, Any]) -> None:
     table.add_column("adapter", no_wrap=True)
     table.add_column("req", justify="right", no_wrap=True)
     for signal in RATE_SIGNALS:
-        table.add_column(SHORT.get(signal, signal), justify="right", no_wrap=True)
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", no_wrap=True)
     for row in entry["totals"]:
         cells = [row["adapter"], f"{row['requests']:,}"]
         for signal in RATE_SIGNALS:

@@ -13,6 +13,18 @@ if TYPE_CHECKING:
     from feedback.store import FeedbackStore
 
 out = Console(soft_wrap=True)
+# Column headers of signals in terminal tables.
+SHORT_NAMES = {
+    "errors": "err",
+    "thumbs_up": "up",
+    "thumbs_down": "down",
+    "regenerate": "regen",
+    "regenerated": "regen",
+    "abandon": "aband",
+    "task_success": "solved",
+    "task_failure": "failed",
+    "task_outcome": "outcome",
+}
 err = Console(stderr=True, soft_wrap=True)
 
 

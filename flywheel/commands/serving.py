@@ -245,8 +245,6 @@ def serve_gateway(
     """Run the gateway (OpenAI-compatible, per-line keys, sticky canary) with uvicorn."""
     import os
 
-    import uvicorn
-
     from gateway.settings import GatewaySettings
 
     settings = load_settings()
@@ -265,17 +263,24 @@ def serve_gateway(
         f"gateway on http://{bind}:{port} in front of {', '.join(gateway.upstreams)}; "
         f"metrics at /metrics; Ctrl-C stops it"
     )
+    _run_app("gateway.app:app_from_env", "gateway", bind, port, workers)
+
+
+def _run_app(factory: str, name: str, host: str, port: int, workers: int) -> None:
+    """Serve an app factory with uvicorn until Ctrl-C; say how long it ran."""
+    import uvicorn
+
     started = time.monotonic()
     uvicorn.run(
-        "gateway.app:app_from_env",
+        factory,
         factory=True,
-        host=bind,
+        host=host,
         port=port,
         workers=workers,
         log_level="warning",
         access_log=False,
     )
-    out.print(f"gateway stopped after {time.monotonic() - started:.0f} s")
+    out.print(f"{name} stopped after {time.monotonic() - started:.0f} s")
 
 
 def serve_dashboard(
@@ -284,7 +289,6 @@ def serve_dashboard(
     workers: Annotated[int, typer.Option(min=1, max=64, help="Server processes.")] = 1,
 ) -> None:
     """Run the feedback page (per-line signals, funnel, samples, routing, eval review)."""
-    import uvicorn
 
     from dashboard.access import is_loopback
     from dashboard.settings import DashboardSettings
@@ -303,17 +307,7 @@ def serve_dashboard(
             "`flywheel gateway add-key` makes one"
         )
     out.print(f"feedback page on http://{bind}:{listen}; Ctrl-C stops it")
-    started = time.monotonic()
-    uvicorn.run(
-        "dashboard.app:app_from_env",
-        factory=True,
-        host=bind,
-        port=listen,
-        workers=workers,
-        log_level="warning",
-        access_log=False,
-    )
-    out.print(f"feedback page stopped after {time.monotonic() - started:.0f} s")
+    _run_app("dashboard.app:app_from_env", "feedback page", bind, listen, workers)
 
 
 @canary_app.command("status")
