@@ -15,7 +15,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
-from prefect.task_runners import TaskRunner
 
 from feedback.cleaning import CleaningSettings, ScrubBatch
 from feedback.dedup import DedupSettings
@@ -210,22 +209,6 @@ def local_cluster(workers: int) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-def dask_runner(workers: int, address: str | None = None) -> TaskRunner[Any]:
-    """A Dask task runner: on a running scheduler, or a local cluster of worker processes."""
-    from prefect_dask import DaskTaskRunner
-
-    if address:
-        return DaskTaskRunner(address=address)
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "dashboard_address": None,
-        }
-    )
-
-
 def run_partitioned(
     settings: Settings,
     line: str,
@@ -236,8 +219,13 @@ def run_partitioned(
     address: str | None = None,
     cleaning: CleaningSettings | None = None,
 ) -> PartitionedCleaning:
-    """Run the partitioned cleaning flow on Dask workers."""
-    runner = dask_runner(workers, address)
-    return clean_line_partitioned.with_options(task_runner=runner)(
-        settings, line, since, until, workers, cleaning
-    )
+    """Run the partitioned cleaning flow on Dask workers: on the scheduler at ``address``,
+    else on a local cluster of ``workers`` processes that lives as long as the run."""
+    from prefect_dask import DaskTaskRunner
+
+    with ExitStack() as stack:
+        scheduler = address or stack.enter_context(local_cluster(workers))
+        runner = DaskTaskRunner(address=scheduler)
+        return clean_line_partitioned.with_options(task_runner=runner)(
+            settings, line, since, until, workers, cleaning
+        )
