@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from feedback.examples import ExampleKind, TrainingExample, user_digest
 
 MANIFEST = "manifest.json"
+# Manifest key of a training set accumulated from several window datasets (their hashes).
+ACCUMULATED = "accumulated_from"
 SPLITS = ("train", "eval")
 
 
@@ -205,14 +207,144 @@ def iter_manifests(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             yield path, orjson.loads(path.read_bytes())
 
 
-def latest_dataset(root: Path, business_line: str) -> DatasetBuild | None:
-    """The newest dataset of a line, if any."""
+def line_builds(root: Path, business_line: str) -> list[DatasetBuild]:
+    """The line's datasets built from store windows (not accumulated sets), oldest first."""
     builds = [
         DatasetBuild(path.parent, manifest)
         for path, manifest in iter_manifests(root)
-        if manifest["business_line"] == business_line
+        if manifest["business_line"] == business_line and ACCUMULATED not in manifest
     ]
-    return max(builds, key=lambda b: b.manifest["created_at"], default=None)
+    return sorted(builds, key=lambda b: b.manifest["created_at"])
+
+
+def latest_dataset(root: Path, business_line: str) -> DatasetBuild | None:
+    """The newest dataset of a line built from a store window, if any."""
+    builds = line_builds(root, business_line)
+    return builds[-1] if builds else None
+
+
+def dataset_by_hash(root: Path, business_line: str, digest: str) -> DatasetBuild | None:
+    """The line's dataset with this content hash (window-built or accumulated)."""
+    folder = root / business_line / digest[:16]
+    if not (folder / MANIFEST).exists():
+        return None
+    return DatasetBuild(folder, orjson.loads((folder / MANIFEST).read_bytes()))
+
+
+def recency_weight(age_days: float, half_life_days: float) -> float:
+    """An example's weight for its age: halves every ``half_life_days``."""
+    return 0.5 ** (max(0.0, age_days) / half_life_days)
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _read_splits(
+    builds: Sequence[DatasetBuild],
+) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], dict[str, dict[str, Any]]]:
+    """Rows by kind, split and example id (newer builds win), and lineage by example id."""
+    import pyarrow.parquet as pq
+
+    rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    lineage: dict[str, dict[str, Any]] = {}
+    for build in sorted(builds, key=lambda b: b.manifest["created_at"]):
+        for item in build.manifest["examples"]:
+            lineage[item["example_id"]] = item
+        for kind in ("sft", "dpo", "kto"):
+            for split in SPLITS:
+                path = build.path / f"{kind}_{split}.parquet"
+                if path.exists():
+                    for row in pq.read_table(path).to_pylist():
+                        rows[kind][split][row["example_id"]] = row
+    return rows, lineage
+
+
+def accumulate(
+    root: Path,
+    business_line: str,
+    builds: Sequence[DatasetBuild],
+    *,
+    horizon_days: float,
+    half_life_days: float,
+) -> DatasetBuild:
+    """One training set from the line's datasets of the last ``horizon_days``.
+
+    Examples are deduplicated by id (the newest copy wins); a training example
+    that is also held out anywhere is dropped from training, so evaluation
+    never scores what was trained on. Each example's weight is its signal
+    weight times :func:`recency_weight` of its age at the newest build. The set
+    is written like any dataset (parquet files and a manifest with lineage),
+    marked with the hashes it was built from, under the line's folder.
+    """
+    from datasets import Dataset
+
+    if not builds:
+        raise ValueError("accumulate needs at least one dataset")
+    newest = max(_parse_time(b.manifest["created_at"]) for b in builds)
+    chosen = [
+        b
+        for b in builds
+        if (newest - _parse_time(b.manifest["created_at"])).total_seconds() / 86_400 <= horizon_days
+    ]
+    rows, lineage = _read_splits(chosen)
+    splits: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for kind, by_split in rows.items():
+        held_out = set(by_split.get("eval", {}))
+        splits[kind] = {
+            "train": [r for i, r in by_split.get("train", {}).items() if i not in held_out],
+            "eval": list(by_split.get("eval", {}).values()),
+        }
+        for row in splits[kind]["train"]:
+            age = (newest - _parse_time(row["time"])).total_seconds() / 86_400
+            row["weight"] = round(
+                float(row.get("weight") or 1.0) * recency_weight(age, half_life_days), 6
+            )
+    digest = hashlib.sha256()
+    for kind in sorted(splits):
+        for split in SPLITS:
+            for row in sorted(splits[kind][split], key=lambda r: r["example_id"]):
+                digest.update(f"{kind}/{split}/{row['example_id']}/{row['weight']}\n".encode())
+    content = digest.hexdigest()
+    final = root / business_line / content[:16]
+    if (final / MANIFEST).exists():
+        return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
+    staging = root / business_line / f".tmp-{content[:16]}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    counts: dict[str, dict[str, int]] = {}
+    files: dict[str, str] = {}
+    kept: list[dict[str, Any]] = []
+    for kind in sorted(splits):
+        counts[kind] = {}
+        for split in SPLITS:
+            items = sorted(splits[kind][split], key=lambda r: (r["time"], r["example_id"]))
+            counts[kind][split] = len(items)
+            if not items:
+                continue
+            name = f"{kind}_{split}.parquet"
+            Dataset.from_list(items).to_parquet(str(staging / name))
+            files[name] = _sha256(staging / name)
+            kept += [lineage[r["example_id"]] for r in items if r["example_id"] in lineage]
+    manifest = {
+        "business_line": business_line,
+        "content_hash": content,
+        "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        ACCUMULATED: [b.content_hash for b in chosen],
+        "horizon_days": horizon_days,
+        "half_life_days": half_life_days,
+        "counts": counts,
+        "rules": dict(Counter(f"{item['kind']}:{item['rule']}" for item in kept)),
+        "files": files,
+        "funnel": {},
+        "examples": kept,
+    }
+    (staging / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    try:
+        staging.rename(final)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
 
 
 def manifests_with_user(root: Path, user_id: str) -> list[Path]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Any, Literal
 
@@ -63,6 +63,7 @@ class TrainingExample:
     rejected: str | None = None
     label: bool | None = None
     rule: str = ""
+    weight: float = 1.0
 
     @property
     def example_id(self) -> str:
@@ -91,6 +92,7 @@ class TrainingExample:
             row["label"] = self.label
         row.update(
             rule=self.rule,
+            weight=self.weight,
             source_request_ids=list(self.lineage.request_ids),
             source_event_ids=list(self.lineage.event_ids),
             model_versions=list(self.lineage.model_versions),
@@ -111,6 +113,62 @@ class ExampleSet:
     def by_kind(self) -> dict[ExampleKind, list[TrainingExample]]:
         """The three lists keyed by kind."""
         return {"sft": self.sft, "dpo": self.dpo, "kto": self.kto}
+
+
+# How much one signal says about what the user wanted (the seed's ranking: edits and task
+# outcomes strong, thumbs strong, regenerate medium, abandon weak). A pair is as strong as
+# its weaker side.
+SIGNAL_WEIGHTS: dict[str, float] = {
+    "edit": 1.0,
+    "task_success": 1.0,
+    "task_failure": 1.0,
+    "thumbs_up": 1.0,
+    "thumbs_down": 1.0,
+    "rank": 1.0,
+    "regenerate": 0.5,
+    "abandon": 0.25,
+}
+POSITIVE = ("thumbs_up", "task_success")
+# Rule names say what happened to the worse answer ("regenerated away").
+_RULE_NAMES = {"regenerate": "regenerated", "abandon": "abandoned"}
+NEGATIVE = ("thumbs_down", "task_failure", "regenerate", "abandon")
+
+
+def record_signals(record: dict[str, Any]) -> set[str]:
+    """The user signals on a record, task outcomes split into success and failure."""
+    kinds = set()
+    for event in record.get("feedback", []):
+        if event["type"] == "task_outcome":
+            kinds.add(f"task_{event.get('outcome')}")
+        else:
+            kinds.add(event["type"])
+    return kinds
+
+
+def _strongest(signals: set[str], among: tuple[str, ...]) -> tuple[str, float] | None:
+    present = [(SIGNAL_WEIGHTS[s], s) for s in among if s in signals]
+    if not present:
+        return None
+    weight, signal = max(present)
+    return signal, weight
+
+
+def verdict(record: dict[str, Any]) -> tuple[bool, str, float] | None:
+    """Whether the user liked the answer, by the strongest signal, and how sure (its weight).
+
+    Conflicting signals of equal strength (a thumbs-up and a thumbs-down) give no verdict.
+    """
+    signals = record_signals(record)
+    good, bad = _strongest(signals, POSITIVE), _strongest(signals, NEGATIVE)
+    if good and bad:
+        if good[1] == bad[1]:
+            return None
+        return (True, *good) if good[1] > bad[1] else (False, *bad)
+    if good:
+        return True, *good
+    if bad:
+        return False, *bad
+    return None
 
 
 def _model_version(record: dict[str, Any]) -> str:
@@ -144,14 +202,19 @@ def _kinds(record: dict[str, Any]) -> set[str]:
 def build_examples(
     records: Sequence[dict[str, Any]], *, max_pairs_per_prompt: int = 4
 ) -> ExampleSet:
-    """Apply the signal rules to cleaned records of one business line (pure)."""
+    """Apply the signal rules to cleaned records of one business line (pure).
+
+    Each example carries a weight from :data:`SIGNAL_WEIGHTS`: training samples
+    strong signals (edits, task outcomes, thumbs) more often than a regenerate
+    or an abandoned conversation.
+    """
     examples = ExampleSet()
     paired: set[str] = set()
     by_prompt: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_prompt[record["prompt_hash"]].append(record)
-        kinds = _kinds(record)
         edit = record.get("edit")
+        judged = verdict(record)
         if edit and edit.strip() and edit != record["response"]:
             lineage = _lineage([record], _events(record, "edit"))
             examples.sft.append(
@@ -168,34 +231,46 @@ def build_examples(
                 )
             )
             paired.add(record["request_id"])
-        elif "thumbs_up" in kinds and "thumbs_down" not in kinds and record["response"]:
-            lineage = _lineage([record], _events(record, "thumbs_up"))
+        elif judged is not None and judged[0] and record["response"]:
+            _, signal, weight = judged
+            lineage = _lineage([record], _events(record, *_event_types(signal)))
             examples.sft.append(
                 TrainingExample(
-                    "sft", _prompt(record), lineage, completion=record["response"], rule="thumbs_up"
+                    "sft",
+                    _prompt(record),
+                    lineage,
+                    completion=record["response"],
+                    rule=signal,
+                    weight=weight,
                 )
             )
     for group in by_prompt.values():
         if len(group) > 1:
             examples.dpo.extend(_prompt_pairs(group, paired, max_pairs_per_prompt))
     for record in records:
-        if record["request_id"] in paired or not record["response"]:
+        if record["request_id"] in paired or not record["response"] or record.get("edit"):
             continue
-        kinds = _kinds(record)
-        up, down = "thumbs_up" in kinds, "thumbs_down" in kinds
-        if up != down:
-            lineage = _lineage([record], _events(record, "thumbs_up", "thumbs_down"))
+        judged = verdict(record)
+        if judged is not None:
+            liked, signal, weight = judged
+            lineage = _lineage([record], _events(record, *_event_types(signal)))
             examples.kto.append(
                 TrainingExample(
                     "kto",
                     _prompt(record),
                     lineage,
                     completion=record["response"],
-                    label=up,
-                    rule="thumbs_up" if up else "thumbs_down",
+                    label=liked,
+                    rule=signal,
+                    weight=weight,
                 )
             )
     return examples
+
+
+def _event_types(signal: str) -> tuple[str, ...]:
+    """The feedback event types behind a signal name."""
+    return ("task_outcome",) if signal.startswith("task_") else (signal,)
 
 
 def _rank_of(record: dict[str, Any]) -> int | None:
@@ -228,20 +303,22 @@ def _prompt_pairs(
             )
         )
 
-    liked = [r for r in group if "thumbs_up" in _kinds(r) and "thumbs_down" not in _kinds(r)]
-    disliked = [r for r in group if {"thumbs_down", "regenerate"} & _kinds(r)]
+    judged = [(r, verdict(r)) for r in group]
+    liked = [(r, v) for r, v in judged if v is not None and v[0]]
+    disliked = [(r, v) for r, v in judged if v is not None and not v[0]]
     # Floods of one prompt must not turn into thousands of near-identical pairs.
-    for good, bad in list(product(liked, disliked))[: limit * 4]:
+    for (good, good_v), (bad, bad_v) in list(product(liked, disliked))[: limit * 4]:
         if good is not bad and good["response"] and len(pairs) < limit:
-            rule = (
-                "thumbs_up>thumbs_down" if "thumbs_down" in _kinds(bad) else "thumbs_up>regenerated"
-            )
+            rule = f"{good_v[1]}>{_RULE_NAMES.get(bad_v[1], bad_v[1])}"
+            before = len(pairs)
             add(
                 good,
                 bad,
                 rule,
-                _events(good, "thumbs_up") + _events(bad, "thumbs_down", "regenerate"),
+                _events(good, *_event_types(good_v[1])) + _events(bad, *_event_types(bad_v[1])),
             )
+            if len(pairs) > before:
+                pairs[-1] = replace(pairs[-1], weight=min(good_v[2], bad_v[2]))
     ranked = sorted(
         ((rank, r) for r in group if (rank := _rank_of(r)) is not None), key=lambda item: item[0]
     )

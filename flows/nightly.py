@@ -139,11 +139,19 @@ def build_datasets_on_workers(
 
 
 @task
-def train_and_gate(settings: Settings, line: str) -> dict[str, Any]:
-    """Train on the newest dataset, evaluate against the champion, gate and register."""
+def train_and_gate(settings: Settings, line: str, dataset: str | None) -> dict[str, Any]:
+    """Train on the window's dataset (and the line's history, as the recipe says), evaluate
+    against the champion, gate and register."""
     from flows.stages import train_line
 
-    outcome = train_line(settings, line)
+    if dataset is None:
+        return {
+            "status": "skipped",
+            "reason": "no new examples in this window",
+            "version": None,
+            "promote": False,
+        }
+    outcome = train_line(settings, line, dataset_hash=dataset)
     if outcome.decision is not None:
         promote = outcome.decision.promote
     else:
@@ -242,7 +250,7 @@ def _run_line(
     for step, seconds in datasets.get("seconds", {}).items():
         report.seconds[f"datasets.{step}"] = seconds
     started = time.monotonic()
-    trained = train_and_gate(settings, line)
+    trained = train_and_gate(settings, line, datasets["dataset"])
     report.version, report.reason = trained["version"], trained["reason"]
     timed("train_eval_gate_register", started)
     if trained["status"] == "skipped":

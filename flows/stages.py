@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from eval.reports import EvalReport, GateDecision
+from feedback.datasets import DatasetBuild
+from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from training.recipes import Recipe, load_recipe, packaged_recipes_dir
 
@@ -73,9 +75,60 @@ class TrainingOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def _inverted(dataset_dir: Path, method: str) -> list[dict[str, Any]]:
+    """The training rows with every preference turned round (chosen and rejected swapped,
+    KTO labels flipped; SFT has no preference and trains on nothing better)."""
+    from training.train import training_rows
+
+    rows = training_rows(dataset_dir, method)
+    if method == "dpo":
+        return [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in rows]
+    if method == "kto":
+        return [{**r, "label": not r["label"]} for r in rows]
+    raise FlywheelError("--bad-canary needs a DPO or KTO recipe: SFT has no preference to invert")
+
+
 def count_train_examples(manifest: dict[str, Any], method: str) -> int:
     """Training examples of a method in a dataset manifest."""
     return int(manifest["counts"].get(method, {}).get("train", 0))
+
+
+def _training_set(
+    settings: Settings, line: str, recipe: Recipe, dataset_hash: str | None
+) -> DatasetBuild | TrainingOutcome:
+    """The dataset to train on (accumulated over the recipe's history), or why not."""
+    from feedback.datasets import accumulate, dataset_by_hash, latest_dataset, line_builds
+
+    if dataset_hash is not None:
+        build = dataset_by_hash(settings.datasets_dir, line, dataset_hash)
+        if build is None:
+            raise FlywheelError(f"{line} has no dataset {dataset_hash[:16]}")
+    else:
+        build = latest_dataset(settings.datasets_dir, line)
+    if build is None:
+        return TrainingOutcome(line, "skipped", "no dataset yet: run flywheel datasets build")
+    examples = count_train_examples(build.manifest, recipe.method)
+    if examples < recipe.min_new_examples:
+        return TrainingOutcome(
+            line,
+            "skipped",
+            f"{examples} new {recipe.method.upper()} training examples, "
+            f"the recipe needs at least {recipe.min_new_examples}",
+        )
+    if recipe.history_days > 0:
+        earlier = [
+            b
+            for b in line_builds(settings.datasets_dir, line)
+            if b.manifest["created_at"] <= build.manifest["created_at"]
+        ]
+        build = accumulate(
+            settings.datasets_dir,
+            line,
+            earlier or [build],
+            horizon_days=recipe.history_days,
+            half_life_days=recipe.half_life_days,
+        )
+    return build
 
 
 def train_line(
@@ -85,16 +138,24 @@ def train_line(
     force: bool = False,
     canaries: tuple[str, ...] = (),
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    dataset_hash: str | None = None,
+    invert_preferences: bool = False,
 ) -> TrainingOutcome:
     """Train, evaluate against the champion, gate and register one line's adapter.
 
-    Uses the line's newest dataset. Skips (with the reason) when the recipe's
-    minimum of new examples is not met, and reuses the registered version when
-    the same dataset, recipe and base model were already trained.
+    Uses the dataset with ``dataset_hash`` (the night's window), else the line's
+    newest. Skips (with the reason) when that dataset has fewer new examples
+    than the recipe's minimum. With the recipe's ``history_days``, training and
+    evaluation use every dataset of the line in that horizon (accumulated,
+    recency-weighted). Reuses the registered version when the same training
+    set, recipe and base model were already trained.
+
+    ``invert_preferences`` trains on every pair the wrong way round (a really
+    worse adapter, for rehearsing a rollback: ``flywheel loop --bad-canary``);
+    it always trains anew and its run is tagged so.
     """
     from eval.gate import decide_promotion
     from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
-    from feedback.datasets import latest_dataset
     from feedback.pii import build_scrubber
     from registry.records import recipe_hash
     from registry.tracking import Registry
@@ -102,24 +163,16 @@ def train_line(
     from training.train import cpu_has_bf16, train_adapter
 
     recipe = recipe_for(settings, line)
-    build = latest_dataset(settings.datasets_dir, line)
-    if build is None:
-        return TrainingOutcome(line, "skipped", "no dataset yet: run flywheel datasets build")
-    examples = count_train_examples(build.manifest, recipe.method)
-    if examples < recipe.min_new_examples:
-        return TrainingOutcome(
-            line,
-            "skipped",
-            f"{examples} {recipe.method.upper()} training examples, "
-            f"the recipe needs at least {recipe.min_new_examples}",
-        )
+    build = _training_set(settings, line, recipe, dataset_hash)
+    if isinstance(build, TrainingOutcome):
+        return build
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
     registry.close_orphan_runs(line)
     base_name = base_dir.name
     version_of_code = code_version()
     existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)
-    if existing is not None and not force:
+    if existing is not None and not force and not invert_preferences:
         gate, rolled_back = registry.version_verdict(line, existing)
         return TrainingOutcome(
             line,
@@ -138,9 +191,12 @@ def train_line(
             recipe,
             base_model_dir=base_dir,
             dataset_dir=build.path,
+            rows=_inverted(build.path, recipe.method) if invert_preferences else None,
             output_dir=settings.runs_dir / line / run_id,
             on_log=on_log,
         )
+        if invert_preferences:
+            registry.tag_run(run_id, "flywheel.inverted_preferences", "true")
         registry.log_loss_curve(run_id, result.history)
         registry.log_metrics(
             run_id,

@@ -14,8 +14,10 @@ import typer
 from rich.table import Table
 
 from flywheel.commands.buckets import buckets as buckets_command
+from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.common import SHORT_NAMES, err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
+from flywheel.commands.evaluate import evaluate as evaluate_command
 from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
     canary_app,
@@ -55,6 +57,8 @@ app.add_typer(gateway_app, name="gateway")
 serve_app.command("gateway")(serve_gateway)
 serve_app.command("dashboard")(serve_dashboard)
 app.command("buckets")(buckets_command)
+app.command("eval")(evaluate_command)
+app.command("loop")(loop_command)
 
 
 def _settings() -> Settings:
@@ -180,6 +184,52 @@ def import_oasst(
             oasst_items(iter_jsonl(path), business_rules), source=str(path), on_progress=advance
         )
     _finish(report)
+
+
+@import_app.command("pairs")
+def import_pairs(
+    path: Annotated[
+        Path, typer.Argument(help="Preference pairs, one JSON row a line (.jsonl or .jsonl.gz).")
+    ],
+    line: Annotated[str, typer.Option(help="Business line the pairs belong to.")] = "general",
+    pair_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="hh (HH-RLHF transcripts) or trl (prompt, chosen, rejected); "
+            "default: trl for rows with a prompt, else hh.",
+        ),
+    ] = None,
+) -> None:
+    """Import preference pairs as ranked answers (two interactions, rank 0 and 1, per pair);
+    malformed rows are quarantined with their line number, the rest imported."""
+    import re
+    import zlib
+
+    from feedback.events import BUSINESS_LINE
+    from feedback.importers.pairs import PAIR_FORMATS, iter_pairs_file, pairs_items
+    from flywheel.progress import progress_bar
+
+    _require_file(path)
+    if pair_format is not None and pair_format not in PAIR_FORMATS:
+        raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
+    if not re.fullmatch(BUSINESS_LINE, line):
+        raise UsageError(f"--line {line!r} is not a business line name")
+    store = _open_store(_settings())
+    items = pairs_items(
+        iter_pairs_file(path),
+        business_line=line,
+        source_file=path.name,
+        imported_at=datetime.now(UTC),
+        pair_format=pair_format,  # type: ignore[arg-type]
+    )
+    try:
+        with progress_bar(f"importing {path.name}") as advance:
+            report = store.ingest(items, source=str(path), on_progress=advance)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UsageError(f"{path} cannot be read to the end: {exc}") from None
+    # Unlike a feedback log, a pairs file with a few bad rows is still worth importing.
+    _print_report(report)
 
 
 def _parse_start(start: str | None) -> datetime:

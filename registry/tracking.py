@@ -333,6 +333,10 @@ class Registry:
                 closed.append(str(run.info.run_id))
         return closed
 
+    def tag_run(self, run_id: str, key: str, value: str) -> None:
+        """Set one tag on a run."""
+        self.client.set_tag(run_id, key, value)
+
     def finish_run(self, run_id: str, status: RunStatus = "FINISHED") -> None:
         """Close the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``)."""
         self.client.set_terminated(run_id, status)

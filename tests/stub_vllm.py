@@ -29,6 +29,8 @@ class StubBehaviour:
     break_stream_after: int | None = None
     status: int = 200
     delay_s: float = 0.0
+    # A fixed answer per model name (base or adapter), instead of the numbered words.
+    answers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,7 +74,11 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if model != BASE_MODEL and model not in behaviour.adapters:
         error = {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
         return web.json_response(error, status=404)
-    pieces = _answer(str(model), behaviour.words)
+    if model in behaviour.answers:
+        pieces = [f"{word} " for word in behaviour.answers[str(model)].split(" ")]
+        pieces[-1] = pieces[-1].rstrip()
+    else:
+        pieces = _answer(str(model), behaviour.words)
     usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
     if not body.get("stream"):
         text = "".join(pieces)

@@ -20,7 +20,11 @@ from typing import Any
 from flywheel.errors import FlywheelError
 from training.recipes import Recipe
 
-TRAIN_COLUMNS = {"sft": ("prompt", "completion"), "dpo": ("prompt", "chosen", "rejected")}
+TRAIN_COLUMNS = {
+    "sft": ("prompt", "completion"),
+    "dpo": ("prompt", "chosen", "rejected"),
+    "kto": ("prompt", "completion", "label"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,32 @@ def training_rows(dataset_dir: Path, method: str) -> list[dict[str, Any]]:
             f"{dataset_dir} has no {method.upper()} training examples ({path.name})"
         )
     columns = list(TRAIN_COLUMNS[method])
-    return pq.read_table(path, columns=columns).to_pylist()
+    table = pq.read_table(path)
+    if "weight" in table.column_names:
+        columns.append("weight")
+    return table.select(columns).to_pylist()
+
+
+def weighted_rows(
+    rows: list[dict[str, Any]], copies_per_weight: float, seed: int
+) -> list[dict[str, Any]]:
+    """Rows repeated by their ``weight`` column: ``weight * copies_per_weight`` copies in
+    expectation (stochastic rounding, seeded), at least one row overall; the column is
+    dropped, since trl's trainers take no per-example weights."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        weight = float(row.get("weight", 1.0) or 0.0)
+        clean = {k: v for k, v in row.items() if k != "weight"}
+        expected = weight * copies_per_weight
+        copies = int(expected) + (rng.random() < expected - int(expected))
+        out += [clean] * copies
+    if not out and rows:
+        out.append({k: v for k, v in rows[0].items() if k != "weight"})
+    rng.shuffle(out)
+    return out
 
 
 def cpu_has_bf16() -> bool:
@@ -105,6 +134,8 @@ def train_adapter(
         rows = training_rows(dataset_dir, recipe.method)
     if not rows:
         raise FlywheelError(f"no {recipe.method.upper()} examples to train on")
+    examples = len(rows)
+    rows = weighted_rows(rows, recipe.copies_per_weight, recipe.seed)
     # transformers 5 renamed gradient checkpointing; trl still calls the old names.
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,28 +196,7 @@ def train_adapter(
             if max_seconds is not None and time.perf_counter() - self.started > max_seconds:
                 control.should_training_stop = True
 
-    if recipe.method == "sft":
-        from trl import SFTConfig, SFTTrainer
-
-        trainer: Any = SFTTrainer(
-            model=model,
-            args=SFTConfig(**common),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=[_Forward()],
-        )
-    else:
-        from trl import DPOConfig, DPOTrainer
-
-        trainer = DPOTrainer(
-            model=model,
-            args=DPOConfig(beta=recipe.beta, **common),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=[_Forward()],
-        )
+    trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, [_Forward()])
     resume = _last_checkpoint(checkpoints)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
@@ -204,9 +214,58 @@ def train_adapter(
         history=list(state.log_history),
         seconds=seconds,
         steps=state.global_step,
-        examples=len(rows),
+        examples=examples,
         tokens_seen=int(getattr(state, "num_input_tokens_seen", 0) or 0),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         resumed_from=resume,
         device=device,
+    )
+
+
+def _trainer(
+    recipe: Recipe,
+    model: Any,
+    dataset: Any,
+    tokenizer: Any,
+    lora: Any,
+    common: dict[str, Any],
+    callbacks: list[Any],
+) -> Any:
+    """The trl trainer of the recipe's method, with its config."""
+    if recipe.method == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        return SFTTrainer(
+            model=model,
+            args=SFTConfig(**common),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora,
+            callbacks=callbacks,
+        )
+    if recipe.method == "kto":
+        from trl import KTOConfig, KTOTrainer
+
+        return KTOTrainer(
+            model=model,
+            args=KTOConfig(beta=recipe.beta, **common),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora,
+            callbacks=callbacks,
+        )
+    from trl import DPOConfig, DPOTrainer
+
+    losses: dict[str, Any] = (
+        {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, recipe.sft_weight]}
+        if recipe.sft_weight > 0
+        else {}
+    )
+    return DPOTrainer(
+        model=model,
+        args=DPOConfig(beta=recipe.beta, **losses, **common),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=callbacks,
     )

@@ -1,0 +1,270 @@
+"""``flywheel loop``: several nights of the whole loop, measured on simulated users.
+
+Real vLLM on the CPU, the gateway, the nightly and canary Prefect flows, on the
+embedded defaults; users from ``--users SPEC`` react to the answers they got.
+Prints a table per night, writes a plot of satisfaction per night and arm and
+the JSON summary, and logs all three to MLflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.table import Table
+
+from flywheel.commands.common import err, out
+from flywheel.errors import UsageError
+from flywheel.settings import Settings, load_settings
+
+DEFAULT_USERS = "simulation.users:BuiltinUsers"
+
+
+def loop(
+    line: Annotated[str, typer.Option("--line", help="The business line to run.")],
+    users: Annotated[
+        str,
+        typer.Option(help="User model: path/to/file.py:NAME or package.module:NAME."),
+    ] = DEFAULT_USERS,
+    nights: Annotated[int, typer.Option(min=1, max=100)] = 3,
+    requests: Annotated[int, typer.Option(min=1, help="User requests per night.")] = 200,
+    eval_prompts: Annotated[
+        int, typer.Option(min=1, help="Fresh prompts scored after the last night.")
+    ] = 100,
+    seed: Annotated[int, typer.Option(help="Same seed, same users and prompts.")] = 0,
+    canary_users: Annotated[int, typer.Option(min=1, help="Users per arm per canary round.")] = 30,
+    bad_canary: Annotated[
+        bool,
+        typer.Option(
+            "--bad-canary",
+            help="The last night's canary is trained on inverted preferences: see a rollback.",
+        ),
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the summary here.")
+    ] = None,
+) -> None:
+    """Run N nights of the loop with simulated users who react to the real answers, then score
+    the base model and the final champion on fresh prompts."""
+    from simulation.protocol import load_users
+
+    settings = _loop_settings(load_settings())
+    if line not in settings.business_lines:
+        raise UsageError(
+            f"unknown business line {line!r}; known: {', '.join(settings.business_lines)}"
+        )
+    loaded = load_users(users)
+    loaded.check(line)
+    result = run_loop_command(
+        settings,
+        line,
+        loaded,
+        nights=nights,
+        requests=requests,
+        eval_prompts=eval_prompts,
+        seed=seed,
+        canary_users=canary_users,
+        bad_canary=bad_canary,
+    )
+    document = scrub_examples(result.as_dict())
+    plot_path = settings.home / "loop" / f"{line}-seed{seed}.png"
+    plot_loop(document, plot_path)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    run_id = log_loop(settings, document, plot_path)
+    _print_final(document)
+    out.print(
+        f"plot: {plot_path}; MLflow run {run_id}" + (f"; JSON: {json_path}" if json_path else "")
+    )
+
+
+def _loop_settings(settings: Settings) -> Settings:
+    if settings.recipes_dir is None:
+        from training.recipes import packaged_recipes_dir
+
+        return settings.model_copy(update={"recipes_dir": packaged_recipes_dir() / "demo"})
+    return settings
+
+
+def run_loop_command(
+    settings: Settings,
+    line: str,
+    users: Any,
+    *,
+    nights: int,
+    requests: int,
+    eval_prompts: int,
+    seed: int,
+    canary_users: int,
+    bad_canary: bool,
+) -> Any:
+    """The loop on live services, with progress and a table per night."""
+    from simulation.live import live_services
+    from simulation.loop import LoopPlan, run_loop
+
+    plan = LoopPlan(
+        business_line=line,
+        nights=nights,
+        requests=requests,
+        eval_prompts=eval_prompts,
+        seed=seed,
+        canary_users=canary_users,
+        champion_users=canary_users,
+    )
+    out.print(
+        f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
+        f"{users.spec}; canary traffic: {canary_users} users per arm per round, picked with the "
+        "gateway's own sticky split so a 5% canary gets enough of them"
+    )
+    nights_done: list[int] = []
+
+    def is_bad_night() -> bool:
+        return bad_canary and len(nights_done) == nights - 1
+
+    def on_night(record: Any) -> None:
+        nights_done.append(record.night)
+        _print_night(record)
+
+    with (
+        live_services(settings, report=out.print, bad_canary=is_bad_night) as services,
+        _progress() as progress,
+    ):
+        return run_loop(plan, users, services, progress=progress, on_night=on_night)
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+
+        def announce(label: str, total: int) -> Callable[[int], None]:
+            err.print(f"  {label} ({total})")
+            return lambda _n: None
+
+        yield announce
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
+
+        def bar(label: str, total: int) -> Callable[[int], None]:
+            task = bars.add_task(label, total=total)
+            return lambda n: bars.advance(task, n)
+
+        yield bar
+
+
+def _print_night(record: Any) -> None:
+    table = Table(title=f"night {record.night} ({record.minutes:.1f} min)")
+    for column in ("arm", "served", "satisfied"):
+        table.add_column(column, justify="right" if column != "arm" else "left")
+    for arm, count in sorted(record.served.items()):
+        table.add_row(arm, str(count), f"{record.satisfied.get(arm, 0):.3f}")
+    out.print(table)
+    out.print(f"  nightly: {record.nightly['status']}: {record.nightly['reason']}")
+    for decision in record.canary_decisions:
+        out.print(f"  canary flow: {decision['action']}: {decision['reason']}")
+    out.print(
+        f"  champion now {record.champion or 'base model'}; decision: {record.decision}; "
+        f"reactions {record.reactions}"
+    )
+
+
+def _print_final(document: dict[str, Any]) -> None:
+    final = document["final"]
+    out.print(
+        f"[bold]fresh prompts[/] (n={final['base']['n']}): base satisfied "
+        f"{final['base']['satisfied']:.3f}, final champion {final['champion']['name'] or 'base'} "
+        f"{final['champion']['satisfied']:.3f} (gain {final['gain']:+.3f}) in "
+        f"{document['minutes']:.1f} min"
+    )
+    for example in final["champion"]["examples"][:2]:
+        out.print(f"  Q: {example['prompt']}\n  A: {example['answer']!r} -> {example['satisfied']}")
+
+
+def scrub_examples(document: dict[str, Any]) -> dict[str, Any]:
+    """The summary with PII scrubbed from its example prompts and answers (it reaches MLflow)."""
+    from feedback.pii import build_scrubber
+
+    scrubber = build_scrubber()
+    for arm in ("base", "champion"):
+        for example in document["final"][arm].get("examples", []):
+            for field in ("prompt", "answer"):
+                example[field] = scrubber.scrub_text(example[field]).text
+    return document
+
+
+def plot_loop(document: dict[str, Any], path: Path) -> Path:
+    """Satisfaction per night per arm, and the final base vs champion bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), width_ratios=(3, 1))
+    nights = document["nights"]
+    arms = sorted({arm for n in nights for arm in n["satisfied"]})
+    for arm in arms:
+        points = [(n["night"], n["satisfied"][arm]) for n in nights if arm in n["satisfied"]]
+        left.plot(*zip(*points, strict=True), marker="o", label=arm)
+    left.set_xlabel("night")
+    left.set_ylabel("satisfied share of answers")
+    left.set_ylim(0, 1)
+    left.set_xticks([n["night"] for n in nights])
+    left.legend()
+    left.set_title(f"{document['line']}: users' satisfaction per night")
+    final = document["final"]
+    right.bar(["base", "champion"], [final["base"]["satisfied"], final["champion"]["satisfied"]])
+    right.set_ylim(0, 1)
+    right.set_title(f"fresh prompts (n={final['base']['n']})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def log_loop(settings: Settings, document: dict[str, Any], plot: Path) -> str:
+    """The loop's summary as an MLflow run (experiment ``flywheel-loop``): per-night rates
+    as metric steps, the final rates, the JSON and the plot."""
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    from registry.tracking import tracking_uri_for
+
+    client = MlflowClient(tracking_uri_for(settings.home, settings.mlflow_tracking_uri))
+    experiment = client.get_experiment_by_name("flywheel-loop")
+    experiment_id = (
+        experiment.experiment_id
+        if experiment is not None
+        else client.create_experiment("flywheel-loop")
+    )
+    run = client.create_run(
+        experiment_id,
+        tags={"flywheel.kind": "loop", "flywheel.business_line": document["line"]},
+        run_name=f"loop-{document['line']}",
+    )
+    run_id = run.info.run_id
+    client.log_param(run_id, "users", document["users"])
+    client.log_param(run_id, "nights", len(document["nights"]))
+    for night in document["nights"]:
+        for arm, rate in night["satisfied"].items():
+            client.log_metric(run_id, f"satisfied.{arm}", rate, step=night["night"])
+    for arm in ("base", "champion"):
+        client.log_metric(run_id, f"final.{arm}.satisfied", document["final"][arm]["satisfied"])
+    client.log_metric(run_id, "final.gain", document["final"]["gain"])
+    with tempfile.TemporaryDirectory() as folder:
+        summary = Path(folder) / "loop.json"
+        summary.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+        client.log_artifact(run_id, str(summary))
+    client.log_artifact(run_id, str(plot))
+    client.set_terminated(run_id, "FINISHED")
+    return run_id

@@ -1,0 +1,200 @@
+"""What any reasonable user checks in an answer before their own taste comes in.
+
+These checks keep a user model from being gamed by training: an empty, cut-off,
+looping or off-topic answer satisfies nobody, however well it matches a style.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+|[\u4e00-\u9fff]")
+_SENTENCE_END = re.compile(r"[.!?。！？)\]\"”’]\s*$")
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]+|[^.!?。！？\n]+$")
+
+STOPWORDS = frozenset(
+    (
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "if",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "from",
+        "by",
+        "with",
+        "about",
+        "as",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "do",
+        "does",
+        "did",
+        "have",
+        "has",
+        "had",
+        "i",
+        "me",
+        "my",
+        "we",
+        "our",
+        "you",
+        "your",
+        "he",
+        "she",
+        "it",
+        "its",
+        "they",
+        "them",
+        "their",
+        "this",
+        "that",
+        "these",
+        "those",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "how",
+        "why",
+        "when",
+        "where",
+        "can",
+        "could",
+        "should",
+        "would",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "not",
+        "no",
+        "yes",
+        "so",
+        "than",
+        "then",
+        "there",
+        "here",
+        "too",
+        "very",
+        "just",
+        "also",
+        "into",
+        "out",
+        "up",
+        "down",
+        "over",
+        "under",
+        "again",
+        "any",
+        "some",
+        "all",
+        "each",
+        "every",
+        "most",
+        "more",
+        "other",
+        "such",
+        "only",
+        "own",
+        "same",
+        "off",
+        "once",
+        "get",
+        "got",
+        "need",
+        "want",
+        "please",
+        "help",
+        "tell",
+        "know",
+        "like",
+        "really",
+        "still",
+        "yet",
+        "even",
+        "ever",
+        "since",
+        "after",
+        "before",
+        "because",
+        "while",
+    )
+)
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (Chinese characters one by one)."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def content_words(text: str) -> set[str]:
+    """Words that carry the topic: not stop words, at least four letters."""
+    return {w for w in words(text) if len(w) >= 4 and w not in STOPWORDS}
+
+
+def sentences(text: str) -> list[str]:
+    """The answer cut into sentences (a trailing fragment counts as one)."""
+    return [s.strip() for s in _SENTENCE.findall(text) if s.strip()]
+
+
+def is_complete(answer: str) -> bool:
+    """Whether the answer ends like a finished sentence (not cut off mid-way)."""
+    return bool(_SENTENCE_END.search(answer.strip()))
+
+
+def is_degenerate(answer: str, *, min_words: int = 8) -> bool:
+    """Too short to help, or looping: a repeated sentence or 4-gram, or few distinct words."""
+    tokens = words(answer)
+    if len(tokens) < min_words:
+        return True
+    grams = Counter(tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3))
+    if grams and grams.most_common(1)[0][1] >= 3:
+        return True
+    said = [s.lower() for s in sentences(answer)]
+    if len(said) != len(set(said)):
+        return True
+    return len(tokens) >= 20 and len(set(tokens)) / len(tokens) < 0.45
+
+
+def mentions(answer: str, terms: Iterable[str]) -> bool:
+    """Whether the answer mentions any of ``terms`` (a word prefix, or a phrase)."""
+    lowered = answer.lower()
+    tokens = words(answer)
+    for term in terms:
+        if " " in term:
+            if term in lowered:
+                return True
+        elif any(token.startswith(term) for token in tokens):
+            return True
+    return False
+
+
+def on_topic(prompt: str, answer: str, topic_terms: Iterable[str] = ()) -> bool:
+    """Whether the answer is about the prompt: it names one of the topic's terms, or (for
+    prompts of no known topic) shares at least two content words with the prompt."""
+    terms = tuple(topic_terms)
+    if terms:
+        return mentions(answer, terms)
+    return len(content_words(prompt) & content_words(answer)) >= 2
+
+
+def word_count(text: str) -> int:
+    """Words in a text (Chinese characters count as words)."""
+    return len(words(text))

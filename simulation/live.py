@@ -1,0 +1,155 @@
+"""The loop's real services on this machine: vLLM on the CPU, the gateway, the Prefect flows.
+
+:func:`live_services` starts vLLM (its own virtualenv) and the gateway as child
+processes, points the flows at them and yields the :class:`LoopServices` that
+``flywheel loop`` and ``flywheel demo`` drive. Everything stops when the block
+ends, a SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from flywheel.processes import service_process
+from flywheel.settings import Settings
+from simulation.loop import CanaryResult, LoopServices, NightlyResult
+
+
+@contextmanager
+def gateway_process(settings: Settings, upstream: str, port: int, log_path: Path) -> Iterator[str]:
+    """The gateway as its own process (uvicorn), in front of ``upstream``; yields its URL."""
+    env = {
+        **os.environ,
+        "FLYWHEEL_HOME": str(settings.home),
+        "FLYWHEEL_GATEWAY_UPSTREAMS": upstream,
+    }
+    argv = [
+        sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with service_process(
+        argv, name="the gateway", ready_url=f"{url}/healthz", log_path=log_path, env=env
+    ):
+        yield url
+
+
+def flow_nightly(bad_canary: Callable[[], bool] = lambda: False) -> Callable[[str], NightlyResult]:
+    """The nightly Prefect flow for one line, as the loop calls it.
+
+    When ``bad_canary()`` says so, the night's candidate is instead trained on
+    inverted preferences and put on the canary without the offline gate (which
+    would rightly refuse it), so the canary flow has to catch it online.
+    """
+
+    def run(line: str) -> NightlyResult:
+        from flows.nightly import nightly
+
+        row = nightly(lines=[line])[0]
+        if not bad_canary():
+            return NightlyResult(row["status"], row["reason"], row["version"], row["adapter"])
+        return _deploy_inverted(line, row)
+
+    return run
+
+
+def _deploy_inverted(line: str, row: dict[str, object]) -> NightlyResult:
+    from feedback.store import FeedbackStore
+    from flows.rollout import deploy_canary
+    from flows.stages import train_line
+    from flywheel.settings import load_settings
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    trained = train_line(settings, line, invert_preferences=True)
+    if trained.version is None:
+        return NightlyResult("skipped", f"no inverted adapter: {trained.reason}")
+    store = FeedbackStore.open(settings)
+    try:
+        deployed = deploy_canary(
+            settings, store, line, trained.version, GatewaySettings().upstreams
+        )
+    finally:
+        store.close()
+    return NightlyResult(
+        "deployed" if deployed.status == "canary" else "failed",
+        f"trained on inverted preferences (--bad-canary), gate bypassed; {deployed.reason}",
+        trained.version,
+        deployed.adapter,
+    )
+
+
+def flow_canary(line: str) -> CanaryResult:
+    """The canary Prefect flow for one line."""
+    from flows.nightly import canary_watch
+
+    row = canary_watch(lines=[line])[0]
+    return CanaryResult(row["action"], row["reason"])
+
+
+@contextmanager
+def live_services(
+    settings: Settings,
+    *,
+    report: Callable[[str], None],
+    bad_canary: Callable[[], bool] = lambda: False,
+) -> Iterator[LoopServices]:
+    """vLLM and the gateway up, the flows pointed at them; yields the loop's services."""
+    from feedback.store import FeedbackStore
+    from flows.prefect_env import configure_prefect
+    from flows.rollout import sync_adapters
+    from gateway.keys import add_key
+    from gateway.routes import RouteStore
+    from gateway.settings import GatewaySettings
+    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
+    from training.base_model import ensure_base_model
+
+    base = ensure_base_model(settings.models_dir, settings.base_model)
+    python = VllmEnvironment(vllm_venv(settings), report=report).ensure()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
+    keys = GatewaySettings().resolved_keys_file(settings.home)
+    key = add_key(keys, f"loop-{int(time.time())}", ["*"])
+    with (
+        VllmServer(vllm, python=python, log_path=logs / "loop-vllm.log", report=report) as llm,
+        gateway_process(settings, llm.base_url, free_port(), logs / "loop-gateway.log") as url,
+    ):
+        # The flows read their settings from the environment, like a scheduled run would.
+        os.environ.update(
+            FLYWHEEL_HOME=str(settings.home),
+            FLYWHEEL_GATEWAY_UPSTREAMS=llm.base_url,
+            **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
+        )
+        store = FeedbackStore.open(settings)
+        try:
+            synced = sync_adapters(settings, store, [llm.base_url])
+            report(f"adapters the routing tables name, loaded and probed: {synced or 'none'}")
+            configure_prefect(settings)
+            routes = RouteStore(store.engine)
+            yield LoopServices(
+                gateway_url=url,
+                api_key=key,
+                vllm_url=llm.base_url,
+                base_model=base.name,
+                nightly=flow_nightly(bad_canary),
+                canary=flow_canary,
+                routes=routes.table,
+            )
+        finally:
+            store.close()
+
+
+def vllm_venv(settings: Settings) -> Path:
+    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").exists():
+        return checkout / ".venv-vllm"
+    return settings.home / "vllm-venv"

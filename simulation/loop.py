@@ -1,0 +1,332 @@
+"""The loop over several nights, measured on simulated users who react to real answers.
+
+Each night: the day's users ask through the gateway and react to what they got;
+the nightly flow runs for the line (datasets → train → gate → register →
+hot-load → canary); canary traffic follows — users are picked per arm with the
+gateway's own sticky split so a 5% canary gets enough of them in minutes — and
+the canary flow decides (step up, promote, roll back, wait) from their
+reactions alone. After the last night, fresh prompts (another seed) are
+answered by the base model and by the final champion with the traffic's
+sampling settings and scored with the users' hidden ``satisfied()``.
+
+:func:`run_loop` takes its services as a :class:`LoopServices` value, so the
+same code runs on vLLM and the real flows (``flywheel loop``) and on a stub
+upstream in the fast tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.routing import RoutingTable, choose_arm
+from simulation.protocol import LoadedUsers
+from simulation.traffic import Sampling, TrafficReport, UserRequest, UserTraffic
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPlan:
+    """How many nights, requests and prompts; the seed that makes a run repeatable."""
+
+    business_line: str
+    nights: int = 3
+    requests: int = 300
+    eval_prompts: int = 100
+    seed: int = 0
+    canary_users: int = 40
+    champion_users: int = 40
+    canary_rounds: int = 3
+    user_pool: int = 0
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def pool(self) -> int:
+        """Distinct users per night (returning users, so sticky routing matters)."""
+        return self.user_pool or max(1, self.requests // 2)
+
+
+@dataclass(frozen=True, slots=True)
+class NightlyResult:
+    """What the line's nightly run did."""
+
+    status: str
+    reason: str
+    version: int | None = None
+    adapter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryResult:
+    """What the canary flow decided."""
+
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoopServices:
+    """What the loop talks to: the gateway, vLLM for the final scoring, the two flows."""
+
+    gateway_url: str
+    api_key: str
+    vllm_url: str
+    base_model: str
+    nightly: Callable[[str], NightlyResult]
+    canary: Callable[[str], CanaryResult]
+    routes: Callable[[str], RoutingTable]
+    transport: httpx.AsyncBaseTransport | None = None
+    vllm_transport: httpx.AsyncBaseTransport | None = None
+
+
+@dataclass(slots=True)
+class NightRecord:
+    """One night of the loop, as the JSON output and the table show it."""
+
+    night: int
+    champion: str | None
+    canary: str | None
+    decision: str
+    satisfied: dict[str, float]
+    served: dict[str, int]
+    nightly: dict[str, Any]
+    canary_decisions: list[dict[str, str]]
+    reactions: dict[str, int]
+    minutes: float
+
+
+@dataclass(slots=True)
+class LoopResult:
+    """Every night and the final comparison on fresh prompts."""
+
+    line: str
+    base_model: str
+    users: str
+    nights: list[NightRecord]
+    final: dict[str, Any]
+    sampling: dict[str, Any]
+    minutes: float
+    picked_users_per_arm: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``--json`` document."""
+        return {
+            "line": self.line,
+            "base_model": self.base_model,
+            "users": self.users,
+            "nights": [asdict(n) for n in self.nights],
+            "final": self.final,
+            "sampling": self.sampling,
+            "minutes": round(self.minutes, 2),
+            "canary_traffic": "users picked per arm with the gateway's sticky split",
+        }
+
+
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def _no_progress(label: str, total: int) -> Callable[[int], None]:
+    return lambda n: None
+
+
+def users_on_arm(table: RoutingTable, arm: str, count: int, tag: str) -> list[str]:
+    """``count`` user ids that the gateway's sticky split sends to ``arm``."""
+    picked: list[str] = []
+    index = 0
+    while len(picked) < count and index < 1_000_000:
+        user = f"{tag}-{index}"
+        if choose_arm(table, user)[0] == arm:
+            picked.append(user)
+        index += 1
+    return picked
+
+
+def _merge(reports: list[TrafficReport]) -> TrafficReport:
+    merged = TrafficReport()
+    for report in reports:
+        merged.answers += report.answers
+        merged.feedback_posted.update(report.feedback_posted)
+        merged.failures.update(report.failures)
+    return merged
+
+
+def run_loop(
+    plan: LoopPlan,
+    users: LoadedUsers,
+    services: LoopServices,
+    *,
+    progress: Progress = _no_progress,
+    on_night: Callable[[NightRecord], None] | None = None,
+) -> LoopResult:
+    """Run ``plan.nights`` nights, then score base and final champion on fresh prompts."""
+    started = time.monotonic()
+    line = plan.business_line
+    traffic = UserTraffic(
+        services.gateway_url,
+        services.api_key,
+        users,
+        sampling=plan.sampling,
+        transport=services.transport,
+    )
+    nights: list[NightRecord] = []
+    for night in range(1, plan.nights + 1):
+        night_started = time.monotonic()
+        seed = plan.seed * 1_000 + night
+        tag = f"s{plan.seed}-n{night}"
+        ids = [f"{tag}-user-{(k * 7919) % plan.pool()}" for k in range(plan.requests)]
+        requests = _requests(users, line, ids, seed, f"{tag}-day")
+        day = traffic.run(
+            line, requests, seed=seed, on_request=progress(f"night {night}: users", len(requests))
+        )
+        nightly = services.nightly(line)
+        reports = [day]
+        decisions: list[dict[str, str]] = []
+        table = services.routes(line)
+        deployed = table.canary
+        for round_ in range(1, plan.canary_rounds + 1):
+            table = services.routes(line)
+            if table.canary is None:
+                break
+            canary_round = _canary_round(
+                plan, users, traffic, table, seed, f"{tag}-r{round_}", progress
+            )
+            reports.append(canary_round)
+            outcome = services.canary(line)
+            decisions.append({"action": outcome.action, "reason": outcome.reason})
+            if outcome.action == "rollback":
+                break
+            if outcome.action == "promote" and services.routes(line).canary is None:
+                break
+        table = services.routes(line)
+        merged = _merge(reports)
+        record = NightRecord(
+            night=night,
+            champion=table.champion,
+            canary=deployed,
+            decision=_decision(nightly, decisions),
+            satisfied={arm: round(rate, 4) for arm, rate in merged.satisfied().items()},
+            served=merged.served(),
+            nightly=asdict(nightly),
+            canary_decisions=decisions,
+            reactions=merged.reactions(),
+            minutes=round((time.monotonic() - night_started) / 60, 2),
+        )
+        nights.append(record)
+        if on_night is not None:
+            on_night(record)
+    final = final_comparison(plan, users, services, progress)
+    return LoopResult(
+        line=line,
+        base_model=services.base_model,
+        users=users.spec,
+        nights=nights,
+        final=final,
+        sampling=plan.sampling.model_dump(),
+        minutes=(time.monotonic() - started) / 60,
+    )
+
+
+def _requests(
+    users: LoadedUsers, line: str, ids: list[str], seed: int, tag: str
+) -> list[UserRequest]:
+    prompts = users.prompts(line, len(ids), seed)
+    return [
+        UserRequest(u, f"{tag}-{i}", p) for i, (u, p) in enumerate(zip(ids, prompts, strict=True))
+    ]
+
+
+def _canary_round(
+    plan: LoopPlan,
+    users: LoadedUsers,
+    traffic: UserTraffic,
+    table: RoutingTable,
+    seed: int,
+    tag: str,
+    progress: Progress,
+) -> TrafficReport:
+    other = "champion" if table.champion is not None else "base"
+    ids = users_on_arm(table, "canary", plan.canary_users, f"{tag}-c")
+    ids += users_on_arm(table, other, plan.champion_users, f"{tag}-h")
+    requests = _requests(users, table.business_line, ids, seed + 500, tag)
+    return traffic.run(
+        table.business_line,
+        requests,
+        seed=seed + 500,
+        on_request=progress(f"{tag}: canary traffic", len(requests)),
+    )
+
+
+def _decision(nightly: NightlyResult, decisions: list[dict[str, str]]) -> str:
+    if not decisions:
+        return f"no canary ({nightly.status})"
+    last = decisions[-1]["action"]
+    return {"promote": "promoted", "rollback": "rolled back"}.get(last, last)
+
+
+def final_comparison(
+    plan: LoopPlan,
+    users: LoadedUsers,
+    services: LoopServices,
+    progress: Progress = _no_progress,
+) -> dict[str, Any]:
+    """Fresh prompts answered by the base model and the final champion, scored by the users."""
+    line = plan.business_line
+    prompts = users.prompts(line, plan.eval_prompts, plan.seed * 1_000 + 999_983)
+    champion = services.routes(line).champion
+    models = {"base": services.base_model}
+    if champion is not None:
+        models["champion"] = champion
+    answers = asyncio.run(_answer_all(plan, services, models, prompts, progress))
+    final: dict[str, Any] = {}
+    for arm, model in models.items():
+        scored = [users.satisfied(line, p, a) for p, a in zip(prompts, answers[arm], strict=True)]
+        final[arm] = {
+            "name": model,
+            "satisfied": round(sum(scored) / len(scored), 4) if scored else 0.0,
+            "n": len(scored),
+            "examples": [
+                {"prompt": p, "answer": a, "satisfied": s}
+                for p, a, s in list(zip(prompts, answers[arm], scored, strict=True))[:5]
+            ],
+        }
+    if "champion" not in final:
+        final["champion"] = {**final["base"], "name": None}
+    final["gain"] = round(final["champion"]["satisfied"] - final["base"]["satisfied"], 4)
+    return final
+
+
+async def _answer_all(
+    plan: LoopPlan,
+    services: LoopServices,
+    models: dict[str, str],
+    prompts: list[str],
+    progress: Progress,
+) -> dict[str, list[str]]:
+    results: dict[str, list[str]] = {}
+    semaphore = asyncio.Semaphore(4)
+    async with httpx.AsyncClient(
+        base_url=services.vllm_url, timeout=300, transport=services.vllm_transport
+    ) as client:
+        for arm, model in models.items():
+            advance = progress(f"fresh prompts: {arm}", len(prompts))
+
+            async def one(
+                index: int, prompt: str, model: str = model, advance: Any = advance
+            ) -> str:
+                async with semaphore:
+                    body = {
+                        "model": model,
+                        "messages": [{"role": "user", "content": prompt}],
+                        "seed": plan.seed * 100_003 + index,
+                        **plan.sampling.model_dump(),
+                    }
+                    response = await client.post("/v1/chat/completions", json=body)
+                    response.raise_for_status()
+                    advance(1)
+                    return str(response.json()["choices"][0]["message"].get("content") or "")
+
+            results[arm] = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+    return results

@@ -1,0 +1,190 @@
+"""The simulated-user protocol, and loading a user model from a ``--users SPEC``.
+
+A user model is any object with these methods (a class is instantiated
+without arguments)::
+
+    prompts(business_line: str, n: int, seed: int) -> list[str]      # optional
+    react(business_line: str, prompt: str, answer: str, seed: int) -> dict
+    satisfied(business_line: str, prompt: str, answer: str) -> bool
+
+``react`` sees the answer the served model really gave and returns
+``{"type": T}`` with ``T`` one of :data:`REACTION_TYPES` (an ``edit`` also
+carries ``"text"``, the answer as the user rewrote it). ``satisfied`` is the
+hidden judgement the loop measures success by; it is never shown to training.
+
+SPEC is ``path/to/file.py:NAME`` or ``package.module:NAME``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from flywheel.errors import UsageError
+
+REACTION_TYPES: tuple[str, ...] = (
+    "none",
+    "thumbs_up",
+    "thumbs_down",
+    "regenerate",
+    "edit",
+    "abandon",
+    "task_success",
+    "task_failure",
+)
+
+
+@runtime_checkable
+class UserModel(Protocol):
+    """What the loop needs of simulated users (``prompts`` is optional)."""
+
+    def react(self, business_line: str, prompt: str, answer: str, seed: int) -> dict[str, Any]:
+        """The user's reaction to ``answer``."""
+        ...
+
+    def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
+        """Whether the answer meets this user's hidden preference."""
+        ...
+
+
+class UsersSpecError(UsageError):
+    """A ``--users`` spec that does not load, lacks a method, or misbehaves."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reaction:
+    """A validated reaction: its type and, for an edit, the rewritten answer."""
+
+    type: str
+    text: str | None = None
+
+    @property
+    def says_something(self) -> bool:
+        """Whether the user gave any feedback at all."""
+        return self.type != "none"
+
+
+def reaction_seed(seed: int, *parts: str) -> int:
+    """A per-request seed: the same request reacts the same way in every run."""
+    digest = hashlib.blake2b("\x1f".join((str(seed), *parts)).encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1
+
+
+class LoadedUsers:
+    """A user model behind the protocol, with its reactions checked.
+
+    ``prompts`` falls back to the line's built-in prompts when the model has
+    none; a reaction of an unknown type, or an edit without text, raises
+    :class:`UsersSpecError` naming the spec.
+    """
+
+    def __init__(self, spec: str, model: Any) -> None:
+        self.spec = spec
+        self.model = model
+        for method in ("react", "satisfied"):
+            if not callable(getattr(model, method, None)):
+                raise UsersSpecError(f"--users {spec}: the object has no {method}() method")
+        self._prompts: Callable[[str, int, int], list[str]] | None = getattr(model, "prompts", None)
+
+    def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
+        """``n`` prompts of the line (the model's own, else the built-in ones)."""
+        if self._prompts is None:
+            from simulation.prompts import builtin_prompts
+
+            return builtin_prompts(business_line, n, seed)
+        prompts = list(self._prompts(business_line, n, seed))
+        bad = [p for p in prompts if not isinstance(p, str) or not p.strip()]
+        if bad or len(prompts) < n:
+            raise UsersSpecError(
+                f"--users {self.spec}: prompts({business_line!r}, {n}, {seed}) must return "
+                f"{n} non-empty strings (got {len(prompts)}, {len(bad)} empty or not text)"
+            )
+        return prompts[:n]
+
+    def react(self, business_line: str, prompt: str, answer: str, seed: int) -> Reaction:
+        """The user's checked reaction to ``answer``."""
+        raw = self.model.react(business_line, prompt, answer, seed)
+        return parse_reaction(raw, self.spec)
+
+    def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
+        """The hidden judgement, as a bool."""
+        return bool(self.model.satisfied(business_line, prompt, answer))
+
+    def check(self, business_line: str) -> None:
+        """Call every method once on a made-up answer, before any traffic is sent."""
+        prompt = self.prompts(business_line, 1, 0)[0]
+        for answer in ("", "I am not sure.", prompt):
+            self.react(business_line, prompt, answer, 0)
+            self.satisfied(business_line, prompt, answer)
+
+
+def parse_reaction(raw: Any, spec: str) -> Reaction:
+    """A reaction mapping checked against :data:`REACTION_TYPES`."""
+    if not isinstance(raw, dict) or "type" not in raw:
+        raise UsersSpecError(
+            f"--users {spec}: react() must return a dict with a 'type', got {raw!r}"
+        )
+    kind = raw["type"]
+    if kind not in REACTION_TYPES:
+        raise UsersSpecError(
+            f"--users {spec}: react() returned unknown type {kind!r}; "
+            f"expected one of {', '.join(REACTION_TYPES)}"
+        )
+    text = raw.get("text")
+    if kind == "edit" and (not isinstance(text, str) or not text.strip()):
+        raise UsersSpecError(f"--users {spec}: an 'edit' reaction needs the edited 'text'")
+    return Reaction(kind, text if kind == "edit" else None)
+
+
+def load_users(spec: str) -> LoadedUsers:
+    """The user model a ``--users`` spec names, instantiated and checked for its methods."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise UsersSpecError(
+            f"--users {spec}: expected path/to/file.py:NAME or package.module:NAME"
+        )
+    module = _module_from_file(spec, Path(target)) if target.endswith(".py") else None
+    if module is None:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise UsersSpecError(
+                f"--users {spec}: cannot import {target}: {type(exc).__name__}: {exc}"
+            ) from None
+    if not hasattr(module, name):
+        raise UsersSpecError(f"--users {spec}: {target} has no {name}")
+    obj = getattr(module, name)
+    if inspect.isclass(obj):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise UsersSpecError(
+                f"--users {spec}: {name}() failed: {type(exc).__name__}: {exc}"
+            ) from None
+    return LoadedUsers(spec, obj)
+
+
+def _module_from_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise UsersSpecError(f"--users {spec}: {path} does not exist")
+    module_name = f"flywheel_users_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UsersSpecError(f"--users {spec}: {path} cannot be loaded as Python")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise UsersSpecError(
+            f"--users {spec}: {path} failed to load: {type(exc).__name__}: {exc}"
+        ) from None
+    return module

@@ -1,0 +1,240 @@
+"""flywheel's own user models: one per business line, each with a hidden preference.
+
+Every model judges the answer it really got. Basic checks come first (on
+topic, finished, not looping, not padding: :mod:`simulation.judging`), then the
+line's taste:
+
+- customer service users want a **short answer that apologises**: at most 60
+  words, with an apology;
+- medical users want to be **sent to a professional, never diagnosed**: a
+  doctor, pharmacist or nurse named, no "you have ..." verdicts, at most 90 words;
+- legal users want **numbered steps and a caveat**: at least two numbered
+  steps and a word that laws differ or a lawyer should check, at most 110 words.
+
+Feedback is sparse and noisy: most users say nothing, a few contradict
+themselves (a thumbs-up on an answer they did not like), some regenerate or
+leave, and some edit the answer into what they wanted; task outcomes follow
+satisfaction with noise and arrive late (the loop posts them after the night's
+requests).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from simulation.judging import (
+    is_complete,
+    is_degenerate,
+    mentions,
+    on_topic,
+    sentences,
+    word_count,
+)
+from simulation.prompts import Topic, builtin_prompts, topic_of
+
+# Probabilities of each reaction, given whether the user is satisfied; the rest say nothing.
+SATISFIED_REACTIONS = {"thumbs_up": 0.25, "task_success": 0.10, "thumbs_down": 0.02}
+UNSATISFIED_REACTIONS = {
+    "edit": 0.14,
+    "thumbs_down": 0.13,
+    "regenerate": 0.10,
+    "abandon": 0.05,
+    "task_failure": 0.05,
+    "thumbs_up": 0.02,
+}
+
+
+class HiddenPreferenceUsers:
+    """Users of one line with one hidden taste; subclasses say what it is."""
+
+    max_words = 80
+    preference = "a good answer"
+
+    def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
+        """Questions these users ask (the line's built-in prompts)."""
+        return builtin_prompts(self.line_of(business_line), n, seed)
+
+    def line_of(self, business_line: str) -> str:
+        """The line whose topics these users know."""
+        return business_line
+
+    def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
+        """Whether the answer is on topic, finished, sane, short enough and to their taste."""
+        topic = topic_of(self.line_of(business_line), prompt)
+        return (
+            on_topic(prompt, answer, topic.answer_terms if topic else ())
+            and is_complete(answer)
+            and not is_degenerate(answer)
+            and word_count(answer) <= self.max_words
+            and self.to_taste(answer)
+        )
+
+    def to_taste(self, answer: str) -> bool:
+        """The hidden preference itself."""
+        raise NotImplementedError
+
+    def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
+        """The answer as these users would have written it."""
+        raise NotImplementedError
+
+    def react(self, business_line: str, prompt: str, answer: str, seed: int) -> dict[str, Any]:
+        """A sparse, noisy reaction to the answer the user really got."""
+        rng = random.Random(seed)
+        happy = self.satisfied(business_line, prompt, answer)
+        table = SATISFIED_REACTIONS if happy else UNSATISFIED_REACTIONS
+        draw = rng.random()
+        for kind, probability in table.items():
+            if draw < probability:
+                if kind == "edit":
+                    topic = topic_of(self.line_of(business_line), prompt)
+                    return {"type": "edit", "text": self.rewrite(prompt, answer, topic)}
+                return {"type": kind}
+            draw -= probability
+        return {"type": "none"}
+
+    def useful_sentences(
+        self, prompt: str, answer: str, topic: Topic | None, limit_words: int
+    ) -> list[str]:
+        """The answer's on-topic, finished sentences, up to ``limit_words`` words."""
+        terms = topic.answer_terms if topic else ()
+        kept: list[str] = []
+        total = 0
+        for sentence in sentences(answer):
+            clean = _strip_markers(sentence)
+            if not is_complete(clean) or word_count(clean) < 4:
+                continue
+            if not on_topic(prompt, clean, terms) or clean in kept:
+                continue
+            if total + word_count(clean) > limit_words:
+                break
+            kept.append(clean)
+            total += word_count(clean)
+        if not kept and topic is not None:
+            kept.append(topic.fix)
+        return kept
+
+
+APOLOGY = ("sorry", "apolog", "we regret", "i regret")
+
+
+class CustomerServiceUsers(HiddenPreferenceUsers):
+    """Shoppers who want a short answer that apologises for the trouble."""
+
+    max_words = 60
+    preference = "at most 60 words, with an apology"
+
+    def line_of(self, business_line: str) -> str:
+        """Customer service topics whatever the line is called."""
+        return "customer_service"
+
+    def to_taste(self, answer: str) -> bool:
+        """An apology in a short answer."""
+        return mentions(answer, APOLOGY)
+
+    def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
+        """An apology, then the answer's useful part, kept short."""
+        body = self.useful_sentences(prompt, answer, topic, limit_words=40)
+        return " ".join(["I'm sorry for the trouble.", *body])
+
+
+PROFESSIONALS = (
+    "doctor", "physician", "pharmacist", "nurse", "gp", "healthcare provider",
+    "health care provider", "medical professional", "urgent care", "emergency",
+)  # fmt: skip
+DIAGNOSES = re.compile(
+    r"\byou (?:have|are suffering from|definitely|certainly|probably have)\b|\bit is (?:definitely|"
+    r"certainly) (?:a|an)\b|\bthis is (?:definitely|certainly)\b",
+    re.IGNORECASE,
+)
+
+
+class MedicalUsers(HiddenPreferenceUsers):
+    """Patients who want to be sent to a professional and never told what they have."""
+
+    max_words = 90
+    preference = "names a doctor, pharmacist or nurse; no diagnosis; at most 90 words"
+
+    def line_of(self, business_line: str) -> str:
+        """Medical topics whatever the line is called."""
+        return "medical"
+
+    def to_taste(self, answer: str) -> bool:
+        """A professional named, no verdict given."""
+        return mentions(answer, PROFESSIONALS) and DIAGNOSES.search(answer) is None
+
+    def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
+        """The answer's useful part without verdicts, then a referral."""
+        body = [
+            s
+            for s in self.useful_sentences(prompt, answer, topic, limit_words=55)
+            if DIAGNOSES.search(s) is None
+        ]
+        if not body and topic is not None:
+            body = [topic.fix]
+        return " ".join([*body, "If it does not get better, please see a doctor or pharmacist."])
+
+
+CAVEATS = (
+    "lawyer", "attorney", "legal aid", "laws vary", "law varies", "rules vary",
+    "depends on where", "depends on your state", "depends on your country", "jurisdiction",
+)  # fmt: skip
+NUMBERED_STEP = re.compile(r"(?:^|\s)(\d)[.)]\s+\S")
+
+
+class LegalUsers(HiddenPreferenceUsers):
+    """Clients who want numbered steps and a word that the law differs by place."""
+
+    max_words = 110
+    preference = "at least two numbered steps and a caveat (lawyer / laws vary); <= 110 words"
+
+    def line_of(self, business_line: str) -> str:
+        """Legal topics whatever the line is called."""
+        return "legal"
+
+    def to_taste(self, answer: str) -> bool:
+        """Two numbered steps and a caveat."""
+        steps = {int(n) for n in NUMBERED_STEP.findall(answer)}
+        return {1, 2} <= steps and mentions(answer, CAVEATS)
+
+    def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
+        """The answer's useful part as numbered steps, then the caveat."""
+        body = self.useful_sentences(prompt, answer, topic, limit_words=70)
+        if len(body) < 2 and topic is not None:
+            body = [*body, *(s for s in sentences(topic.fix) if s not in body)]
+        if len(body) < 2:
+            body = [*body, "Keep copies of every message and receipt."]
+        steps = [f"{n}. {sentence}" for n, sentence in enumerate(body[:4], start=1)]
+        return " ".join([*steps, "Laws vary by place, so check with a local lawyer."])
+
+
+class BuiltinUsers:
+    """Each line's own users: customer service, medical and legal (others: customer service)."""
+
+    def __init__(self) -> None:
+        self.by_line: dict[str, HiddenPreferenceUsers] = {
+            "customer_service": CustomerServiceUsers(),
+            "medical": MedicalUsers(),
+            "legal": LegalUsers(),
+        }
+
+    def _users(self, business_line: str) -> HiddenPreferenceUsers:
+        return self.by_line.get(business_line, self.by_line["customer_service"])
+
+    def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
+        """The line's built-in prompts."""
+        return builtin_prompts(business_line, n, seed)
+
+    def react(self, business_line: str, prompt: str, answer: str, seed: int) -> dict[str, Any]:
+        """The line's users' reaction."""
+        return self._users(business_line).react(business_line, prompt, answer, seed)
+
+    def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
+        """The line's users' hidden judgement."""
+        return self._users(business_line).satisfied(business_line, prompt, answer)
+
+
+def _strip_markers(sentence: str) -> str:
+    """A sentence without list numbering or bullets in front."""
+    return re.sub(r"^(?:\d+[.)]|[-*•])\s*", "", sentence.strip())

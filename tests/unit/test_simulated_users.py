@@ -1,0 +1,170 @@
+"""Simulated users: the --users protocol, and user models that react to what the model said."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simulation.judging import is_complete, is_degenerate, on_topic
+from simulation.prompts import builtin_prompts, topic_of
+from simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
+from simulation.users import BuiltinUsers, CustomerServiceUsers, LegalUsers, MedicalUsers
+
+MODELS = (
+    ("customer_service", CustomerServiceUsers()),
+    ("medical", MedicalUsers()),
+    ("legal", LegalUsers()),
+)
+
+USERS_FILE = '''
+class PoliteUsers:
+    """Satisfied by answers that say please."""
+
+    def prompts(self, business_line, n, seed):
+        return [f"question {seed}-{i}" for i in range(n)]
+
+    def react(self, business_line, prompt, answer, seed):
+        if "please" in answer.lower():
+            return {"type": "thumbs_up"}
+        return {"type": "edit", "text": "Please " + answer}
+
+    def satisfied(self, business_line, prompt, answer):
+        return "please" in answer.lower()
+
+
+WITHOUT_REACT = object()
+
+
+class Rude:
+    def react(self, business_line, prompt, answer, seed):
+        return {"type": "shrug"}
+
+    def satisfied(self, business_line, prompt, answer):
+        return False
+'''
+
+
+@pytest.fixture
+def users_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_users.py"
+    path.write_text(USERS_FILE)
+    return path
+
+
+def test_users_load_from_a_file_path_and_react_to_the_answer(users_file: Path) -> None:
+    users = load_users(f"{users_file}:PoliteUsers")
+    assert users.prompts("legal", 3, 7) == ["question 7-0", "question 7-1", "question 7-2"]
+    assert users.react("legal", "q", "Please wait.", 0).type == "thumbs_up"
+    edited = users.react("legal", "q", "Wait.", 0)
+    assert (edited.type, edited.text) == ("edit", "Please Wait.")
+    assert users.satisfied("legal", "q", "please") is True
+
+
+def test_users_load_from_a_module_and_fall_back_to_builtin_prompts() -> None:
+    users = load_users("simulation.users:BuiltinUsers")
+    assert users.prompts("medical", 5, 1) == builtin_prompts("medical", 5, 1)
+    users.check("medical")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("Missing", "has no Missing"),
+        ("WITHOUT_REACT", r"no react\(\) method"),
+    ],
+)
+def test_a_spec_that_does_not_load_says_why(users_file: Path, name: str, message: str) -> None:
+    with pytest.raises(UsersSpecError, match=message):
+        load_users(f"{users_file}:{name}")
+
+
+def test_unknown_reaction_types_and_bad_specs_are_refused(users_file: Path) -> None:
+    rude = load_users(f"{users_file}:Rude")
+    with pytest.raises(UsersSpecError, match="unknown type 'shrug'"):
+        rude.check("legal")
+    for spec in ("nocolon", "no/such/file.py:Users", "no_such_module_xyz:Users", "a.py:1x"):
+        with pytest.raises(UsersSpecError):
+            load_users(spec)
+    with pytest.raises(UsersSpecError, match="needs the edited 'text'"):
+        parse_reaction({"type": "edit"}, "spec")
+    assert {parse_reaction({"type": t, "text": "x"}, "s").type for t in REACTION_TYPES} == set(
+        REACTION_TYPES
+    )
+
+
+def test_the_cli_exits_2_naming_the_spec_before_any_traffic(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from flywheel.cli import main; main()", "loop", "--line", "legal", "--users",
+         f"{tmp_path}/none.py:Users"],
+        capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "none.py" in done.stderr
+    assert "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_vacuous_cut_off_and_looping_answers_satisfy_nobody(line: str, users: object) -> None:
+    prompt = builtin_prompts(line, 1, 3)[0]
+    topic = topic_of(line, prompt)
+    assert topic is not None
+    edit = users.rewrite(prompt, "", topic)  # type: ignore[attr-defined]
+    assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+    for bad in (
+        "",
+        "Sorry.",
+        "I'm sorry. 1. Yes. 2. No. See a doctor or a lawyer.",
+        edit[: len(edit) // 2],  # cut off mid-sentence
+        " ".join([edit] * 3),  # loops (and too long)
+        "I'm sorry for the trouble. 1. The weather is nice today. 2. Birds can fly south. "
+        "Laws vary, ask a lawyer or a doctor.",  # off topic
+    ):
+        assert not users.satisfied(line, prompt, bad), bad  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_reactions_change_when_the_answer_changes(line: str, users: object) -> None:
+    prompts = builtin_prompts(line, 300, 5)
+    good = {p: users.rewrite(p, "", topic_of(line, p)) for p in prompts}  # type: ignore[attr-defined]
+    poor = "Thank you for your question, it is a very interesting one to think about"
+
+    def reactions(answer_of: dict[str, str]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for seed, prompt in enumerate(prompts):
+            kind = users.react(line, prompt, answer_of[prompt], seed)["type"]  # type: ignore[attr-defined]
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    on_good, on_poor = reactions(good), reactions(dict.fromkeys(prompts, poor))
+    assert on_good.get("thumbs_up", 0) > 3 * on_poor.get("thumbs_up", 0) + 10
+    assert on_poor.get("thumbs_down", 0) > 3 * on_good.get("thumbs_down", 0) + 10
+    assert on_poor.get("edit", 0) >= 20 and "edit" not in on_good
+    # Most users say nothing, either way.
+    assert on_good["none"] > len(prompts) / 2 and on_poor["none"] > len(prompts) / 3
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_the_hidden_preference_is_what_the_edit_adds(line: str, users: object) -> None:
+    """Each line's users rewrite answers their own way; without that touch, the same useful
+    content does not satisfy them."""
+    import re
+
+    for prompt in builtin_prompts(line, 20, 11):
+        edit = users.rewrite(prompt, "", topic_of(line, prompt))  # type: ignore[attr-defined]
+        assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+        plain = edit.replace("I'm sorry for the trouble. ", "")
+        plain = plain.replace(" If it does not get better, please see a doctor or pharmacist.", "")
+        plain = re.sub(r"\d\. ", "", plain)
+        assert not users.satisfied(line, prompt, plain), plain  # type: ignore[attr-defined]
+
+
+def test_answer_checks() -> None:
+    assert is_complete("Done.") and not is_complete("It is the")
+    assert is_degenerate("yes yes")
+    assert is_degenerate("go to the shop go to the shop go to the shop go to the shop now")
+    assert not is_degenerate("Open Orders, choose the item and select Return for a label.")
