@@ -242,22 +242,27 @@ def _parse_time(value: str) -> datetime:
 
 def _read_splits(
     builds: Sequence[DatasetBuild],
-) -> tuple[dict[str, dict[str, dict[str, dict[str, Any]]]], dict[str, dict[str, Any]]]:
-    """Rows by kind, split and example id (newer builds win), and lineage by example id."""
+) -> tuple[
+    dict[str, dict[str, dict[str, dict[str, Any]]]], dict[str, dict[str, Any]], dict[str, str]
+]:
+    """Rows by kind, split and example id (newer builds win), lineage by example id, and
+    the build each example was last seen in."""
     import pyarrow.parquet as pq
 
     rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     lineage: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}
     for build in sorted(builds, key=lambda b: b.manifest["created_at"]):
         for item in build.manifest["examples"]:
             lineage[item["example_id"]] = item
+            origin[item["example_id"]] = build.content_hash
         for kind in ("sft", "dpo", "kto"):
             for split in SPLITS:
                 path = build.path / f"{kind}_{split}.parquet"
                 if path.exists():
                     for row in pq.read_table(path).to_pylist():
                         rows[kind][split][row["example_id"]] = row
-    return rows, lineage
+    return rows, lineage, origin
 
 
 def accumulate(
@@ -268,12 +273,13 @@ def accumulate(
     horizon_days: float,
     half_life_days: float,
 ) -> DatasetBuild:
-    """One training set from the line's datasets of the last ``horizon_days``.
+    """One training set from the line's examples of the last ``horizon_days``.
 
     Examples are deduplicated by id (the newest copy wins); a training example
     that is also held out anywhere is dropped from training, so evaluation
-    never scores what was trained on. Each example's weight is its signal
-    weight times :func:`recency_weight` of its age at the newest build. The set
+    never scores what was trained on. Ages count back from the newest example;
+    each example's weight is its signal weight times :func:`recency_weight` of
+    its age. The set
     is written like any dataset (parquet files and a manifest with lineage),
     marked with the hashes it was built from, under the line's folder.
     """
@@ -281,25 +287,31 @@ def accumulate(
 
     if not builds:
         raise ValueError("accumulate needs at least one dataset")
-    newest = max(_parse_time(b.manifest["created_at"]) for b in builds)
-    chosen = [
-        b
-        for b in builds
-        if (newest - _parse_time(b.manifest["created_at"])).total_seconds() / 86_400 <= horizon_days
-    ]
-    rows, lineage = _read_splits(chosen)
+    rows, lineage, origin = _read_splits(builds)
+    times = [_parse_time(r["time"]) for k in rows.values() for v in k.values() for r in v.values()]
+    newest = max(times, default=datetime.now(UTC))
+
+    def age_days(row: dict[str, Any]) -> float:
+        return (newest - _parse_time(row["time"])).total_seconds() / 86_400
+
     splits: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    used: set[str] = set()
     for kind, by_split in rows.items():
         held_out = set(by_split.get("eval", {}))
+        recent = {
+            split: {i: r for i, r in items.items() if age_days(r) <= horizon_days}
+            for split, items in by_split.items()
+        }
         splits[kind] = {
-            "train": [r for i, r in by_split.get("train", {}).items() if i not in held_out],
-            "eval": list(by_split.get("eval", {}).values()),
+            "train": [r for i, r in recent.get("train", {}).items() if i not in held_out],
+            "eval": list(recent.get("eval", {}).values()),
         }
         for row in splits[kind]["train"]:
-            age = (newest - _parse_time(row["time"])).total_seconds() / 86_400
             row["weight"] = round(
-                float(row.get("weight") or 1.0) * recency_weight(age, half_life_days), 6
+                float(row.get("weight") or 1.0) * recency_weight(age_days(row), half_life_days), 6
             )
+        used.update(origin[r["example_id"]] for items in splits[kind].values() for r in items)
+    chosen = [b for b in builds if b.content_hash in used]
     digest = hashlib.sha256()
     for kind in sorted(splits):
         for split in SPLITS:

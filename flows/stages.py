@@ -187,8 +187,14 @@ def train_line(
         line, recipe, build.content_hash, build.path / "manifest.json", base_name, version_of_code
     )
     try:
+        champion_version = registry.alias_version(line, "champion")
         result = train_adapter(
             recipe,
+            init_adapter=(
+                registry.adapter_path(line, champion_version)
+                if recipe.start_from == "champion" and champion_version is not None
+                else None
+            ),
             base_model_dir=base_dir,
             dataset_dir=build.path,
             rows=_inverted(build.path, recipe.method) if invert_preferences else None,
@@ -211,7 +217,6 @@ def train_line(
         registry.log_adapter(run_id, result.adapter_dir)
         data = load_eval_data(build.path, max_samples=recipe.eval_generations)
         detector = pii_detector_for(build_scrubber(), GENERATION_PII_TYPES)
-        champion_version = registry.alias_version(line, "champion")
         champion_adapter = (
             registry.adapter_path(line, champion_version) if champion_version is not None else None
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,10 +13,10 @@ import typer
 from rich.table import Table
 
 from flywheel.commands.buckets import buckets as buckets_command
-from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.common import SHORT_NAMES, err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.evaluate import evaluate as evaluate_command
+from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
     canary_app,
@@ -274,10 +273,17 @@ def simulate(
         typer.Option(envvar="FLYWHEEL_API_KEY", help="The gateway key (all simulated lines)."),
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Gateway users at once.")] = 4,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Answer length through the gateway.")] = 48,
+    users: Annotated[
+        str,
+        typer.Option(
+            help="With --gateway: the user model (path/to/file.py:NAME or package.module:NAME) "
+            "that reacts to each real answer."
+        ),
+    ] = "simulation.users:BuiltinUsers",
 ) -> None:
-    """Generate realistic traffic with feedback and store it, write it as JSONL, or send it
-    through the gateway to vLLM (the gateway logs it and infers regenerates)."""
+    """Generate realistic traffic with feedback and store it, write it as JSONL, or send
+    simulated users through the gateway to vLLM, reacting to the answers they get (the
+    gateway logs everything and infers regenerates)."""
     from pydantic import ValidationError
 
     from feedback.jsonl import dumps_line
@@ -298,10 +304,10 @@ def simulate(
             flood_share=flood_share,
             rates=rates,
         )
-        events = TrafficSimulator(simulation).events()
         if gateway is not None:
-            _drive_gateway(gateway, api_key, events, requests, concurrency, max_tokens)
+            _drive_gateway(gateway, api_key, users, simulation, concurrency)
             return
+        events = TrafficSimulator(simulation).events()
         if out_path is not None:
             count = 0
             with out_path.open("wb") as sink, progress_bar("simulating") as advance:
@@ -320,27 +326,35 @@ def simulate(
 
 
 def _drive_gateway(
-    url: str,
-    api_key: str | None,
-    events: Iterator[dict[str, Any]],
-    requests: int,
-    concurrency: int,
-    max_tokens: int,
+    url: str, api_key: str | None, spec: str, simulation: Any, concurrency: int
 ) -> None:
     from flywheel.progress import progress_bar
-    from gateway.traffic import GatewayDriver
+    from simulation.protocol import load_users
+    from simulation.traffic import UserTraffic, user_requests
 
     if not api_key:
         raise UsageError("--gateway needs --api-key (or FLYWHEEL_API_KEY)")
-    driver = GatewayDriver(url, api_key, concurrency=concurrency, max_tokens=max_tokens)
-    with progress_bar("through the gateway", total=requests) as advance:
-        report = driver.run(events, on_request=advance)
-    out.print(
-        f"sent {report.requests} requests and {report.feedback} feedback events through {url}; "
-        f"served by {dict(report.served_by)}"
-    )
-    if report.failures:
-        err.print(f"[yellow]failures[/]: {dict(report.failures)}")
+    users = load_users(spec)
+    lines = simulation.business_lines
+    for line in lines:
+        users.check(line)
+    traffic = UserTraffic(url, api_key, users, concurrency=concurrency)
+    failed = False
+    for index, line in enumerate(lines):
+        share = simulation.requests // len(lines) + (index < simulation.requests % len(lines))
+        ids = [f"sim-{simulation.seed}-{line}-{k % simulation.user_count()}" for k in range(share)]
+        requests = user_requests(users, line, ids, simulation.seed, f"sim-{simulation.seed}")
+        with progress_bar(f"{line} through the gateway", total=len(requests)) as advance:
+            report = traffic.run(line, requests, seed=simulation.seed, on_request=advance)
+        summary = report.as_dict()
+        out.print(
+            f"{line}: {len(requests)} users, served by {summary['served_by']}, satisfied "
+            f"{summary['satisfied']}, feedback posted {summary['feedback_posted']}"
+        )
+        if report.failures:
+            err.print(f"[yellow]failures[/]: {dict(report.failures)}")
+            failed = True
+    if failed:
         raise typer.Exit(1)
 
 
@@ -585,14 +599,6 @@ def runs(
     out.print(table)
 
 
-def _vllm_venv(settings: Settings) -> Path:
-    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".venv-vllm"
-    return settings.home / "vllm-venv"
-
-
 @serve_app.command("vllm")
 def serve_vllm(
     port: Annotated[int, typer.Option(min=1, max=65_535, help="Port on 127.0.0.1.")] = 8000,
@@ -612,7 +618,9 @@ def serve_vllm(
 
     settings = _settings()
     base = ensure_base_model(settings.models_dir, settings.base_model)
-    environment = VllmEnvironment(venv or _vllm_venv(settings), report=out.print)
+    from simulation.live import vllm_venv
+
+    environment = VllmEnvironment(venv or vllm_venv(settings), report=out.print)
     # Served under the folder's name (not its path): that name reaches headers and logs.
     server_settings = VllmServerSettings(
         model=base,
@@ -709,38 +717,58 @@ def schedule(
 
 @app.command()
 def demo(
-    requests: Annotated[int, typer.Option(min=1, help="Simulated interactions.")] = 2_000,
+    requests: Annotated[
+        int, typer.Option(min=1, help="Yesterday's stored interactions on the other lines.")
+    ] = 2_000,
     seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,
     oasst: Annotated[
         Path | None, typer.Option(help="Also import these OpenAssistant trees (JSONL).")
     ] = None,
     train_line_name: Annotated[
-        str, typer.Option("--train-line", help="Line to train with its demo recipe.")
+        str, typer.Option("--train-line", help="The line the loop runs on, with its demo recipe.")
     ] = "customer_service",
-    no_train: Annotated[bool, typer.Option("--no-train", help="Stop after the datasets.")] = False,
+    nights: Annotated[int, typer.Option(min=1, max=10, help="Nights of the loop.")] = 1,
+    loop_requests: Annotated[
+        int, typer.Option("--loop-requests", min=1, help="User requests per night.")
+    ] = 200,
+    users: Annotated[
+        str, typer.Option(help="User model: path/to/file.py:NAME or package.module:NAME.")
+    ] = "simulation.users:BuiltinUsers",
     no_serve: Annotated[
-        bool, typer.Option("--no-serve", help="Train and gate offline; no vLLM, gateway, canary.")
+        bool,
+        typer.Option("--no-serve", help="Stop after the cleaning funnel: no vLLM, no loop."),
     ] = False,
     bad_canary: Annotated[
         bool,
-        typer.Option("--bad-canary", help="Canary users dislike the new adapter: see a rollback."),
+        typer.Option(
+            "--bad-canary",
+            help="The night's canary is trained on inverted preferences: see the users' "
+            "reactions roll it back.",
+        ),
     ] = False,
 ) -> None:
-    """The main job on embedded defaults, end to end: feedback in the store, datasets, vLLM and
-    the gateway, users through it, the nightly flow to a 5% canary, canary feedback, and the
-    canary flow to a promotion (or, with --bad-canary, a rollback)."""
+    """The main job on embedded defaults, end to end: feedback in the store and the cleaning
+    funnel, then a short loop on vLLM and the gateway (users react to the real answers, the
+    nightly flow puts a candidate on a 5% canary, the canary flow decides from their
+    reactions) and the final champion against the base model on fresh prompts."""
     from feedback.simulate import SimulationSettings, TrafficSimulator
+    from flywheel.commands.loop import (
+        _loop_settings,
+        log_loop,
+        plot_loop,
+        run_loop_command,
+        scrub_examples,
+    )
     from flywheel.progress import progress_bar
+    from simulation.protocol import load_users
 
-    settings = _settings()
-    if settings.recipes_dir is None:
-        from training.recipes import packaged_recipes_dir
-
-        settings = settings.model_copy(update={"recipes_dir": packaged_recipes_dir() / "demo"})
+    settings = _loop_settings(_settings())
     if train_line_name not in settings.business_lines:
         raise UsageError(f"unknown business line {train_line_name!r}")
+    loaded = load_users(users)
+    loaded.check(train_line_name)
     store = _open_store(settings)
-    out.print(f"[bold]1/6[/] feedback store: {_safe_url(settings)}")
+    out.print(f"[bold]1/3[/] feedback store: {_safe_url(settings)}")
     if oasst is not None:
         from feedback.importers.business_rules import load_business_rules
         from feedback.importers.oasst import oasst_items
@@ -754,37 +782,55 @@ def demo(
                 on_progress=advance,
             )
         _print_report(report)
-    simulation = SimulationSettings(
-        requests=requests,
-        seed=seed,
-        start=_parse_start(None),
-        business_lines=settings.business_lines,
-    )
-    out.print(f"[bold]2/6[/] yesterday's traffic: {requests} requests with feedback (seed {seed})")
-    with progress_bar("simulating") as advance:
-        report = store.ingest(
-            TrafficSimulator(simulation).events(),
-            source=f"simulate:seed={seed}",
-            on_progress=advance,
+    others = tuple(line for line in settings.business_lines if line != train_line_name)
+    if others:
+        simulation = SimulationSettings(
+            requests=requests, seed=seed, start=_parse_start(None), business_lines=others
         )
-    _print_report(report)
-    _print_buckets(store.stats())
-    others = [line for line in settings.business_lines if line != train_line_name]
-    out.print(f"[bold]3/6[/] cleaning {', '.join(others)}: PII scrubbing, dedup, datasets")
-    for result in _build_datasets(settings, store, others):
-        _print_funnel(result.business_line, result.funnel.as_dict())
-    if no_train:
-        out.print("training skipped (--no-train)")
-    elif no_serve:
-        out.print(f"training {train_line_name} offline (--no-serve)")
-        _build_datasets(settings, store, [train_line_name])
-        _train_and_report(settings, train_line_name, force=False)
-    else:
-        _live_loop(settings, train_line_name, bad_canary=bad_canary, seed=seed)
+        out.print(f"yesterday's stored traffic on {', '.join(others)}: {requests} requests")
+        with progress_bar("simulating") as advance:
+            report = store.ingest(
+                TrafficSimulator(simulation).events(),
+                source=f"simulate:seed={seed}",
+                on_progress=advance,
+            )
+        _print_report(report)
+        _print_buckets(store.stats())
+        out.print(f"[bold]2/3[/] cleaning {', '.join(others)}: PII scrubbing, dedup, datasets")
+        for result in _build_datasets(settings, store, list(others)):
+            _print_funnel(result.business_line, result.funnel.as_dict())
+    if no_serve:
+        out.print("stopping before serving (--no-serve)")
+        return
+    out.print(
+        f"[bold]3/3[/] the loop on {train_line_name}: {nights} night(s) of {loop_requests} users "
+        "through the gateway, nightly flow, canary, canary flow"
+        + (" (the canary is trained on inverted preferences: --bad-canary)" if bad_canary else "")
+    )
+    result = run_loop_command(
+        settings,
+        train_line_name,
+        loaded,
+        nights=nights,
+        requests=loop_requests,
+        eval_prompts=50,
+        seed=seed,
+        canary_users=30,
+        bad_canary=bad_canary,
+    )
+    document = scrub_examples(result.as_dict())
+    plot = plot_loop(document, settings.home / "loop" / f"demo-{train_line_name}.png")
+    run_id = log_loop(settings, document, plot)
+    final = document["final"]
+    out.print(
+        f"fresh prompts (n={final['base']['n']}): base satisfied {final['base']['satisfied']:.2f}, "
+        f"champion {final['champion']['name'] or 'base'} {final['champion']['satisfied']:.2f}"
+    )
     from registry.tracking import tracking_uri_for
 
     tracking = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
     out.print("\nwhere to look:")
+    out.print(f"  the loop: plot {plot}; MLflow run {run_id} (experiment flywheel-loop)")
     out.print(f"  store: {_safe_url(settings)} (flywheel buckets, flywheel routes)")
     out.print(f"  canary decisions: flywheel canary status {train_line_name}")
     out.print(f"  datasets: {settings.datasets_dir}")
@@ -797,98 +843,6 @@ def demo(
         f"  feedback page: FLYWHEEL_HOME={settings.home} .venv/bin/flywheel serve dashboard, "
         "then http://127.0.0.1:8090 (log in with a key from flywheel gateway add-key NAME "
         "--lines '*')"
-    )
-
-
-def _live_loop(settings: Settings, line: str, *, bad_canary: bool, seed: int) -> None:
-    """vLLM and the gateway up; users through them; nightly flow; canary traffic; canary flow."""
-    import signal
-    import time as clock
-
-    from feedback.simulate import SimulationSettings, TrafficSimulator
-    from flows.demo import canary_traffic, gateway_process
-    from flows.prefect_env import configure_prefect
-    from flows.rollout import sync_adapters
-    from flywheel.progress import progress_bar
-    from gateway.keys import add_key
-    from gateway.routes import RouteStore
-    from gateway.settings import GatewaySettings
-    from gateway.traffic import GatewayDriver
-    from registry.tracking import Registry
-    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
-    from training.base_model import ensure_base_model
-
-    base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(_vllm_venv(settings), report=out.print).ensure()
-    # vLLM and the gateway run in their own process groups: a SIGTERM must stop them too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    logs = settings.home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
-    keys = GatewaySettings().resolved_keys_file(settings.home)
-    key = add_key(keys, f"demo-{int(clock.time())}", ["*"])
-    out.print("[bold]4/6[/] serving: vLLM on the CPU and the gateway in front of it")
-    with (
-        VllmServer(vllm, python=python, log_path=logs / "demo-vllm.log", report=out.print) as llm,
-        gateway_process(settings, llm.base_url, free_port(), logs / "demo-gateway.log") as gateway,
-    ):
-        # The flows read their settings from the environment, like a scheduled run would.
-        os.environ.update(
-            FLYWHEEL_HOME=str(settings.home),
-            FLYWHEEL_RECIPES_DIR=str(settings.recipes_dir),
-            FLYWHEEL_GATEWAY_UPSTREAMS=llm.base_url,
-        )
-        synced = sync_adapters(settings, _open_store(settings), [llm.base_url])
-        out.print(f"  adapters the routing tables name, loaded and probed: {synced}")
-        live = SimulationSettings(
-            requests=60, seed=seed + 1, start=_parse_start(None), business_lines=(line,)
-        )
-        out.print(f"users through the gateway at {gateway} (answers from vLLM, feedback posted)")
-        with progress_bar("live users", total=live.requests) as advance:
-            report = GatewayDriver(gateway, key, concurrency=4, max_tokens=24).run(
-                TrafficSimulator(live).events(), on_request=advance
-            )
-        out.print(f"  {report.as_dict()}")
-        configure_prefect(settings)
-        from flows.nightly import canary_watch, nightly
-
-        out.print(f"[bold]5/6[/] nightly flow (Prefect) for {line}: datasets → train → gate → "
-                  "register → hot-load → probe → 5% canary")  # fmt: skip
-        for row in nightly(lines=[line]):
-            out.print(f"  {row['business_line']}: {row['status']}: {row['reason']}")
-        store = _open_store(settings)
-        table = RouteStore(store.engine).table(line)
-        _print_routes(table)
-        if table.canary is None:
-            out.print("[yellow]no canary this time[/] (see the reason above); stopping here")
-            return
-        out.print(
-            "[bold]6/6[/] canary traffic: users the sticky split puts on each arm"
-            + (" (they dislike the canary: --bad-canary)" if bad_canary else "")
-        )
-        traffic = canary_traffic(
-            gateway,
-            key,
-            table,
-            canary_users=30,
-            champion_users=60,
-            canary_dislike=0.7 if bad_canary else 0.1,
-            champion_dislike=0.1,
-            seed=seed,
-        )
-        out.print(f"  {traffic}")
-        for row in canary_watch(lines=[line]):
-            out.print(f"  canary flow: {row['business_line']}: {row['action']}: {row['reason']}")
-        _print_routes(RouteStore(store.engine).table(line))
-        registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
-        out.print(f"  MLflow aliases of flywheel-{line}: {registry.aliases(line)}")
-
-
-def _print_routes(table: Any) -> None:
-    canary = f"{table.canary} on {table.canary_fraction:.0%}" if table.canary else "none"
-    out.print(
-        f"  routes of {table.business_line}: champion {table.champion or 'base model'}, "
-        f"canary {canary}, previous {table.previous or '-'}"
     )
 
 

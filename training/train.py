@@ -116,12 +116,15 @@ def train_adapter(
     device: str | None = None,
     max_seconds: float | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    init_adapter: Path | None = None,
 ) -> TrainResult:
     """Train the recipe's adapter on a dataset folder (or given rows); resumes if interrupted.
 
     The adapter lands in ``output_dir/adapter`` and checkpoints in
     ``output_dir/checkpoints`` (removed once the adapter is saved). With
     ``max_seconds``, training stops after the step that crosses the budget.
+    ``init_adapter`` continues a trained adapter (e.g. the champion's) instead
+    of starting a fresh one.
     """
     import torch
     from datasets import Dataset
@@ -146,13 +149,18 @@ def train_adapter(
         tokenizer.pad_token = tokenizer.eos_token
     dtype = torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=dtype)
-    lora = LoraConfig(
+    lora: LoraConfig | None = LoraConfig(
         r=recipe.lora.rank,
         lora_alpha=recipe.lora.alpha,
         lora_dropout=recipe.lora.dropout,
         target_modules=list(recipe.lora.target_modules),
         task_type="CAUSAL_LM",
     )
+    if init_adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+        lora = None
     checkpoints = output_dir / "checkpoints"
     schedule: dict[str, Any] = (
         {"max_steps": recipe.max_steps}

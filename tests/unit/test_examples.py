@@ -193,3 +193,101 @@ def test_hh_rlhf_file_keeps_2307_pairs_and_reports_5() -> None:
     assert {m.reason for m in malformed} == {
         "chosen and rejected conversations differ before the last answer"
     }
+
+
+def test_task_outcomes_and_abandons_are_weighted_signals() -> None:
+    examples = build_examples(
+        [
+            record(
+                "s", "Open Orders and pick Return.", {"type": "task_outcome", "outcome": "success"}
+            ),
+            record(
+                "f", "Try later.", {"type": "task_outcome", "outcome": "failure"}, prompt_hash="p2"
+            ),
+            record("ab", "Please hold.", {"type": "abandon"}, prompt_hash="p3"),
+            record("up", "Choose Return in Orders.", {"type": "thumbs_up"}, prompt_hash="p4"),
+            record("rg", "No idea.", {"type": "regenerate"}, prompt_hash="p4"),
+        ]
+    )
+    assert [(e.rule, e.weight) for e in examples.sft] == [("task_success", 1.0), ("thumbs_up", 1.0)]
+    (pair,) = examples.dpo
+    assert (pair.rule, pair.chosen, pair.weight) == (
+        "thumbs_up>regenerated",
+        "Choose Return in Orders.",
+        0.5,
+    )
+    kto = {e.lineage.request_ids[0]: (e.label, e.rule, e.weight) for e in examples.kto}
+    assert kto == {
+        "s": (True, "task_success", 1.0),
+        "f": (False, "task_failure", 1.0),
+        "ab": (False, "abandon", 0.25),
+    }
+    # A stronger signal wins over a weaker contrary one; equal ones cancel.
+    mixed = build_examples(
+        [
+            record("m", "Maybe.", {"type": "thumbs_up"}, {"type": "abandon"}),
+            record("t", "Hm.", {"type": "thumbs_up"}, {"type": "thumbs_down"}, prompt_hash="p9"),
+        ]
+    )
+    assert [(e.label, e.rule) for e in mixed.kto] == [(True, "thumbs_up")]
+
+
+def test_weighted_rows_repeat_strong_signals_more_often() -> None:
+    from training.train import weighted_rows
+
+    rows = [{"prompt": str(i), "weight": w} for i, w in enumerate([1.0] * 200 + [0.25] * 200)]
+    out = weighted_rows(rows, copies_per_weight=2.0, seed=0)
+    counts = Counter(int(r["prompt"]) < 200 for r in out)
+    assert counts[True] == 400
+    assert 60 < counts[False] < 140  # 0.5 copies each in expectation
+    assert all("weight" not in r for r in out)
+    assert weighted_rows(rows, 2.0, 0) == out
+
+
+def test_accumulated_training_sets_never_train_on_held_out_examples(tmp_path: Path) -> None:
+    from feedback.datasets import ACCUMULATED, accumulate, latest_dataset, line_builds
+
+    def build(records: list[dict[str, Any]], day: int) -> Any:
+        examples = build_examples(records)
+        splits = {kind: split_by_time(items, 0.5) for kind, items in examples.by_kind().items()}
+        for items in splits.values():
+            for split in items.values():
+                for i, e in enumerate(split):
+                    lineage = e.lineage.__class__(
+                        **{**_fields(e.lineage), "time": f"2026-11-{day:02d}T00:00:0{i}Z"}
+                    )
+                    split[i] = e.__class__(**{**_fields(e), "lineage": lineage})
+        return write_dataset(
+            tmp_path, "customer_service", splits, funnel={}, source={}, settings=DatasetSettings()
+        )
+
+    edits = [
+        record(f"e{i}", f"No {i}.", {"type": "edit"}, edit=f"Open Orders {i}.", prompt_hash=f"h{i}")
+        for i in range(4)
+    ]
+    first = build(edits, 1)
+    second = build(
+        [*edits[2:], record("z", "Zzz.", {"type": "edit"}, edit="Fixed.", prompt_hash="z")], 8
+    )
+    assert [b.content_hash for b in line_builds(tmp_path, "customer_service")] == [
+        first.content_hash,
+        second.content_hash,
+    ]
+    merged = accumulate(
+        tmp_path, "customer_service", [first, second], horizon_days=30, half_life_days=7
+    )
+    assert merged.manifest[ACCUMULATED] == [first.content_hash, second.content_hash]
+    train = pq.read_table(merged.path / "dpo_train.parquet").to_pylist()
+    held = pq.read_table(merged.path / "dpo_eval.parquet").to_pylist()
+    assert not {r["example_id"] for r in train} & {r["example_id"] for r in held}
+    weights = {r["time"][:10]: r["weight"] for r in train}
+    assert weights["2026-11-01"] == pytest.approx(0.5, abs=0.01)  # a week older: half
+    assert latest_dataset(tmp_path, "customer_service").content_hash == second.content_hash
+    short = accumulate(
+        tmp_path, "customer_service", [first, second], horizon_days=3, half_life_days=7
+    )
+    assert short.manifest[ACCUMULATED] == [second.content_hash]
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}

@@ -13,7 +13,6 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from feedback.schema import feedback_table, interactions_table
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.cli import app
 from flywheel.errors import UsageError
@@ -21,7 +20,6 @@ from flywheel.settings import Settings
 from gateway.keys import KeyRing, add_key, bearer_token
 from gateway.recorder import FinishedRequest, InteractionRecorder, answer_text
 from gateway.routes import RouteStore
-from gateway.traffic import request_groups
 
 runner = CliRunner()
 
@@ -235,16 +233,3 @@ def test_gateway_add_key_prints_the_key_once(settings: Settings) -> None:
     key = KeyRing.load(settings.home / "gateway-keys.yaml").authorize(token)
     assert key is not None
     assert key.business_lines == ("legal", "medical")
-
-
-def test_simulated_traffic_groups_keep_retries_with_their_first_ask() -> None:
-    simulation = SimulationSettings(requests=300, seed=4, start=datetime(2026, 11, 1, tzinfo=UTC))
-    events = list(TrafficSimulator(simulation).events())
-    groups = list(request_groups(events))
-    assert sum(len(g) for g in groups) == len(events)
-    for group in groups:
-        interactions = [e for e in group if e["type"] == "interaction"]
-        assert group[0]["type"] == "interaction"
-        assert len({(e["session_id"], e["prompt_hash"]) for e in interactions}) == 1
-        assert {e["request_id"] for e in group} <= {e["request_id"] for e in interactions}
-    assert any(len([e for e in g if e["type"] == "interaction"]) == 2 for g in groups)
