@@ -2,8 +2,9 @@
 
 The canary flow compares the canary and the champion on the same window:
 requests, errors, p99 latency, and how many of those requests drew a
-thumbs-down, a regenerate or an edit (each request counted once per signal,
-however many times it got one).
+thumbs-down, a regenerate, an edit, a thumbs-up, an abandon or a failed task
+outcome (``task_failure``; each request counted once per signal, however many
+times it got one).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy import Engine, and_, func, select
 from feedback.schema import feedback_table, interactions_table
 
 COUNTED_SIGNALS = ("thumbs_down", "regenerate", "edit", "thumbs_up", "abandon")
+TASK_FAILURE = "task_failure"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +74,26 @@ def adapter_windows(
                 .where(in_window, served, feedback.c.type.in_(COUNTED_SIGNALS))
                 .group_by(feedback.c.type)
             ).all()
+            task_failures = connection.execute(
+                select(func.count(func.distinct(feedback.c.request_id)))
+                .select_from(
+                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+                )
+                .where(
+                    in_window,
+                    served,
+                    feedback.c.type == "task_outcome",
+                    feedback.c.outcome == "failure",
+                )
+            ).scalar_one()
             latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
             results[adapter] = AdapterWindow(
                 adapter=adapter,
                 requests=len(rows),
                 errors=sum(1 for r in rows if r.status != "ok"),
                 p99_latency_ms=_p99(latencies),
-                signals=dict.fromkeys(COUNTED_SIGNALS, 0) | {k: int(n) for k, n in counts},
+                signals=dict.fromkeys(COUNTED_SIGNALS, 0)
+                | {k: int(n) for k, n in counts}
+                | {TASK_FAILURE: int(task_failures)},
             )
     return results

@@ -109,6 +109,8 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         regenerate=window.signals["regenerate"],
         edit=window.signals["edit"],
         error=window.errors,
+        abandon=window.signals["abandon"],
+        task_failure=window.signals["task_failure"],
         p99_latency_ms=window.p99_latency_ms,
     )
 
@@ -161,7 +163,8 @@ def judge_canary(
         decision, action, why = None, force, reason or f"by hand ({force.value})"
     if decision is not None:
         numbers["checks"] = [asdict(check) for check in decision.checks]
-        numbers["per_test_alpha"] = decision.per_look_alpha
+        numbers["worse_alpha"] = decision.worse_alpha
+        numbers["non_inferior_alpha"] = decision.non_inferior_alpha
     outcome = CanaryOutcome(line, action.value, why, table, decision, numbers)
     if action is CanaryAction.PROMOTE:
         _promote(settings, routes, table, recipe.canary_steps, outcome, actor)

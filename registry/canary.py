@@ -1,33 +1,73 @@
 """The online canary decision (pure): promote, roll back, or keep waiting.
 
 Canary and champion are compared on the same window of gateway traffic, arm
-against arm, on rates where higher is worse: thumbs-down, regenerate, edit and
-error rates, plus p99 latency.
+against arm, on rates where higher is worse (thumbs-down, regenerate, edit,
+error, abandon and task-failure rates) and on p99 latency.
 
-- **Roll back** as soon as one rate is significantly *worse* on the canary
-  (one-sided two-proportion z-test, pooled variance) or its p99 latency is
-  over the allowed ratio.
+- **Roll back** as soon as one rate is shown *worse* on the canary or its p99
+  latency is over the allowed ratio.
 - **Promote** (or step up to the next canary share) once every rate is shown
-  *non-inferior*: the canary's rate is below the champion's plus a margin
-  (one-sided z-test of the difference against the margin).
+  *non-inferior*: the canary's rate below the champion's plus the rate's margin.
 - Otherwise **wait**; after ``max_looks`` looks without proof, roll back
   (an adapter that cannot show it is not worse does not get all the traffic).
 
-Every look tests every rate, so the significance level is split over the
-planned looks and the rates (Bonferroni: ``alpha / (max_looks * rates)`` per
-test), which keeps the overall error rates at most ``alpha`` however often the
-canary flow runs.
+Each question is a one-sided test of the difference of the two rates, made
+anytime-valid: the fixed-sample building block is the Miettinen–Nurminen
+score test (the statistic of ``statsmodels``' ``test_proportions_2indep``,
+``method="score"``; against 0 for "worse", with Yates' continuity correction,
+and against the margin for non-inferiority), and its z and null variance feed
+a mixture sequential probability ratio test (mSPRT; Robbins' normal mixture,
+as in Johari et al. 2017, "Always valid inference"; Howard et al. 2021). With
+a half-normal mixture over the alternative, scaled to the rate's margin, the
+likelihood ratio is (asymptotically) a nonnegative supermartingale under the
+null, so by Ville's inequality its reciprocal is a p-value that stays valid
+however often and whenever the canary flow looks, and stopping at the first
+look that crosses costs nothing. Hence ``max_looks`` is a patience limit, not
+a cost. The normal approximation still needs some data: ``min_requests``
+(hundreds per arm in production) keeps rare rates honest
+(``bench/canary_sim_bench.py`` measures the error rates).
+
+The error budget is split over the rates only, never over the looks:
+
+- wrongly rolling back (calling the canary worse when no rate is): any one
+  rate can trigger it, so each rate's "worse" test runs at ``alpha / rates``
+  (Bonferroni over the rates);
+- wrongly promoting (when some rate is worse by its margin or more): a
+  promotion needs *every* rate shown non-inferior, so it needs the truly
+  inferior rate to pass its own test, and each rate's test at ``alpha``
+  already bounds it by ``alpha`` (an intersection-union test: no split).
+
+The statistics are elementwise over numpy arrays, so a simulation runs the
+same code on many canaries at once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-RATES = ("thumbs_down", "regenerate", "edit", "error")
+RATES = ("thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure")
+DEFAULT_MARGINS: Mapping[str, float] = {
+    "thumbs_down": 0.03,
+    "regenerate": 0.03,
+    "edit": 0.03,
+    "error": 0.01,
+    "abandon": 0.03,
+    "task_failure": 0.02,
+}
+# The mixture's spread (the prior scale of the effect), in margins. Non-inferiority is
+# about effects near the margin; a worse canary is worth catching fast when it is worse by
+# a few margins, and the boundary is flat over a wide range around its best point.
+NON_INFERIOR_MIXTURE_SCALE = 1.0
+WORSE_MIXTURE_SCALE = 3.0
+
+FloatArray = npt.NDArray[np.float64]
 
 
 class CanaryPolicy(BaseModel):
@@ -36,19 +76,51 @@ class CanaryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_requests: int = Field(default=200, ge=1, description="Per arm, before any decision.")
-    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Over all looks.")
-    max_looks: int = Field(default=48, ge=1, le=10_000)
+    alpha: float = Field(
+        default=0.05,
+        gt=0,
+        lt=0.5,
+        description="Bound on each error (wrongly rolling back, wrongly promoting), all looks.",
+    )
+    max_looks: int = Field(
+        default=144,
+        ge=1,
+        le=10_000,
+        description="Looks at one canary share before giving up (a day at the 10-minute "
+        "cadence); looks cost no power, the test is anytime-valid.",
+    )
     margins: dict[str, float] = Field(
-        default_factory=lambda: {
-            "thumbs_down": 0.03,
-            "regenerate": 0.03,
-            "edit": 0.03,
-            "error": 0.01,
-        },
-        description="Largest tolerated rise of each rate (absolute) to call it non-inferior.",
+        default_factory=lambda: dict(DEFAULT_MARGINS),
+        description="Largest tolerated rise of each rate (absolute) to call it non-inferior; "
+        "a rate left out gets its DEFAULT_MARGINS value.",
     )
     max_p99_ratio: float = Field(default=1.5, ge=1.0, description="Canary p99 over champion p99.")
     p99_slack_ms: float = Field(default=50.0, ge=0, description="Latency noise always allowed.")
+
+    @field_validator("margins")
+    @classmethod
+    def _known_rates_within_zero_and_one(cls, margins: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(margins) - set(RATES))
+        if unknown:
+            raise ValueError(f"margins for unknown rates {unknown}; the rates are {list(RATES)}")
+        for name, margin in margins.items():
+            if not 0 < margin < 1:
+                raise ValueError(f"margin of {name} must be in (0, 1), got {margin}")
+        return margins
+
+    def margin(self, rate: str) -> float:
+        """The tolerated rise of ``rate``: the recipe's, else its default."""
+        return self.margins.get(rate, DEFAULT_MARGINS[rate])
+
+    @property
+    def worse_alpha(self) -> float:
+        """Level of each rate's "worse" test: ``alpha`` split over the rates."""
+        return self.alpha / len(RATES)
+
+    @property
+    def non_inferior_alpha(self) -> float:
+        """Level of each rate's non-inferiority test: ``alpha`` (intersection-union)."""
+        return self.alpha
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +133,8 @@ class ArmStats:
     regenerate: int = 0
     edit: int = 0
     error: int = 0
+    abandon: int = 0
+    task_failure: int = 0
     p99_latency_ms: float | None = None
 
     def rate(self, name: str) -> float:
@@ -78,7 +152,7 @@ class CanaryAction(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class MetricCheck:
-    """One metric's comparison, with its numbers."""
+    """One metric's comparison, with its numbers (p-values are always-valid)."""
 
     metric: str
     champion: float
@@ -86,6 +160,7 @@ class MetricCheck:
     worse_p: float | None
     non_inferior_p: float | None
     verdict: str
+    margin: float | None = None
 
     def __str__(self) -> str:
         return (
@@ -102,97 +177,176 @@ class CanaryDecision:
     reasons: tuple[str, ...]
     checks: tuple[MetricCheck, ...]
     look: int
-    per_look_alpha: float
+    worse_alpha: float
+    non_inferior_alpha: float
 
 
-def _normal_sf(z: float) -> float:
-    """P(Z > z) for a standard normal."""
-    return 0.5 * math.erfc(z / math.sqrt(2))
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
-def worse_p_value(champion_hits: int, champion_n: int, canary_hits: int, canary_n: int) -> float:
-    """One-sided p-value that the canary's rate is higher (pooled two-proportion z-test)."""
-    pooled = (champion_hits + canary_hits) / (champion_n + canary_n)
-    variance = pooled * (1 - pooled) * (1 / champion_n + 1 / canary_n)
-    difference = canary_hits / canary_n - champion_hits / champion_n
-    if variance == 0:
-        return 0.0 if difference > 0 else 1.0
-    return _normal_sf(difference / math.sqrt(variance))
+def normal_sf(z: npt.ArrayLike) -> FloatArray:
+    """P(Z > z) for a standard normal, elementwise."""
+    return np.asarray(0.5 * _erfc(np.asarray(z, dtype=np.float64) / math.sqrt(2)))
 
 
-def non_inferior_p_value(
-    champion_hits: int, champion_n: int, canary_hits: int, canary_n: int, margin: float
-) -> float:
-    """One-sided p-value against "the canary is worse by ``margin`` or more" (Wald z-test of
-    the difference; a small p means the canary is shown within the margin)."""
-    p_champion = champion_hits / champion_n
-    p_canary = canary_hits / canary_n
-    # Half an event keeps the variance positive when a rate is 0 or 1 on small counts.
-    floor_champion = min(max(p_champion, 0.5 / champion_n), 1 - 0.5 / champion_n)
-    floor_canary = min(max(p_canary, 0.5 / canary_n), 1 - 0.5 / canary_n)
-    variance = (
-        floor_champion * (1 - floor_champion) / champion_n
-        + floor_canary * (1 - floor_canary) / canary_n
+def score_test(
+    champion_hits: npt.ArrayLike,
+    champion_n: npt.ArrayLike,
+    canary_hits: npt.ArrayLike,
+    canary_n: npt.ArrayLike,
+    value: npt.ArrayLike = 0.0,
+) -> tuple[FloatArray, FloatArray]:
+    """The fixed-sample score test of "canary rate - champion rate = ``value``"
+    (Miettinen–Nurminen, with their ``n / (n - 1)`` variance correction): the z statistic,
+    positive when the canary's rate is above the champion's plus ``value``, and the variance
+    of the difference under that null. Elementwise; z is 0 where that variance is 0 (both
+    arms all hits or all misses: no evidence either way)."""
+    hits1 = np.asarray(canary_hits, dtype=np.float64)
+    n1 = np.asarray(canary_n, dtype=np.float64)
+    hits0 = np.asarray(champion_hits, dtype=np.float64)
+    n0 = np.asarray(champion_n, dtype=np.float64)
+    diff = np.asarray(value, dtype=np.float64)
+    total, hits = n0 + n1, hits0 + hits1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # The champion's rate under the null, by the closed-form root of the cubic likelihood
+        # equation (Farrington & Manning 1990); equal rates under the null pool the arms.
+        b = ((n1 + 2 * n0) * diff - total - hits) / (3 * total)
+        c = ((hits0 * diff - total - 2 * hits0) * diff + hits) / (3 * total)
+        d = hits0 * diff * (1 - diff) / (2 * total)
+        q = b**3 - 1.5 * b * c + d
+        p = np.where(q < 0, -1.0, 1.0) * np.sqrt(np.maximum(b**2 - c, 0.0))
+        cosine = np.clip(np.where(p == 0, 0.0, q / p**3), -1.0, 1.0)
+        angle = (math.pi + np.arccos(cosine)) / 3
+        constrained = 2 * p * np.cos(angle) - b
+        champion_null = np.clip(np.where(diff == 0, hits / total, constrained), 0.0, 1.0)
+        canary_null = np.clip(champion_null + diff, 0.0, 1.0)
+        variance = (
+            canary_null * (1 - canary_null) / n1 + champion_null * (1 - champion_null) / n0
+        ) * (total / (total - 1))
+        difference = hits1 / n1 - hits0 / n0 - diff
+        z = np.where(variance > 0, difference / np.sqrt(variance), 0.0)
+    return np.asarray(z, dtype=np.float64), np.asarray(variance, dtype=np.float64)
+
+
+def always_valid_p_value(
+    z: npt.ArrayLike, variance: npt.ArrayLike, mixture_scale: npt.ArrayLike
+) -> FloatArray:
+    """One-sided always-valid p-value of a z statistic whose estimate has ``variance``:
+    the reciprocal of the half-normal mixture likelihood ratio (mSPRT) over effects in the
+    direction of positive z, mixture spread ``mixture_scale`` (in the estimate's units).
+    Never below the fixed-sample p-value ``normal_sf(z)``; 1 where the variance is 0."""
+    z_ = np.asarray(z, dtype=np.float64)
+    variance_ = np.asarray(variance, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        spread = np.asarray(mixture_scale, dtype=np.float64) ** 2 / variance_
+        shrink = spread / (1 + spread)
+        tail = 1 - normal_sf(z_ * np.sqrt(shrink))
+        log_ratio = math.log(2) - 0.5 * np.log1p(spread) + 0.5 * shrink * z_**2 + np.log(tail)
+        p_value = np.minimum(1.0, np.exp(-log_ratio))
+    return np.asarray(np.where(variance_ > 0, p_value, 1.0), dtype=np.float64)
+
+
+def sequential_p_values(
+    champion_hits: npt.ArrayLike,
+    champion_n: npt.ArrayLike,
+    canary_hits: npt.ArrayLike,
+    canary_n: npt.ArrayLike,
+    margin: npt.ArrayLike,
+) -> tuple[FloatArray, FloatArray]:
+    """Always-valid one-sided p-values, elementwise: that the canary's rate is higher than
+    the champion's (score test with a continuity correction), and that it is below the
+    champion's plus ``margin`` (non-inferior; score test against the margin)."""
+    args = (champion_hits, champion_n, canary_hits, canary_n)
+    margin_ = np.asarray(margin, dtype=np.float64)
+    worse_z, worse_variance = score_test(*args, 0.0)
+    # Yates' half-event correction: a rare rate on a small canary share has right-skewed,
+    # discrete counts, and without it "worse" is called too often at tens of events.
+    correction = 0.5 * (1 / np.asarray(champion_n) + 1 / np.asarray(canary_n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        worse_z = np.where(worse_variance > 0, worse_z - correction / np.sqrt(worse_variance), 0.0)
+    inferior_z, inferior_variance = score_test(*args, margin_)
+    worse_p = always_valid_p_value(worse_z, worse_variance, WORSE_MIXTURE_SCALE * margin_)
+    non_inferior_p = always_valid_p_value(
+        -inferior_z, inferior_variance, NON_INFERIOR_MIXTURE_SCALE * margin_
     )
-    z = (p_canary - p_champion - margin) / math.sqrt(variance)
-    return 1 - _normal_sf(z)
+    return worse_p, non_inferior_p
 
 
 def decide_canary(
     champion: ArmStats, canary: ArmStats, policy: CanaryPolicy, *, look: int
 ) -> CanaryDecision:
-    """The decision at the ``look``-th check (1-based) of this canary."""
-    per_look = policy.alpha / (policy.max_looks * len(RATES))
+    """The decision at the ``look``-th check (1-based) of this canary share."""
+    alphas = (policy.worse_alpha, policy.non_inferior_alpha)
+    requests = f"{canary.requests} canary / {champion.requests} champion requests"
     if min(champion.requests, canary.requests) < policy.min_requests:
-        reason = (
-            f"waiting for data: {canary.requests} canary and {champion.requests} champion "
-            f"requests, {policy.min_requests} needed per arm"
-        )
+        reason = f"waiting for data: {requests}, {policy.min_requests} needed per arm"
         action = CanaryAction.WAIT
         if look >= policy.max_looks:
             action = CanaryAction.ROLLBACK
             reason = f"{reason}; out of looks ({look}/{policy.max_looks})"
-        return CanaryDecision(action, (reason,), (), look, per_look)
-    checks = [
-        _rate_check(name, champion, canary, policy.margins.get(name, 0.0), per_look)
-        for name in RATES
-    ]
-    checks.append(_latency_check(champion, canary, policy))
+        return CanaryDecision(action, (reason,), (), look, *alphas)
+    checks = [*_rate_checks(champion, canary, policy), _latency_check(champion, canary, policy)]
     worse = [c for c in checks if c.verdict == "WORSE"]
     if worse:
-        return CanaryDecision(
-            CanaryAction.ROLLBACK, tuple(str(c) for c in worse), tuple(checks), look, per_look
-        )
+        reasons = tuple(_explain(c, policy, requests) for c in worse)
+        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *alphas)
     unproven = [c for c in checks if c.verdict == "UNPROVEN"]
     if not unproven:
-        reasons = ("every metric is non-inferior on the canary",)
-        return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, per_look)
-    reasons = tuple(str(c) for c in unproven)
+        largest = max(c.non_inferior_p for c in checks if c.non_inferior_p is not None)
+        reasons = (
+            f"every rate is non-inferior on the canary within its margin ({requests}; "
+            f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
+        )
+        return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *alphas)
+    reasons = tuple(_explain(c, policy, requests) for c in unproven)
     if look >= policy.max_looks:
         reasons = (*reasons, f"out of looks ({look}/{policy.max_looks}) without proof")
-        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, per_look)
-    return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, per_look)
+        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *alphas)
+    return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, *alphas)
 
 
-def _rate_check(
-    name: str, champion: ArmStats, canary: ArmStats, margin: float, per_look: float
-) -> MetricCheck:
-    args = (getattr(champion, name), champion.requests, getattr(canary, name), canary.requests)
-    worse_p = worse_p_value(*args)
-    non_inferior_p = non_inferior_p_value(*args, margin)
-    if worse_p < per_look:
-        verdict = "WORSE"
-    elif non_inferior_p < per_look:
-        verdict = "OK"
-    else:
-        verdict = "UNPROVEN"
-    return MetricCheck(
-        f"{name}_rate",
-        champion.rate(name),
-        canary.rate(name),
-        worse_p,
-        non_inferior_p,
-        verdict,
+def _rate_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> list[MetricCheck]:
+    margins = [policy.margin(name) for name in RATES]
+    worse_p, non_inferior_p = sequential_p_values(
+        [getattr(champion, name) for name in RATES],
+        champion.requests,
+        [getattr(canary, name) for name in RATES],
+        canary.requests,
+        margins,
+    )
+    checks = []
+    for index, name in enumerate(RATES):
+        if worse_p[index] <= policy.worse_alpha:
+            verdict = "WORSE"
+        elif non_inferior_p[index] <= policy.non_inferior_alpha:
+            verdict = "OK"
+        else:
+            verdict = "UNPROVEN"
+        checks.append(
+            MetricCheck(
+                f"{name}_rate",
+                champion.rate(name),
+                canary.rate(name),
+                float(worse_p[index]),
+                float(non_inferior_p[index]),
+                verdict,
+                margins[index],
+            )
+        )
+    return checks
+
+
+def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
+    if check.worse_p is None or check.non_inferior_p is None:
+        return str(check)
+    if check.verdict == "WORSE":
+        return (
+            f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is higher "
+            f"<= {policy.worse_alpha:.3g}"
+        )
+    return (
+        f"{check} ({requests}): always-valid p {check.non_inferior_p:.2g} that it is within "
+        f"+{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
     )
 
 

@@ -72,8 +72,8 @@ batch_size: 2
 max_length: 128
 min_new_examples: 10
 eval_generations: 2
-gate: {min_preference_gain: -1.0, min_margin_gain: -100, min_eval_pairs: 1,
-       max_preferred_loss_increase: 10, max_general_loss_increase: 10,
+gate: {preference_test: non_inferior, non_inferiority_margin: 1.0, min_margin_gain: -100,
+       min_eval_pairs: 1, max_preferred_loss_increase: 10, max_general_loss_increase: 10,
        max_refusal_rate_increase: 1, max_length_ratio: 100, min_length_ratio: 0.01,
        allow_pii_in_generations: true}
 canary_steps: [0.05, 1.0]
@@ -81,7 +81,8 @@ canary:
   min_requests: 20
   alpha: 0.2
   max_looks: 5
-  margins: {thumbs_down: 0.5, regenerate: 0.5, edit: 0.5, error: 0.5}
+  margins: {thumbs_down: 0.5, regenerate: 0.5, edit: 0.5, error: 0.5, abandon: 0.5,
+            task_failure: 0.5}
   max_p99_ratio: 20.0
   p99_slack_ms: 10000
 """
@@ -394,6 +395,8 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
         "regenerate_rate": "OK",
         "edit_rate": "OK",
         "error_rate": "OK",
+        "abandon_rate": "OK",
+        "task_failure_rate": "OK",
         "p99_latency_ms": "OK",
     }
 
