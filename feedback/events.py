@@ -45,14 +45,7 @@ class FeedbackType(StrEnum):
 FEEDBACK_TYPES: tuple[str, ...] = tuple(t.value for t in FeedbackType)
 EVENT_TYPES: tuple[str, ...] = (INTERACTION_TYPE, *FEEDBACK_TYPES)
 # The six user signals every report shows; `rank` is a labeller preference (OASST).
-SIGNAL_TYPES: tuple[str, ...] = (
-    "thumbs_up",
-    "thumbs_down",
-    "regenerate",
-    "edit",
-    "abandon",
-    "task_outcome",
-)
+SIGNAL_TYPES: tuple[str, ...] = tuple(t.value for t in FeedbackType if t is not FeedbackType.RANK)
 
 
 class Arm(StrEnum):

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import orjson
 
+from feedback.signals import NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal, signals_of
+
 ExampleKind = Literal["sft", "dpo", "kto"]
 
 
@@ -115,42 +117,21 @@ class ExampleSet:
         return {"sft": self.sft, "dpo": self.dpo, "kto": self.kto}
 
 
-# How much one signal says about what the user wanted (the seed's ranking: edits and task
-# outcomes strong, thumbs strong, regenerate medium, abandon weak). A pair is as strong as
-# its weaker side.
-SIGNAL_WEIGHTS: dict[str, float] = {
-    "edit": 1.0,
-    "task_success": 1.0,
-    "task_failure": 1.0,
-    "thumbs_up": 1.0,
-    "thumbs_down": 1.0,
-    "rank": 1.0,
-    "regenerate": 0.5,
-    "abandon": 0.25,
-}
-POSITIVE = ("thumbs_up", "task_success")
-# Rule names say what happened to the worse answer ("regenerated away").
-_RULE_NAMES = {"regenerate": "regenerated", "abandon": "abandoned"}
-NEGATIVE = ("thumbs_down", "task_failure", "regenerate", "abandon")
-
-
-def record_signals(record: dict[str, Any]) -> set[str]:
+def record_signals(record: dict[str, Any]) -> set[Signal]:
     """The user signals on a record, task outcomes split into success and failure."""
-    kinds = set()
-    for event in record.get("feedback", []):
-        if event["type"] == "task_outcome":
-            kinds.add(f"task_{event.get('outcome')}")
-        else:
-            kinds.add(event["type"])
-    return kinds
+    return signals_of(record.get("feedback", []))
 
 
-def _strongest(signals: set[str], among: tuple[str, ...]) -> tuple[str, float] | None:
-    present = [(SIGNAL_WEIGHTS[s], s) for s in among if s in signals]
+def _strongest(signals: set[Signal], among: frozenset[Signal]) -> tuple[str, float] | None:
+    present = sorted(((s.weight, s.value) for s in signals & among), reverse=True)
     if not present:
         return None
-    weight, signal = max(present)
+    weight, signal = present[0]
     return signal, weight
+
+
+# Rule names say what happened to the worse answer ("regenerated away").
+_RULE_NAMES = {"regenerate": "regenerated", "abandon": "abandoned"}
 
 
 def verdict(record: dict[str, Any]) -> tuple[bool, str, float] | None:
@@ -159,7 +140,7 @@ def verdict(record: dict[str, Any]) -> tuple[bool, str, float] | None:
     Conflicting signals of equal strength (a thumbs-up and a thumbs-down) give no verdict.
     """
     signals = record_signals(record)
-    good, bad = _strongest(signals, POSITIVE), _strongest(signals, NEGATIVE)
+    good, bad = _strongest(signals, POSITIVE_SIGNALS), _strongest(signals, NEGATIVE_SIGNALS)
     if good and bad:
         if good[1] == bad[1]:
             return None
@@ -204,7 +185,7 @@ def build_examples(
 ) -> ExampleSet:
     """Apply the signal rules to cleaned records of one business line (pure).
 
-    Each example carries a weight from :data:`SIGNAL_WEIGHTS`: training samples
+    Each example carries its signal's :attr:`Signal.weight`: training samples
     strong signals (edits, task outcomes, thumbs) more often than a regenerate
     or an abandoned conversation.
     """
@@ -270,7 +251,7 @@ def build_examples(
 
 def _event_types(signal: str) -> tuple[str, ...]:
     """The feedback event types behind a signal name."""
-    return ("task_outcome",) if signal.startswith("task_") else (signal,)
+    return (Signal(signal).event_type,)
 
 
 def _rank_of(record: dict[str, Any]) -> int | None:

@@ -16,9 +16,12 @@ from datetime import datetime
 from sqlalchemy import Engine, and_, func, select
 
 from feedback.schema import feedback_table, interactions_table
+from feedback.signals import ONLINE_SIGNALS, Signal
 
-COUNTED_SIGNALS = ("thumbs_down", "regenerate", "edit", "thumbs_up", "abandon")
-TASK_FAILURE = "task_failure"
+COUNTED_SIGNALS = tuple(
+    s.value for s in (*ONLINE_SIGNALS, Signal.THUMBS_UP) if s is not Signal.TASK_FAILURE
+)
+TASK_FAILURE = Signal.TASK_FAILURE.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,45 +12,92 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
 from feedback.schema import feedback_table, interactions_table
 
-# Strongest first: an edit says the most about what the user wanted.
-SIGNAL_PRIORITY: tuple[str, ...] = (
-    "edit",
-    "thumbs_down",
-    "thumbs_up",
-    "regenerated",
-    "abandon",
-    "task_failure",
-    "task_success",
-    "ranked",
-    "none",
+
+class Signal(StrEnum):
+    """The one vocabulary of what users said about an answer, strongest first.
+
+    Feedback event types map onto it one to one, except ``task_outcome``, which
+    splits by its result into ``task_success`` and ``task_failure``.
+    """
+
+    EDIT = "edit"
+    THUMBS_DOWN = "thumbs_down"
+    THUMBS_UP = "thumbs_up"
+    REGENERATE = "regenerate"
+    ABANDON = "abandon"
+    TASK_FAILURE = "task_failure"
+    TASK_SUCCESS = "task_success"
+    RANK = "rank"
+    NONE = "none"
+
+    @property
+    def weight(self) -> float:
+        """How much the signal says about what the user wanted (the seed's ranking: edits and
+        task outcomes strong, thumbs strong, regenerate medium, abandon weak)."""
+        return _WEIGHTS[self]
+
+    @property
+    def event_type(self) -> str:
+        """The feedback event type that carries this signal."""
+        return "task_outcome" if self.value.startswith("task_") else self.value
+
+
+_WEIGHTS = {
+    Signal.EDIT: 1.0,
+    Signal.THUMBS_DOWN: 1.0,
+    Signal.THUMBS_UP: 1.0,
+    Signal.REGENERATE: 0.5,
+    Signal.ABANDON: 0.25,
+    Signal.TASK_FAILURE: 1.0,
+    Signal.TASK_SUCCESS: 1.0,
+    Signal.RANK: 1.0,
+    Signal.NONE: 0.0,
+}
+SIGNAL_PRIORITY: tuple[Signal, ...] = tuple(Signal)
+POSITIVE_SIGNALS: frozenset[Signal] = frozenset({Signal.THUMBS_UP, Signal.TASK_SUCCESS})
+NEGATIVE_SIGNALS: frozenset[Signal] = frozenset(
+    {Signal.THUMBS_DOWN, Signal.REGENERATE, Signal.ABANDON, Signal.TASK_FAILURE}
 )
-NEGATIVE_SIGNALS = frozenset({"thumbs_down", "regenerated", "abandon", "task_failure"})
+# What the canary counts per request on each arm (higher is worse), besides errors.
+ONLINE_SIGNALS: tuple[Signal, ...] = (
+    Signal.THUMBS_DOWN,
+    Signal.REGENERATE,
+    Signal.EDIT,
+    Signal.ABANDON,
+    Signal.TASK_FAILURE,
+)
+
+
+def signals_of(feedback: list[dict[str, Any]]) -> set[Signal]:
+    """The signals in a record's feedback events (task outcomes split by result)."""
+    found: set[Signal] = set()
+    for event in feedback:
+        kind = event["type"]
+        if kind == "task_outcome":
+            if event.get("outcome") in ("success", "failure"):
+                found.add(Signal(f"task_{event['outcome']}"))
+        elif kind in _VALUES:
+            found.add(Signal(kind))
+    return found
+
+
+_VALUES = frozenset(s.value for s in Signal)
 
 
 def primary_signal(feedback: list[dict[str, Any]], has_edit: bool) -> str:
-    """The record's main signal, used to scope dedup and to report buckets."""
-    kinds = {event["type"] for event in feedback}
-    outcomes = {event.get("outcome") for event in feedback if event["type"] == "task_outcome"}
-    present = {
-        "edit": has_edit,
-        "thumbs_down": "thumbs_down" in kinds,
-        "thumbs_up": "thumbs_up" in kinds,
-        "regenerated": "regenerate" in kinds,
-        "abandon": "abandon" in kinds,
-        "task_failure": "failure" in outcomes,
-        "task_success": "success" in outcomes,
-        "ranked": "rank" in kinds,
-    }
-    for signal in SIGNAL_PRIORITY[:-1]:
-        if present[signal]:
-            return signal
-    return "none"
+    """The record's main signal, used to scope dedup and to report buckets (an edit counts
+    only with its edited text)."""
+    present = signals_of(feedback) - {Signal.EDIT}
+    if has_edit:
+        present.add(Signal.EDIT)
+    return next((s.value for s in SIGNAL_PRIORITY if s in present), Signal.NONE.value)
 
 
 def _iso(value: datetime) -> str:

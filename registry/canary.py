@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The online signals (feedback.signals.ONLINE_SIGNALS) and errors; a test keeps them equal.
 RATES = ("thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure")
 DEFAULT_MARGINS: Mapping[str, float] = {
     "thumbs_down": 0.03,

@@ -19,7 +19,6 @@ SHORT_NAMES = {
     "thumbs_up": "up",
     "thumbs_down": "down",
     "regenerate": "regen",
-    "regenerated": "regen",
     "abandon": "aband",
     "task_success": "solved",
     "task_failure": "failed",

@@ -365,3 +365,9 @@ def test_the_canary_window_counts_failed_tasks_and_abandons_once_per_request(
     assert window.requests == 6
     assert (window.signals["task_failure"], window.signals["abandon"]) == (2, 1)
     store.close()
+
+
+def test_the_canary_rates_are_the_online_signals_and_errors() -> None:
+    from feedback.signals import ONLINE_SIGNALS
+
+    assert set(RATES) == {s.value for s in ONLINE_SIGNALS} | {"error"}
