@@ -5,9 +5,12 @@ One command, base model and adapter measured in the same run on the same held-ou
     .venv/bin/python bench/train_bench.py [--dpo-minutes 10] [--sft-minutes 3] [--json PATH]
 
 - DPO: HH-RLHF harmless-base pairs, split by first prompt into train and a held-out
-  set; held-out preference accuracy (share of pairs whose chosen answer has the
-  higher per-token log-probability) and mean margin, base vs adapter; training
-  time, tokens per second.
+  set (30% of first prompts, at least 400 pairs by default); held-out preference
+  accuracy (share of pairs whose chosen answer has the higher per-token
+  log-probability) of base and adapter, each with its 95% Wilson interval, and
+  the paired comparison of the two on the same pairs (Newcombe interval of the
+  difference, exact McNemar p-value for "the adapter is better"); mean margin;
+  training time, tokens per second.
 - SFT: OpenAssistant best-ranked (rank 0) answers, split by conversation tree;
   held-out loss (mean NLL per answer token), base vs adapter.
 - Peak resident memory of the process (training the default model included).
@@ -36,8 +39,13 @@ def _bucket(key: str) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 10
 
 
-def hh_split(max_chars: int, eval_pairs: int) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Train rows (trl format) and held-out pairs; split by the first prompt, short pairs only."""
+def hh_split(
+    max_chars: int, eval_pairs: int, held_out_buckets: int = 3
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Train rows (trl format) and held-out pairs; split by the first prompt, short pairs only.
+
+    A first prompt in one of the first ``held_out_buckets`` of ten hash buckets is held
+    out, so no conversation opening is seen in training and scored afterwards."""
     from eval.offline import HeldOutPair
     from feedback.importers.hh_rlhf import pairs_from_rows, read_hh_rlhf
 
@@ -48,7 +56,7 @@ def hh_split(max_chars: int, eval_pairs: int) -> tuple[list[dict[str, Any]], lis
         size = sum(len(m["content"]) for m in pair.prompt) + len(pair.chosen) + len(pair.rejected)
         if size > max_chars:
             continue
-        if _bucket(pair.prompt[0]["content"]) == 0:
+        if _bucket(pair.prompt[0]["content"]) < held_out_buckets:
             held.append(HeldOutPair(tuple(pair.prompt), pair.chosen, pair.rejected))
         else:
             train.append(pair.as_row())
@@ -104,15 +112,25 @@ def score(
 
 def preference(
     model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool
-) -> dict[str, float]:
-    from eval.offline import preference_metrics
+) -> dict[str, Any]:
+    """Held-out preference accuracy with its Wilson interval, mean margin, per-pair wins."""
+    from eval.offline import pair_wins, preference_metrics
+    from eval.paired import wilson_interval
 
     prompts = [list(p.prompt) for p in held]
     chosen, rejected = score(
         model_dir, adapter, prompts, [[p.chosen for p in held], [p.rejected for p in held]], mixed
     )
     accuracy, margin = preference_metrics(chosen, rejected)
-    return {"preference_accuracy": float(accuracy or 0.0), "mean_margin": float(margin or 0.0)}
+    wins = pair_wins(chosen, rejected)
+    low, high = wilson_interval(sum(wins), len(wins))
+    return {
+        "preference_accuracy": float(accuracy or 0.0),
+        "accuracy_low": low,
+        "accuracy_high": high,
+        "mean_margin": float(margin or 0.0),
+        "pair_wins": list(wins),
+    }
 
 
 def answer_loss(model_dir: Path, adapter: Path | None, held: list[Any], mixed: bool) -> float:
@@ -126,7 +144,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dpo-minutes", type=float, default=10.0)
     parser.add_argument("--sft-minutes", type=float, default=3.0)
-    parser.add_argument("--eval-pairs", type=int, default=150)
+    parser.add_argument("--eval-pairs", type=int, default=500, help="Held-out pairs scored.")
+    parser.add_argument(
+        "--held-out-buckets",
+        type=int,
+        default=3,
+        help="First-prompt hash buckets (of 10) held out; 3 gives about 570 short pairs.",
+    )
     parser.add_argument(
         "--max-chars", type=int, default=1200, help="Longest pair used (characters)."
     )
@@ -137,6 +161,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from eval.paired import compare_paired
     from training.base_model import ensure_base_model
     from training.recipes import LoraShape, Recipe
     from training.train import cpu_has_bf16, train_adapter
@@ -153,7 +178,7 @@ def main() -> None:
         table.add_column(column, justify="right")
 
     with tempfile.TemporaryDirectory() as folder:
-        train_rows, held = hh_split(args.max_chars, args.eval_pairs)
+        train_rows, held = hh_split(args.max_chars, args.eval_pairs, args.held_out_buckets)
         console.print(f"DPO: {len(train_rows)} train pairs, {len(held)} held-out pairs")
         before = preference(base, None, held, mixed)
         recipe = Recipe(
@@ -174,23 +199,32 @@ def main() -> None:
             max_seconds=args.dpo_minutes * 60,
         )
         after = preference(base, dpo.adapter_dir, held, mixed)
+        paired = compare_paired(after["pair_wins"], before["pair_wins"])
         results["dpo"] = {
             "train_pairs_seen": dpo.steps * recipe.batch_size,
             "steps": dpo.steps,
             "seconds": dpo.seconds,
             "tokens_per_second": dpo.tokens_per_second,
             "held_out_pairs": len(held),
+            "scoring": "mean log-probability per answer token, chosen > rejected",
             "base": before,
             "adapter": after,
+            "paired": paired.as_dict(),
         }
-        for metric in ("preference_accuracy", "mean_margin"):
-            table.add_row(
-                "DPO hh-rlhf",
-                metric,
-                f"{before[metric]:.3f}",
-                f"{after[metric]:.3f}",
-                f"{after[metric] - before[metric]:+.3f}",
-            )
+        table.add_row(
+            "DPO hh-rlhf",
+            "preference accuracy (95% CI)",
+            _with_interval(before),
+            _with_interval(after),
+            f"{paired.difference:+.3f} ({paired.low:+.3f} to {paired.high:+.3f})",
+        )
+        table.add_row(
+            "DPO hh-rlhf",
+            "mean margin (nats/token)",
+            f"{before['mean_margin']:.3f}",
+            f"{after['mean_margin']:.3f}",
+            f"{after['mean_margin'] - before['mean_margin']:+.3f}",
+        )
         sft_rows, sft_held = oasst_split()
         console.print(f"SFT: {len(sft_rows)} train answers, {len(sft_held)} held-out answers")
         loss_before = answer_loss(base, None, sft_held, mixed)
@@ -223,6 +257,7 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["peak_rss_mb"] = peak
     console.print(table)
+    console.print(f"DPO held-out, adapter vs base, paired: {paired.describe('adapter', 'base')}")
     dpo_r, sft_r = results["dpo"], results["sft"]
     console.print(
         f"DPO: {dpo_r['steps']} steps in {dpo_r['seconds'] / 60:.1f} min "
@@ -232,6 +267,13 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def _with_interval(result: dict[str, Any]) -> str:
+    return (
+        f"{result['preference_accuracy']:.3f} "
+        f"({result['accuracy_low']:.3f} to {result['accuracy_high']:.3f})"
+    )
 
 
 if __name__ == "__main__":

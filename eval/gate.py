@@ -3,12 +3,19 @@
 A pure function of two reports and the line's policy; every check says both
 numbers and the limit, so a rejection can be read without the code. A check
 whose number is not a number (a diverged loss) fails.
+
+Preference accuracy is decided by a paired test on the pairs both models
+answered (:mod:`eval.paired`): on a few dozen pairs a difference of a few
+points is noise, and a gate that compared point estimates would promote a
+candidate that merely tied (0.545 vs 0.545 on 11 pairs passed a gain of 0).
+Too few pairs decide nothing.
 """
 
 from __future__ import annotations
 
 import math
 
+from eval.paired import compare_paired
 from eval.reports import EvalReport, GateCheck, GateDecision
 from training.recipes import GatePolicy
 
@@ -18,18 +25,12 @@ def decide_promotion(
 ) -> GateDecision:
     """Compare a candidate with the champion under ``policy``; promote only if every check passes.
 
-    Both reports must come from the same held-out data. Preference and
-    preferred-loss checks are left out when neither report has that data
-    (too few pairs then fails on its own).
+    Both reports must come from the same held-out data, pairs in the same
+    order. Preference and preferred-loss checks are left out when neither
+    report has that data (too few pairs then fails on its own).
     """
     checks = [_held_out_pairs(candidate, champion, policy)]
-    checks += _gain(
-        "preference_accuracy",
-        "held-out preference accuracy",
-        candidate.preference_accuracy,
-        champion.preference_accuracy,
-        policy.min_preference_gain,
-    )
+    checks += _preference(candidate, champion, policy)
     checks += _gain(
         "mean_margin",
         "mean preference margin (nats/token)",
@@ -78,11 +79,62 @@ def _held_out_pairs(candidate: EvalReport, champion: EvalReport, policy: GatePol
             f"candidate scored on {candidate.pairs} held-out pairs, champion on "
             f"{champion.pairs}: both must be evaluated on the same data",
         )
+    if candidate.pairs < policy.min_eval_pairs:
+        return GateCheck(
+            "held_out_pairs",
+            False,
+            f"too few held-out pairs ({candidate.pairs} < {policy.min_eval_pairs}): "
+            "no decision on a point estimate",
+        )
     return GateCheck(
         "held_out_pairs",
-        candidate.pairs >= policy.min_eval_pairs,
+        True,
         f"held-out pairs {candidate.pairs} (needs >= {policy.min_eval_pairs})",
     )
+
+
+def _preference(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> list[GateCheck]:
+    """The paired test of preference accuracy (mean log-probability per token)."""
+    name, label = "preference_accuracy", "held-out preference accuracy"
+    ours, theirs = candidate.preference_accuracy, champion.preference_accuracy
+    if ours is None and theirs is None:
+        return []
+    if ours is None or theirs is None:
+        return [_unmeasured(name, label, ours, theirs)]
+    if candidate.pairs != champion.pairs:
+        return [GateCheck(name, False, "the two models were scored on different pairs")]
+    for side, report in (("candidate", candidate), ("champion", champion)):
+        if len(report.pair_wins) != report.pairs:
+            return [
+                GateCheck(
+                    name,
+                    False,
+                    f"the {side}'s report has no per-pair results ({len(report.pair_wins)} for "
+                    f"{report.pairs} pairs; a report from before paired evaluation): "
+                    "no paired test possible, evaluate both models again",
+                )
+            ]
+    comparison = compare_paired(
+        candidate.pair_wins, champion.pair_wins, confidence=1 - policy.alpha
+    )
+    numbers = f"{label} (per token), paired: {comparison.describe('candidate', 'champion')}"
+    if policy.preference_test == "non_inferior":
+        margin = policy.non_inferiority_margin
+        return [
+            GateCheck(
+                name,
+                comparison.low > -margin,
+                f"{numbers}; non-inferior needs the CI lower bound > {-margin:+.3f}",
+            )
+        ]
+    gain = policy.min_preference_gain
+    return [
+        GateCheck(
+            name,
+            comparison.p_value < policy.alpha and _at_least(comparison.difference, gain),
+            f"{numbers}; superior needs p < {policy.alpha:g} and difference >= {gain:+.3f}",
+        )
+    ]
 
 
 def _gain(

@@ -168,6 +168,22 @@ def answer_logprobs(
     return results
 
 
+def preference_margins(
+    chosen: Sequence[tuple[float, int]], rejected: Sequence[tuple[float, int]]
+) -> list[float]:
+    """Per pair, the chosen answer's mean log-probability per token minus the rejected one's."""
+    if len(chosen) != len(rejected):
+        raise ValueError(f"{len(chosen)} chosen scores but {len(rejected)} rejected")
+    return [_per_token(c) - _per_token(r) for c, r in zip(chosen, rejected, strict=True)]
+
+
+def pair_wins(
+    chosen: Sequence[tuple[float, int]], rejected: Sequence[tuple[float, int]]
+) -> tuple[bool, ...]:
+    """Per pair, whether the chosen answer scored above the rejected one (a tie is a loss)."""
+    return tuple(margin > 0 for margin in preference_margins(chosen, rejected))
+
+
 def preference_metrics(
     chosen: Sequence[tuple[float, int]], rejected: Sequence[tuple[float, int]]
 ) -> tuple[float | None, float | None]:
@@ -175,11 +191,9 @@ def preference_metrics(
 
     Both compare mean log-probability per token; a tie counts as not preferred.
     """
-    if len(chosen) != len(rejected):
-        raise ValueError(f"{len(chosen)} chosen scores but {len(rejected)} rejected")
-    if not chosen:
+    margins = preference_margins(chosen, rejected)
+    if not margins:
         return None, None
-    margins = [_per_token(c) - _per_token(r) for c, r in zip(chosen, rejected, strict=True)]
     accuracy = sum(m > 0 for m in margins) / len(margins)
     return accuracy, sum(margins) / len(margins)
 
@@ -333,10 +347,9 @@ def evaluate_model(
     finally:
         model.train(was_training)
 
-    accuracy, margin = preference_metrics(
-        [scores[_key(p.prompt, p.chosen)] for p in data.pairs],
-        [scores[_key(p.prompt, p.rejected)] for p in data.pairs],
-    )
+    chosen = [scores[_key(p.prompt, p.chosen)] for p in data.pairs]
+    rejected = [scores[_key(p.prompt, p.rejected)] for p in data.pairs]
+    accuracy, margin = preference_metrics(chosen, rejected)
     general_loss = mean_token_loss(scores[_key(g.prompt, g.answer)] for g in general)
     assert general_loss is not None  # every answer has at least its eos token
     samples = check_generations(
@@ -357,6 +370,7 @@ def evaluate_model(
         pii_in_generations=sum(len(s.pii_found) for s in samples),
         canaries_in_generations=len({c for s in samples for c in s.canaries_found}),
         samples=samples,
+        pair_wins=pair_wins(chosen, rejected),
     )
 
 

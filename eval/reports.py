@@ -23,7 +23,10 @@ class EvalReport:
 
     ``preference_accuracy`` and ``mean_margin`` compare the log-probability of the
     chosen and the rejected answer of each held-out pair; losses are mean
-    negative log-likelihood per answer token.
+    negative log-likelihood per answer token. ``pair_wins`` says, pair by pair
+    in held-out order, whether the chosen answer scored above the rejected one
+    (mean log-probability per token): what the gate's paired test compares.
+    Reports written before it existed have none.
     """
 
     model: str
@@ -37,6 +40,7 @@ class EvalReport:
     pii_in_generations: int
     canaries_in_generations: int
     samples: tuple[GenerationSample, ...] = field(default=())
+    pair_wins: tuple[bool, ...] = field(default=())
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """The numeric metrics, named for MLflow (``None`` ones left out)."""

@@ -48,12 +48,36 @@ class LoraShape(BaseModel):
 
 
 class GatePolicy(BaseModel):
-    """What a candidate must show against the champion before it may serve users."""
+    """What a candidate must show against the champion before it may serve users.
+
+    Preference accuracy is judged by a paired test on the held-out pairs both
+    models answered (:mod:`eval.paired`), never on point estimates alone:
+    ``superior`` needs the exact McNemar one-sided p-value below ``alpha`` and
+    a gain of at least ``min_preference_gain``; ``non_inferior`` needs the
+    lower bound of the (1 - ``alpha``) interval of the difference above
+    ``-non_inferiority_margin``. Fewer than ``min_eval_pairs`` pairs decide nothing.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    preference_test: Literal["superior", "non_inferior"] = Field(
+        default="superior",
+        description="superior: must beat the champion; non_inferior: must not be worse.",
+    )
+    alpha: float = Field(
+        default=0.05, gt=0, le=0.5, description="Error rate of the paired preference test."
+    )
+    non_inferiority_margin: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Largest accuracy loss non_inferior tolerates (lower bound > -margin).",
+    )
     min_preference_gain: float = Field(
-        default=0.0, ge=-1, le=1, description="Held-out preference accuracy gain over the champion."
+        default=0.0,
+        ge=-1,
+        le=1,
+        description="Held-out preference accuracy gain over the champion (superior test).",
     )
     min_margin_gain: float = Field(default=0.0, ge=-100, le=100)
     max_preferred_loss_increase: float = Field(
@@ -65,7 +89,12 @@ class GatePolicy(BaseModel):
     max_refusal_rate_increase: float = Field(default=0.10, ge=0, le=1)
     max_length_ratio: float = Field(default=2.0, ge=1, le=100)
     min_length_ratio: float = Field(default=0.3, gt=0, le=1)
-    min_eval_pairs: int = Field(default=10, ge=1, le=1_000_000)
+    min_eval_pairs: int = Field(
+        default=50,
+        ge=1,
+        le=1_000_000,
+        description="Held-out pairs needed before the gate decides anything.",
+    )
     allow_pii_in_generations: bool = False
 
 
@@ -75,7 +104,7 @@ class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     business_line: str = Field(pattern=BUSINESS_LINE)
-    method: Literal["sft", "dpo"]
+    method: Literal["sft", "dpo", "kto"]
     lora: LoraShape = Field(default_factory=LoraShape)
     learning_rate: float = Field(default=2e-4, gt=0, le=1)
     epochs: float | None = Field(default=None, gt=0, le=100)
@@ -83,7 +112,35 @@ class Recipe(BaseModel):
     batch_size: int = Field(default=4, ge=1, le=1024)
     gradient_accumulation: int = Field(default=1, ge=1, le=1024)
     max_length: int = Field(default=512, ge=32, le=32_768)
-    beta: float = Field(default=0.1, gt=0, le=10, description="DPO temperature.")
+    beta: float = Field(default=0.1, gt=0, le=10, description="DPO / KTO temperature.")
+    sft_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="DPO only: weight of an added SFT loss on the chosen answers (RPO).",
+    )
+    history_days: float = Field(
+        default=0.0,
+        ge=0,
+        le=3_650,
+        description="Train on every dataset of the line from this many days back (0: the "
+        "night's window only); held-out examples of any of them are never trained on.",
+    )
+    half_life_days: float = Field(
+        default=7.0, gt=0, le=3_650, description="An accumulated example's weight halves so."
+    )
+    start_from: Literal["base", "champion"] = Field(
+        default="base",
+        description="Train a fresh adapter on the base model, or continue the champion's "
+        "adapter (its LoRA shape wins).",
+    )
+    copies_per_weight: float = Field(
+        default=2.0,
+        ge=1,
+        le=10,
+        description="Expected copies of an example in training per unit of its signal weight "
+        "(edits and thumbs weigh 1, regenerates 0.5, abandons 0.25).",
+    )
     min_new_examples: int = Field(default=1_000, ge=1, le=100_000_000)
     eval_generations: int = Field(default=8, ge=0, le=1_000)
     seed: int = 0

@@ -238,15 +238,18 @@ def log_loop(settings: Settings, document: dict[str, Any], plot: Path) -> str:
 
     from mlflow.tracking import MlflowClient
 
-    from registry.tracking import tracking_uri_for
+    from registry.tracking import artifact_root_for, tracking_uri_for
 
     client = MlflowClient(tracking_uri_for(settings.home, settings.mlflow_tracking_uri))
     experiment = client.get_experiment_by_name("flywheel-loop")
-    experiment_id = (
-        experiment.experiment_id
-        if experiment is not None
-        else client.create_experiment("flywheel-loop")
-    )
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        # Like the registry's experiments: artifacts under FLYWHEEL_HOME, never ./mlruns.
+        location = None
+        if not settings.mlflow_tracking_uri:
+            location = (artifact_root_for(settings.home).resolve() / "flywheel-loop").as_uri()
+        experiment_id = client.create_experiment("flywheel-loop", artifact_location=location)
     run = client.create_run(
         experiment_id,
         tags={"flywheel.kind": "loop", "flywheel.business_line": document["line"]},

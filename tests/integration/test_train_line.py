@@ -27,8 +27,8 @@ batch_size: 2
 max_length: 192
 min_new_examples: 5
 eval_generations: 2
-gate: {min_preference_gain: -1.0, min_margin_gain: -100, min_eval_pairs: 1,
-       max_preferred_loss_increase: 10, max_general_loss_increase: 10,
+gate: {preference_test: non_inferior, non_inferiority_margin: 1.0, min_margin_gain: -100,
+       min_eval_pairs: 1, max_preferred_loss_increase: 10, max_general_loss_increase: 10,
        max_refusal_rate_increase: 1, max_length_ratio: 100, min_length_ratio: 0.01}
 """
 

@@ -11,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eval.gate import decide_promotion
+from eval.paired import compare_paired
 from eval.reports import EvalReport
 from training.recipes import GatePolicy
 
-POLICY = GatePolicy(min_preference_gain=0.02, min_margin_gain=0.0, min_eval_pairs=10)
+POLICY = GatePolicy(min_preference_gain=0.02, min_margin_gain=0.0, min_eval_pairs=50)
 ALL_CHECKS = {
     "held_out_pairs",
     "preference_accuracy",
@@ -28,11 +29,22 @@ ALL_CHECKS = {
 }
 
 
-def report(**changes: Any) -> EvalReport:
+def paired(
+    both_right: int, candidate_only: int, champion_only: int, both_wrong: int
+) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Per-pair results of a candidate and a champion with these four cells of the paired table."""
+    candidate = [True] * both_right + [True] * candidate_only
+    champion = [True] * both_right + [False] * candidate_only
+    candidate += [False] * champion_only + [False] * both_wrong
+    champion += [True] * champion_only + [False] * both_wrong
+    return tuple(candidate), tuple(champion)
+
+
+def report(wins: tuple[bool, ...], **changes: Any) -> EvalReport:
     base = EvalReport(
         model="champion",
-        pairs=50,
-        preference_accuracy=0.58,
+        pairs=len(wins),
+        preference_accuracy=sum(wins) / len(wins) if wins else None,
         mean_margin=0.05,
         preferred_loss=1.20,
         general_loss=2.00,
@@ -40,12 +52,22 @@ def report(**changes: Any) -> EvalReport:
         mean_answer_length=300.0,
         pii_in_generations=0,
         canaries_in_generations=0,
+        pair_wins=wins,
     )
     return dataclasses.replace(base, **changes)
 
 
-CHAMPION = report()
-GOOD = report(model="candidate", preference_accuracy=0.64, mean_margin=0.09, preferred_loss=1.1)
+def reports(
+    both_right: int, candidate_only: int, champion_only: int, both_wrong: int, **changes: Any
+) -> tuple[EvalReport, EvalReport]:
+    """(candidate, champion) on the same pairs; ``changes`` apply to the candidate."""
+    ours, theirs = paired(both_right, candidate_only, champion_only, both_wrong)
+    candidate = report(ours, model="candidate", mean_margin=0.09, preferred_loss=1.1)
+    return dataclasses.replace(candidate, **changes), report(theirs)
+
+
+# 60 pairs: the champion is right on 33 (0.550), the candidate on 45 (0.750).
+GOOD, CHAMPION = reports(30, 15, 3, 12)
 
 
 def failed(candidate: EvalReport, policy: GatePolicy = POLICY) -> set[str]:
@@ -58,7 +80,7 @@ def detail(candidate: EvalReport, name: str, policy: GatePolicy = POLICY) -> str
     return next(c.detail for c in checks if c.name == name)
 
 
-def test_a_better_candidate_passes_every_check() -> None:
+def test_a_clearly_better_candidate_passes_every_check() -> None:
     decision = decide_promotion(GOOD, CHAMPION, POLICY)
 
     assert decision.promote
@@ -66,35 +88,138 @@ def test_a_better_candidate_passes_every_check() -> None:
     assert {c.name for c in decision.checks} == ALL_CHECKS
     assert all(reason.startswith("PASS ") for reason in decision.reasons)
     assert (
-        "PASS preference_accuracy: held-out preference accuracy 0.640 vs champion 0.580 "
-        "(+0.060, needs >= +0.020)"
+        "PASS preference_accuracy: held-out preference accuracy (per token), paired: "
+        "n=60: candidate 0.750 vs champion 0.550; b=15 right only for the candidate, "
+        "c=3 only for the champion; difference +0.200 (95% CI +0.064 to +0.325); "
+        "exact McNemar one-sided p=0.004; superior needs p < 0.05 and difference >= +0.020"
     ) in decision.reasons
 
 
-def test_a_candidate_trained_on_shuffled_pairs_is_rejected_with_reasons() -> None:
-    shuffled = report(model="shuffled", preference_accuracy=0.49, mean_margin=-0.03)
+def test_a_tie_is_not_promoted() -> None:
+    candidate, champion = reports(30, 3, 3, 24)
 
-    decision = decide_promotion(shuffled, CHAMPION, POLICY)
+    decision = decide_promotion(candidate, champion, POLICY)
+
+    assert not decision.promote
+    assert decision.summary == "reject (preference_accuracy)"
+    assert "candidate 0.550 vs champion 0.550" in decision.reasons[0]
+    assert "p=0.656" in decision.reasons[0]
+
+
+def test_a_small_gain_within_the_noise_is_not_promoted_and_the_reason_shows_the_interval() -> None:
+    candidate, champion = reports(30, 7, 3, 20)
+
+    decision = decide_promotion(candidate, champion, POLICY)
+
+    assert decision.summary == "reject (preference_accuracy)"
+    assert (
+        "difference +0.067 (95% CI -0.039 to +0.169); exact McNemar one-sided p=0.172"
+        in decision.reasons[0]
+    )
+
+
+def test_the_point_estimate_tie_of_old_times_is_refused_for_too_few_pairs() -> None:
+    # 0.545 vs 0.545 on 11 pairs used to pass a gain of 0.
+    candidate, champion = reports(5, 1, 1, 4)
+    policy = GatePolicy()
+
+    decision = decide_promotion(candidate, champion, policy)
+
+    assert not decision.promote
+    assert (
+        "FAIL held_out_pairs: too few held-out pairs (11 < 50): no decision on a point estimate"
+        in decision.reasons
+    )
+
+
+def test_a_significant_gain_below_the_required_gain_is_not_promoted() -> None:
+    policy = POLICY.model_copy(update={"min_preference_gain": 0.25})
+
+    assert failed(GOOD, policy) == {"preference_accuracy"}
+    assert "superior needs p < 0.05 and difference >= +0.250" in detail(
+        GOOD, "preference_accuracy", policy
+    )
+
+
+def test_a_gain_exactly_at_the_limit_passes() -> None:
+    candidate, champion = reports(40, 32, 2, 26)
+    policy = POLICY.model_copy(update={"min_preference_gain": 0.30})
+
+    decision = decide_promotion(candidate, champion, policy)
+
+    assert decision.promote, decision.reasons
+
+
+def test_alpha_sets_the_test_and_the_interval() -> None:
+    candidate, champion = reports(30, 7, 3, 20)  # one-sided p = 0.172
+    policy = POLICY.model_copy(update={"alpha": 0.2})
+
+    decision = decide_promotion(candidate, champion, policy)
+
+    assert decision.promote, decision.reasons
+    assert "(80% CI " in detail(candidate, "preference_accuracy", policy)
+
+
+def test_non_inferiority_passes_a_tie_and_rejects_a_clear_loss() -> None:
+    policy = POLICY.model_copy(
+        update={"preference_test": "non_inferior", "non_inferiority_margin": 0.1}
+    )
+    tie, champion = reports(30, 3, 3, 24)
+    worse, champion_of_worse = reports(30, 2, 10, 18)
+
+    kept = decide_promotion(tie, champion, policy)
+    lost = decide_promotion(worse, champion_of_worse, policy)
+
+    assert kept.promote, kept.reasons
+    assert (
+        "difference +0.000 (95% CI -0.084 to +0.084); exact McNemar one-sided p=0.656; "
+        "non-inferior needs the CI lower bound > -0.100"
+    ) in next(r for r in kept.reasons if "preference_accuracy" in r)
+    assert not lost.promote
+    assert lost.summary == "reject (preference_accuracy)"
+    assert "(95% CI -0.240 to -0.020)" in lost.reasons[0]
+
+
+def test_a_narrower_margin_rejects_the_same_tie() -> None:
+    policy = POLICY.model_copy(
+        update={"preference_test": "non_inferior", "non_inferiority_margin": 0.05}
+    )
+    tie, champion = reports(30, 3, 3, 24)
+
+    assert not decide_promotion(tie, champion, policy).promote
+
+
+def test_a_worse_candidate_is_rejected_with_reasons() -> None:
+    shuffled, champion = reports(20, 5, 13, 22, model="shuffled", mean_margin=-0.03)
+
+    decision = decide_promotion(shuffled, champion, POLICY)
 
     assert not decision.promote
     assert decision.summary == "reject (preference_accuracy, mean_margin)"
     assert decision.reasons[:2] == [
-        "FAIL preference_accuracy: held-out preference accuracy 0.490 vs champion 0.580 "
-        "(-0.090, needs >= +0.020)",
+        "FAIL preference_accuracy: held-out preference accuracy (per token), paired: "
+        "n=60: candidate 0.417 vs champion 0.550; b=5 right only for the candidate, "
+        "c=13 only for the champion; difference -0.133 (95% CI -0.263 to +0.005); "
+        "exact McNemar one-sided p=0.985; superior needs p < 0.05 and difference >= +0.020",
         "FAIL mean_margin: mean preference margin (nats/token) -0.030 vs champion 0.050 "
         "(-0.080, needs >= +0.000)",
     ]
     assert all(r.startswith("PASS ") for r in decision.reasons[2:])
 
 
-def test_a_gain_exactly_at_the_limit_passes_despite_float_error() -> None:
-    # 0.30 - 0.28 is 0.0199999... in floating point: two more pairs out of 100 must count.
-    champion = report(preference_accuracy=0.28)
-    candidate = report(preference_accuracy=0.30)
+def test_reports_without_per_pair_results_are_refused() -> None:
+    old = dataclasses.replace(GOOD, pair_wins=())
+    old_champion = dataclasses.replace(CHAMPION, pair_wins=())
 
-    decision = decide_promotion(candidate, champion, POLICY)
-
-    assert decision.promote, decision.reasons
+    assert failed(old) == {"preference_accuracy"}
+    assert detail(old, "preference_accuracy") == (
+        "the candidate's report has no per-pair results (0 for 60 pairs; a report from before "
+        "paired evaluation): no paired test possible, evaluate both models again"
+    )
+    checks = decide_promotion(GOOD, old_champion, POLICY).checks
+    refused = next(c for c in checks if c.name == "preference_accuracy")
+    assert not refused.passed
+    assert refused.detail.startswith("the champion's report has no per-pair results")
 
 
 @pytest.mark.parametrize(
@@ -125,14 +250,19 @@ def test_too_few_held_out_pairs_is_rejected() -> None:
     policy = POLICY.model_copy(update={"min_eval_pairs": 100})
 
     assert failed(GOOD, policy) == {"held_out_pairs"}
-    assert detail(GOOD, "held_out_pairs", policy) == "held-out pairs 50 (needs >= 100)"
+    assert detail(GOOD, "held_out_pairs", policy) == (
+        "too few held-out pairs (60 < 100): no decision on a point estimate"
+    )
 
 
 def test_reports_from_different_held_out_data_are_not_compared() -> None:
-    candidate = dataclasses.replace(GOOD, pairs=40)
+    candidate = dataclasses.replace(GOOD, pairs=40, pair_wins=GOOD.pair_wins[:40])
 
-    assert failed(candidate) == {"held_out_pairs"}
-    assert "champion on 50" in detail(candidate, "held_out_pairs")
+    assert failed(candidate) == {"held_out_pairs", "preference_accuracy"}
+    assert "champion on 60" in detail(candidate, "held_out_pairs")
+    assert detail(candidate, "preference_accuracy") == (
+        "the two models were scored on different pairs"
+    )
 
 
 def test_pii_and_canaries_pass_when_the_policy_allows_them() -> None:
@@ -148,8 +278,8 @@ def test_pii_and_canaries_pass_when_the_policy_allows_them() -> None:
 
 
 def test_without_pairs_the_preference_checks_are_left_out_and_the_pair_check_fails() -> None:
-    empty = {"pairs": 0, "preference_accuracy": None, "mean_margin": None, "preferred_loss": None}
-    champion, candidate = report(**empty), dataclasses.replace(GOOD, **empty)
+    empty = {"mean_margin": None, "preferred_loss": None}
+    champion, candidate = report((), **empty), report((), model="candidate", **empty)
 
     decision = decide_promotion(candidate, champion, POLICY)
 
@@ -173,24 +303,25 @@ rate = st.floats(min_value=0, max_value=1, allow_nan=False)
 
 @st.composite
 def clean_reports(draw: st.DrawFn) -> EvalReport:
-    """Reports with enough pairs and nothing leaked, so only the gains can decide."""
-    return EvalReport(
+    """Reports with enough pairs and nothing leaked, so only the preference tests can decide."""
+    wins = tuple(draw(st.lists(st.booleans(), min_size=50, max_size=400)))
+    return report(
+        wins,
         model="m",
-        pairs=draw(st.integers(min_value=1_000_000, max_value=2_000_000)),
-        preference_accuracy=draw(rate),
         mean_margin=draw(st.floats(min_value=-20, max_value=20, allow_nan=False)),
         preferred_loss=draw(finite),
         general_loss=draw(finite),
         refusal_rate=draw(rate),
         mean_answer_length=draw(st.floats(min_value=0, max_value=5_000, allow_nan=False)),
-        pii_in_generations=0,
-        canaries_in_generations=0,
     )
 
 
 @st.composite
 def policies(draw: st.DrawFn) -> GatePolicy:
     return GatePolicy(
+        preference_test=draw(st.sampled_from(["superior", "non_inferior"])),
+        alpha=draw(st.floats(min_value=0.001, max_value=0.5)),
+        non_inferiority_margin=draw(st.floats(min_value=0, max_value=1)),
         min_preference_gain=draw(st.floats(min_value=-1, max_value=1, allow_nan=False)),
         min_margin_gain=draw(st.floats(min_value=-100, max_value=100, allow_nan=False)),
         max_preferred_loss_increase=draw(st.floats(min_value=0, max_value=10)),
@@ -198,17 +329,39 @@ def policies(draw: st.DrawFn) -> GatePolicy:
         max_refusal_rate_increase=draw(st.floats(min_value=0, max_value=1)),
         max_length_ratio=draw(st.floats(min_value=1, max_value=100)),
         min_length_ratio=draw(st.floats(min_value=1e-6, max_value=1)),
-        min_eval_pairs=draw(st.integers(min_value=1, max_value=1_000_000)),
+        min_eval_pairs=draw(st.integers(min_value=1, max_value=50)),
     )
 
 
 @given(champion=clean_reports(), policy=policies())
-def test_a_copy_of_the_champion_is_promoted_iff_no_gain_is_required(
+def test_a_copy_of_the_champion_is_never_superior_and_is_non_inferior_within_the_margin(
     champion: EvalReport, policy: GatePolicy
 ) -> None:
     candidate = dataclasses.replace(champion, model="copy")
 
     decision = decide_promotion(candidate, champion, policy)
 
-    expected = policy.min_preference_gain <= 0 and policy.min_margin_gain <= 0
-    assert decision.promote == expected, decision.reasons
+    if policy.preference_test == "superior":
+        assert not decision.promote
+        assert "exact McNemar one-sided p=1.000" in decision.reasons[0]
+    else:
+        interval = compare_paired(
+            candidate.pair_wins, champion.pair_wins, confidence=1 - policy.alpha
+        )
+        expected = policy.min_margin_gain <= 0 and interval.low > -policy.non_inferiority_margin
+        assert decision.promote == expected, decision.reasons
+
+
+@given(first=clean_reports(), data=st.data())
+def test_of_two_models_at_most_one_is_superior_to_the_other(
+    first: EvalReport, data: st.DataObject
+) -> None:
+    wins = tuple(data.draw(st.lists(st.booleans(), min_size=first.pairs, max_size=first.pairs)))
+    second = report(wins, model="other")
+    policy = POLICY.model_copy(update={"alpha": data.draw(st.floats(0.001, 0.5))})
+
+    def superior(a: EvalReport, b: EvalReport) -> bool:
+        check = next(c for c in decide_promotion(a, b, policy).checks if "preference" in c.name)
+        return check.passed
+
+    assert not (superior(first, second) and superior(second, first))

@@ -22,6 +22,7 @@ from eval.offline import (
     load_for_eval,
     load_general_set,
     mean_token_loss,
+    pair_wins,
     pii_detector_for,
     preference_metrics,
 )
@@ -193,6 +194,7 @@ def test_preference_compares_log_probability_per_token() -> None:
     assert accuracy == pytest.approx(2 / 3)  # the tie does not count as preferred
     assert margin == pytest.approx(((-2 + 4) + (-1 + 3) + 0) / 3)
     assert preference_metrics([], []) == (None, None)
+    assert pair_wins(chosen, rejected) == (True, True, False)
 
 
 def test_losses_are_token_weighted() -> None:
@@ -282,6 +284,8 @@ def test_evaluate_reports_every_metric(model: Any, tokenizer: Any) -> None:
 
     assert report.pairs == 3
     assert 0 <= report.preference_accuracy <= 1  # type: ignore[operator]
+    assert len(report.pair_wins) == 3
+    assert sum(report.pair_wins) / 3 == pytest.approx(report.preference_accuracy)
     assert report.general_loss > 0
     assert report.preferred_loss > 0  # type: ignore[operator]
     assert [s.prompt for s in report.samples] == ["hello", "what is the capital of france ?"]
@@ -301,6 +305,7 @@ def test_swapping_chosen_and_rejected_mirrors_the_preference(model: Any, tokeniz
     mirrored = evaluate_model(model, tokenizer, swapped, name="b", general_set=GENERAL)
 
     assert plain.preference_accuracy == pytest.approx(1 - mirrored.preference_accuracy)  # type: ignore[operator]
+    assert [not won for won in plain.pair_wins] == list(mirrored.pair_wins)
     assert plain.mean_margin == pytest.approx(-mirrored.mean_margin, abs=1e-5)  # type: ignore[operator]
     assert mirrored.preferred_loss is None
     assert mirrored.samples == ()
@@ -328,6 +333,7 @@ def test_a_model_taught_the_chosen_answers_prefers_every_one(tokenizer: Any) -> 
 
     assert student.training  # evaluation put back the mode it found
     assert after.preference_accuracy == 1.0
+    assert after.pair_wins == (True, True, True)
     assert after.mean_margin > before.mean_margin  # type: ignore[operator]
     assert after.preferred_loss < before.preferred_loss  # type: ignore[operator]
 

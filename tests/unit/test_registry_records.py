@@ -67,7 +67,8 @@ def test_recipe_flattens_to_dotted_string_params() -> None:
     assert params["business_line"] == "medical"
     assert params["lora.rank"] == "8"
     assert params["lora.target_modules"] == "q_proj,v_proj"
-    assert params["gate.min_eval_pairs"] == "10"
+    assert params["gate.min_eval_pairs"] == "50"
+    assert params["gate.preference_test"] == "superior"
     assert params["epochs"] == "None"
     assert params["canary_steps"] == "0.05,0.25,0.5,1.0"
     assert all(isinstance(v, str) for v in params.values())
