@@ -47,6 +47,7 @@ bench: setup ## All benchmarks (each also runs on its own, see README)
 	$(BIN)/python bench/pii_bench.py
 	$(BIN)/python bench/dedup_bench.py
 	$(BIN)/python bench/train_bench.py
+	$(BIN)/python bench/canary_sim_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

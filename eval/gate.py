@@ -31,13 +31,14 @@ def decide_promotion(
     """
     checks = [_held_out_pairs(candidate, champion, policy)]
     checks += _preference(candidate, champion, policy)
-    checks += _gain(
-        "mean_margin",
-        "mean preference margin (nats/token)",
-        candidate.mean_margin,
-        champion.mean_margin,
-        policy.min_margin_gain,
-    )
+    if policy.min_margin_gain is not None:
+        checks += _gain(
+            "mean_margin",
+            "mean preference margin (nats/token)",
+            candidate.mean_margin,
+            champion.mean_margin,
+            policy.min_margin_gain,
+        )
     checks += _loss(
         "preferred_loss",
         "preferred-answer loss",

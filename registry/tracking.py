@@ -594,8 +594,10 @@ class Registry:
             return []
         names = {e.experiment_id: e.name for e in experiments}
         runs = self.client.search_runs(
-            list(names), order_by=["attributes.start_time DESC"], max_results=limit
+            list(names), order_by=["attributes.start_time DESC"], max_results=limit * 4
         )
+        # Evaluations (`flywheel eval`) share the line's experiment; they trained nothing.
+        runs = [r for r in runs if r.data.tags.get("flywheel.run_kind") != "evaluation"][:limit]
         return [
             summarize_run(
                 run.info.run_id,

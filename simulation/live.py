@@ -53,7 +53,9 @@ def flow_nightly(bad_canary: Callable[[], bool] = lambda: False) -> Callable[[st
 
         row = nightly(lines=[line])[0]
         if not bad_canary():
-            return NightlyResult(row["status"], row["reason"], row["version"], row["adapter"])
+            return NightlyResult(
+                row["status"], row["reason"], row["version"], row["adapter"], row["seconds"]
+            )
         return _deploy_inverted(line, row)
 
     return run

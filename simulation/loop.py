@@ -57,6 +57,7 @@ class NightlyResult:
     reason: str
     version: int | None = None
     adapter: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

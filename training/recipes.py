@@ -79,7 +79,13 @@ class GatePolicy(BaseModel):
         le=1,
         description="Held-out preference accuracy gain over the champion (superior test).",
     )
-    min_margin_gain: float = Field(default=0.0, ge=-100, le=100)
+    min_margin_gain: float | None = Field(
+        default=None,
+        ge=-100,
+        le=100,
+        description="Mean margin gain over the champion (a point estimate: off unless set; "
+        "the paired accuracy test is the decision with its uncertainty).",
+    )
     max_preferred_loss_increase: float = Field(
         default=0.05, ge=0, le=10, description="Relative increase of loss on preferred answers."
     )
