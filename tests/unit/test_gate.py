@@ -348,7 +348,8 @@ def test_a_copy_of_the_champion_is_never_superior_and_is_non_inferior_within_the
         interval = compare_paired(
             candidate.pair_wins, champion.pair_wins, confidence=1 - policy.alpha
         )
-        expected = (policy.min_margin_gain is None or policy.min_margin_gain <= 0) and interval.low > -policy.non_inferiority_margin
+        margin_ok = policy.min_margin_gain is None or policy.min_margin_gain <= 0
+        expected = margin_ok and interval.low > -policy.non_inferiority_margin
         assert decision.promote == expected, decision.reasons
 
 

@@ -135,13 +135,18 @@ def test_users_promote_an_adapter_whose_answers_they_like(world: Any) -> None:
     stub.behaviour.answers.update({BASE_MODEL: UNHELPFUL, ADAPTER: HELPFUL})
     result = run_loop(_plan(), LoadedUsers("test:ApologyUsers", ApologyUsers()), services)
     first, second = result.nights
-    assert first.canary == ADAPTER and first.decision == "promoted", first.canary_decisions
-    assert first.served["canary"] >= 40 and first.served["base"] >= 40
-    assert first.satisfied["canary"] == 1.0 and first.satisfied["base"] == 0.0
-    assert second.champion == ADAPTER and second.satisfied == {"champion": 1.0}
+    assert first.canary == ADAPTER
+    assert first.decision == "promoted", first.canary_decisions
+    assert first.served["canary"] >= 40
+    assert first.served["base"] >= 40
+    assert first.satisfied["canary"] == 1.0
+    assert first.satisfied["base"] == 0.0
+    assert second.champion == ADAPTER
+    assert second.satisfied == {"champion": 1.0}
     assert result.final["base"] == {**result.final["base"], "satisfied": 0.0, "n": 20}
     assert result.final["champion"]["name"] == ADAPTER
-    assert result.final["champion"]["satisfied"] == 1.0 and result.final["gain"] == 1.0
+    assert result.final["champion"]["satisfied"] == 1.0
+    assert result.final["gain"] == 1.0
     # Every reaction went through the gateway against the request id it answered.
     assert stage.app.state.gateway.recorder.flush(10)
     with store.engine.connect() as connection:
@@ -168,5 +173,7 @@ def test_users_roll_back_an_adapter_whose_answers_got_worse(world: Any) -> None:
     result = run_loop(plan, LoadedUsers("test:ApologyUsers", ApologyUsers()), services)
     (night,) = result.nights
     assert night.decision == "rolled back", night.canary_decisions
-    assert night.champion is None and result.final["champion"]["name"] is None
-    assert night.satisfied["canary"] == 0.0 and night.satisfied["base"] == 1.0
+    assert night.champion is None
+    assert result.final["champion"]["name"] is None
+    assert night.satisfied["canary"] == 0.0
+    assert night.satisfied["base"] == 1.0

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from simulation.judging import is_complete, is_degenerate, on_topic
+from simulation.judging import is_complete, is_degenerate
 from simulation.prompts import builtin_prompts, topic_of
 from simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
-from simulation.users import BuiltinUsers, CustomerServiceUsers, LegalUsers, MedicalUsers
+from simulation.users import CustomerServiceUsers, LegalUsers, MedicalUsers
 
 MODELS = (
     ("customer_service", CustomerServiceUsers()),
@@ -98,8 +97,8 @@ def test_unknown_reaction_types_and_bad_specs_are_refused(users_file: Path) -> N
 
 def test_the_cli_exits_2_naming_the_spec_before_any_traffic(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", "from flywheel.cli import main; main()", "loop", "--line", "legal", "--users",
-         f"{tmp_path}/none.py:Users"],
+        [sys.executable, "-c", "from flywheel.cli import main; main()",
+         "loop", "--line", "legal", "--users", f"{tmp_path}/none.py:Users"],
         capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
         check=False,
     )  # fmt: skip
@@ -143,9 +142,11 @@ def test_reactions_change_when_the_answer_changes(line: str, users: object) -> N
     on_good, on_poor = reactions(good), reactions(dict.fromkeys(prompts, poor))
     assert on_good.get("thumbs_up", 0) > 3 * on_poor.get("thumbs_up", 0) + 10
     assert on_poor.get("thumbs_down", 0) > 3 * on_good.get("thumbs_down", 0) + 10
-    assert on_poor.get("edit", 0) >= 20 and "edit" not in on_good
+    assert on_poor.get("edit", 0) >= 20
+    assert "edit" not in on_good
     # Most users say nothing, either way.
-    assert on_good["none"] > len(prompts) / 2 and on_poor["none"] > len(prompts) / 3
+    assert on_good["none"] > len(prompts) / 2
+    assert on_poor["none"] > len(prompts) / 3
 
 
 @pytest.mark.parametrize(("line", "users"), MODELS)
@@ -164,7 +165,8 @@ def test_the_hidden_preference_is_what_the_edit_adds(line: str, users: object) -
 
 
 def test_answer_checks() -> None:
-    assert is_complete("Done.") and not is_complete("It is the")
+    assert is_complete("Done.")
+    assert not is_complete("It is the")
     assert is_degenerate("yes yes")
     assert is_degenerate("go to the shop go to the shop go to the shop go to the shop now")
     assert not is_degenerate("Open Orders, choose the item and select Return for a label.")
