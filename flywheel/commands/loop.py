@@ -215,6 +215,15 @@ def plot_loop(document: dict[str, Any], path: Path) -> Path:
     for arm in arms:
         points = [(n["night"], n["satisfied"][arm]) for n in nights if arm in n["satisfied"]]
         left.plot(*zip(*points, strict=True), marker="o", label=arm)
+    for night in nights:
+        left.annotate(
+            night["decision"],
+            (night["night"], 0.97),
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="dimgray",
+        )
     left.set_xlabel("night")
     left.set_ylabel("satisfied share of answers")
     left.set_ylim(0, 1)
