@@ -226,6 +226,8 @@ def test_a_stream_broken_midway_ends_with_an_error_event_and_is_logged(gateway: 
     body["stream"] = True
     with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
         raw = b"".join(r.iter_bytes())
+        # No user and no session: the request id picks the arm, so either adapter may serve.
+        served = r.headers["x-flywheel-adapter"]
     events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
     assert orjson.loads(events[-2])["error"]["code"] == 502
@@ -234,7 +236,8 @@ def test_a_stream_broken_midway_ends_with_an_error_event_and_is_logged(gateway: 
     # What reached the client before the cut is logged (an abort may drop unsent bytes).
     relayed = "".join(orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2])
     assert row.response == relayed
-    assert "".join(f"w{i}-{CHAMPION} " for i in range(2)).startswith(relayed)
+    assert served in {CHAMPION, CANARY}
+    assert "".join(f"w{i}-{served} " for i in range(2)).startswith(relayed)
 
 
 def test_the_split_is_sticky_and_a_rollback_reaches_the_gateway_within_a_second(
