@@ -62,9 +62,11 @@ def test_eval_of_the_base_model_reports_an_interval_and_logs_an_evaluation_run(
     assert run.data.params["format"] == "auto"
     artifacts = {a.path for a in registry.client.list_artifacts(run.info.run_id, "eval")}
     assert "eval/pairs_eval.json" in artifacts
+    # `flywheel runs` lists trainings: an evaluation trained nothing and is left out.
     listed = runner.invoke(app, ["runs", "general"])
     assert listed.exit_code == 0, listed.output
-    assert "general" in listed.stdout
+    assert run.info.run_id[:8] not in listed.stdout
+    assert registry.recent_runs("general") == []
 
 
 def test_eval_of_the_champion_compares_it_with_the_base_on_the_same_pairs(

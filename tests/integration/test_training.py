@@ -107,12 +107,14 @@ def test_dpo_adapter_is_servable_and_resumes(base_model_dir: Path, tmp_path: Pat
 def test_gate_rejects_an_adapter_trained_on_swapped_pairs_and_promotes_a_good_one(
     base_model_dir: Path, tmp_path: Path
 ) -> None:
-    # Six held-out pairs show no significant gain: the gate asks only "not clearly worse".
+    # Six held-out pairs show no significant gain: the gate asks only "not clearly worse",
+    # plus the (opt-in) mean-margin check.
     policy = GatePolicy(
         preference_test="non_inferior",
         non_inferiority_margin=0.5,
         min_eval_pairs=3,
         max_general_loss_increase=0.5,
+        min_margin_gain=0.0,
     )
     base = evaluate(base_model_dir, None, "base")
     bad = train_adapter(
