@@ -181,6 +181,11 @@ def write_dataset(
         "settings": settings.model_dump(mode="json"),
         "examples": lineage,
     }
+    return _publish(staging, final, manifest)
+
+
+def _publish(staging: Path, final: Path, manifest: dict[str, Any]) -> DatasetBuild:
+    """Write the manifest last, then move the complete folder into place (atomically)."""
     (staging / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     try:
         staging.rename(final)
@@ -351,12 +356,7 @@ def accumulate(
         "funnel": {},
         "examples": kept,
     }
-    (staging / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    try:
-        staging.rename(final)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
+    return _publish(staging, final, manifest)
 
 
 def manifests_with_user(root: Path, user_id: str) -> list[Path]:
