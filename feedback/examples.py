@@ -176,10 +176,6 @@ def _prompt(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
     return tuple({"role": m["role"], "content": m["content"]} for m in record["messages"])
 
 
-def _kinds(record: dict[str, Any]) -> set[str]:
-    return {e["type"] for e in record.get("feedback", [])}
-
-
 def build_examples(
     records: Sequence[dict[str, Any]], *, max_pairs_per_prompt: int = 4
 ) -> ExampleSet:

@@ -26,7 +26,7 @@ import httpx
 
 from gateway.routing import RoutingTable, choose_arm
 from simulation.protocol import LoadedUsers
-from simulation.traffic import Sampling, TrafficReport, UserRequest, UserTraffic
+from simulation.traffic import Sampling, TrafficReport, UserTraffic, user_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +178,7 @@ def run_loop(
         seed = plan.seed * 1_000 + night
         tag = f"s{plan.seed}-n{night}"
         ids = [f"{tag}-user-{(k * 7919) % plan.pool()}" for k in range(plan.requests)]
-        requests = _requests(users, line, ids, seed, f"{tag}-day")
+        requests = user_requests(users, line, ids, seed, f"{tag}-day")
         day = traffic.run(
             line, requests, seed=seed, on_request=progress(f"night {night}: users", len(requests))
         )
@@ -230,15 +230,6 @@ def run_loop(
     )
 
 
-def _requests(
-    users: LoadedUsers, line: str, ids: list[str], seed: int, tag: str
-) -> list[UserRequest]:
-    prompts = users.prompts(line, len(ids), seed)
-    return [
-        UserRequest(u, f"{tag}-{i}", p) for i, (u, p) in enumerate(zip(ids, prompts, strict=True))
-    ]
-
-
 def _canary_round(
     plan: LoopPlan,
     users: LoadedUsers,
@@ -251,7 +242,7 @@ def _canary_round(
     other = "champion" if table.champion is not None else "base"
     ids = users_on_arm(table, "canary", plan.canary_users, f"{tag}-c")
     ids += users_on_arm(table, other, plan.champion_users, f"{tag}-h")
-    requests = _requests(users, table.business_line, ids, seed + 500, tag)
+    requests = user_requests(users, table.business_line, ids, seed + 500, tag)
     return traffic.run(
         table.business_line,
         requests,
