@@ -343,7 +343,7 @@ def _drive_gateway(
     for index, line in enumerate(lines):
         share = simulation.requests // len(lines) + (index < simulation.requests % len(lines))
         ids = [f"sim-{simulation.seed}-{line}-{k % simulation.user_count()}" for k in range(share)]
-        requests = user_requests(users, line, ids, simulation.seed, f"sim-{simulation.seed}")
+        requests = user_requests(users, line, ids, simulation.seed, f"sim-{simulation.seed}-{line}")
         with progress_bar(f"{line} through the gateway", total=len(requests)) as advance:
             report = traffic.run(line, requests, seed=simulation.seed, on_request=advance)
         summary = report.as_dict()
