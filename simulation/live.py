@@ -113,7 +113,9 @@ def live_services(
     from training.base_model import ensure_base_model
 
     base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(vllm_venv(settings), report=report).ensure()
+    python = VllmEnvironment(
+        vllm_venv(settings), torch_index=settings.torch_index, report=report
+    ).ensure()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.errors import FlywheelError
+from flywheel.settings import Settings
 from registry.vllm_server import (
     VllmEnvironment,
     VllmServer,
@@ -87,7 +88,7 @@ def vllm_python() -> Path:
     """The interpreter of the vLLM virtualenv (``FLYWHEEL_VLLM_VENV`` or ``<repo>/.venv-vllm``)."""
     venv = Path(os.environ.get("FLYWHEEL_VLLM_VENV", REPO / ".venv-vllm"))
     try:
-        return VllmEnvironment(venv).ensure()
+        return VllmEnvironment(venv, torch_index=Settings().torch_index).ensure()
     except VllmServerError as exc:
         if services_required():
             raise
