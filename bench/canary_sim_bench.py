@@ -66,6 +66,7 @@ BASE_RATES = {
     "error": 0.01,
     "abandon": 0.05,
     "task_failure": 0.03,
+    "dissatisfied": 0.20,
 }
 LOOKS = 50
 CANARY_SHARE = 0.10

@@ -4,7 +4,9 @@ The canary flow compares the canary and the champion on the same window:
 requests, errors, p99 latency, and how many of those requests drew a
 thumbs-down, a regenerate, an edit, a thumbs-up, an abandon or a failed task
 outcome (``task_failure``; each request counted once per signal, however many
-times it got one).
+times it got one), and how many drew any of those negative signals at all
+(``dissatisfied``: one count per request, whatever mix of them it got — the
+rate with the most events, so the first to show a canary that is worse all round).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine, and_, func, or_, select
 
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import ONLINE_SIGNALS, Signal
@@ -22,6 +24,8 @@ COUNTED_SIGNALS = tuple(
     s.value for s in (*ONLINE_SIGNALS, Signal.THUMBS_UP) if s is not Signal.TASK_FAILURE
 )
 TASK_FAILURE = Signal.TASK_FAILURE.value
+DISSATISFIED = "dissatisfied"
+_NEGATIVE_TYPES = tuple(s.value for s in ONLINE_SIGNALS if s is not Signal.TASK_FAILURE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,20 @@ def adapter_windows(
                     feedback.c.outcome == "failure",
                 )
             ).scalar_one()
+            dissatisfied = connection.execute(
+                select(func.count(func.distinct(feedback.c.request_id)))
+                .select_from(
+                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+                )
+                .where(
+                    in_window,
+                    served,
+                    or_(
+                        feedback.c.type.in_(_NEGATIVE_TYPES),
+                        and_(feedback.c.type == "task_outcome", feedback.c.outcome == "failure"),
+                    ),
+                )
+            ).scalar_one()
             latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
             results[adapter] = AdapterWindow(
                 adapter=adapter,
@@ -97,6 +115,6 @@ def adapter_windows(
                 p99_latency_ms=_p99(latencies),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}
-                | {TASK_FAILURE: int(task_failures)},
+                | {TASK_FAILURE: int(task_failures), DISSATISFIED: int(dissatisfied)},
             )
     return results

@@ -111,6 +111,7 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         error=window.errors,
         abandon=window.signals["abandon"],
         task_failure=window.signals["task_failure"],
+        dissatisfied=window.signals["dissatisfied"],
         p99_latency_ms=window.p99_latency_ms,
     )
 

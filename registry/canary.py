@@ -2,7 +2,10 @@
 
 Canary and champion are compared on the same window of gateway traffic, arm
 against arm, on rates where higher is worse (thumbs-down, regenerate, edit,
-error, abandon and task-failure rates) and on p99 latency.
+error, abandon and task-failure rates, and the dissatisfied rate: the share of
+requests that drew any of those user signals) and on p99 latency. Users rarely
+say why they are unhappy, so a canary that is worse all round shows first in
+the dissatisfied rate, which pools the signals and so has the most events.
 
 - **Roll back** as soon as one rate is shown *worse* on the canary or its p99
   latency is over the allowed ratio.
@@ -52,8 +55,11 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# The online signals (feedback.signals.ONLINE_SIGNALS) and errors; a test keeps them equal.
-RATES = ("thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure")
+# The online signals (feedback.signals.ONLINE_SIGNALS), errors, and requests with any of
+# those signals (feedback.online.DISSATISFIED); a test keeps them equal.
+RATES = (
+    "thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure", "dissatisfied",
+)  # fmt: skip
 DEFAULT_MARGINS: Mapping[str, float] = {
     "thumbs_down": 0.03,
     "regenerate": 0.03,
@@ -61,6 +67,7 @@ DEFAULT_MARGINS: Mapping[str, float] = {
     "error": 0.01,
     "abandon": 0.03,
     "task_failure": 0.02,
+    "dissatisfied": 0.05,
 }
 # The mixture's spread (the prior scale of the effect), in margins. Non-inferiority is
 # about effects near the margin; a worse canary is worth catching fast when it is worse by
@@ -136,6 +143,7 @@ class ArmStats:
     error: int = 0
     abandon: int = 0
     task_failure: int = 0
+    dissatisfied: int = 0
     p99_latency_ms: float | None = None
 
     def rate(self, name: str) -> float:

@@ -40,7 +40,7 @@ class LoopPlan:
     seed: int = 0
     canary_users: int = 40
     champion_users: int = 40
-    canary_rounds: int = 3
+    canary_rounds: int = 6
     user_pool: int = 0
     sampling: Sampling = field(default_factory=Sampling)
 

@@ -118,8 +118,9 @@ def run_loop_command(
     )
     out.print(
         f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
-        f"{users.spec}; canary traffic: {canary_users} users per arm per round, picked with the "
-        "gateway's own sticky split so a 5% canary gets enough of them"
+        f"{users.spec}; canary traffic: {canary_users} users per arm per round until the canary "
+        f"flow decides (at most {plan.canary_rounds} rounds), picked with the gateway's own "
+        "sticky split so a 5% canary gets enough of them"
     )
     nights_done: list[int] = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from training.recipes import packaged_recipes_dir, read_recipe
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
 DEMO_RECIPES = sorted((packaged_recipes_dir() / "demo").glob("*.yaml"))
-BASE_RATES = np.array([0.10, 0.05, 0.03, 0.01, 0.05, 0.03])  # in the order of RATES
+BASE_RATES = np.array([0.10, 0.05, 0.03, 0.01, 0.05, 0.03, 0.20])  # in the order of RATES
 LOOKS = 50
 
 
@@ -291,24 +292,62 @@ def test_a_clearly_worse_canary_is_caught_and_a_fine_one_promoted_within_fifty_l
     _replay(counts, policy, runs=2)
 
 
+def _reacting_arm(rng: random.Random, satisfied: float, n: int) -> dict[str, int]:
+    """Counts of ``n`` requests whose users react by the built-in users' tables."""
+    from simulation.users import SATISFIED_REACTIONS, UNSATISFIED_REACTIONS
+
+    negative = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
+    counts = dict.fromkeys((*negative, "dissatisfied"), 0)
+    for _ in range(n):
+        table = SATISFIED_REACTIONS if rng.random() < satisfied else UNSATISFIED_REACTIONS
+        draw, kind = rng.random(), None
+        for name, probability in table.items():
+            if draw < probability:
+                kind = name
+                break
+            draw -= probability
+        if kind in negative:
+            counts[kind] += 1
+            counts["dissatisfied"] += 1
+    return counts
+
+
+def _demo_canary(policy: CanaryPolicy, champion: float, canary: float, seed: int) -> str:
+    """The loop's canary phase: 30 users per arm per round until the flow decides."""
+    rng = random.Random(seed)
+    totals = {"champion": Counter[str](), "canary": Counter[str]()}
+    for look in range(1, policy.max_looks + 1):
+        totals["champion"].update(_reacting_arm(rng, champion, 30))
+        totals["canary"].update(_reacting_arm(rng, canary, 30))
+        n = 30 * look
+        action = decide_canary(
+            ArmStats("a", n, **totals["champion"]), ArmStats("b", n, **totals["canary"]),
+            policy, look=look,
+        ).action  # fmt: skip
+        if action is not CanaryAction.WAIT:
+            return action.value
+    raise AssertionError("the last look always decides")
+
+
 @pytest.mark.parametrize("path", DEMO_RECIPES, ids=lambda p: p.stem)
-def test_the_demo_canary_decides_on_tens_of_users(path: Path) -> None:
-    """The demo sends 30 canary and 60 champion users, liking each at a set rate."""
+def test_the_demo_canary_promotes_a_better_adapter_and_rolls_back_an_inverted_one(
+    path: Path,
+) -> None:
+    """On the users' own reaction rates, 30 users per arm per round: a canary that satisfies
+    0.45 against 0.25 goes up, one that satisfies nobody goes back."""
     policy = read_recipe(path).canary
-    rng = random.Random(path.stem)
-    outcomes: dict[tuple[float, str], int] = {}
-    for canary_rate, _ in itertools.product((0.0, 0.1, 0.7), range(300)):
-        champion = ArmStats("a", 60, thumbs_down=sum(rng.random() < 0.1 for _ in range(60)))
-        canary = ArmStats("b", 30, thumbs_down=sum(rng.random() < canary_rate for _ in range(30)))
-        action = decide_canary(champion, canary, policy, look=1).action
-        outcomes[canary_rate, action] = outcomes.get((canary_rate, action), 0) + 1
-    assert outcomes.get((0.0, "promote"), 0) >= 297
-    assert outcomes.get((0.1, "promote"), 0) >= 285
-    assert outcomes.get((0.7, "rollback"), 0) >= 297
-    exact = decide_canary(
-        ArmStats("a", 60, thumbs_down=6), ArmStats("b", 30, thumbs_down=21), policy, look=1
-    )
-    assert exact.action is CanaryAction.ROLLBACK
+    runs = 150
+    better = [_demo_canary(policy, 0.25, 0.45, seed) for seed in range(runs)]
+    inverted = [_demo_canary(policy, 0.25, 0.0, seed) for seed in range(runs)]
+    inverted_against_good = [_demo_canary(policy, 0.5, 0.0, seed) for seed in range(runs)]
+    assert better.count("promote") >= 0.9 * runs
+    assert inverted.count("rollback") >= 0.9 * runs
+    assert inverted_against_good.count("rollback") == runs
+    # On equal arms the single signals are shown non-inferior within their wide margins, so
+    # the dissatisfied rate is the one that decides.
+    equal = ArmStats("a", 120, thumbs_down=12, edit=8, dissatisfied=30)
+    decision = decide_canary(equal, equal, policy, look=4)
+    assert [c.metric for c in decision.checks if c.verdict != "OK"] == ["dissatisfied_rate"]
 
 
 def _interaction(request_id: str, adapter: str, at: datetime) -> dict[str, Any]:
@@ -327,7 +366,7 @@ def _interaction(request_id: str, adapter: str, at: datetime) -> dict[str, Any]:
     }
 
 
-def test_the_canary_window_counts_failed_tasks_and_abandons_once_per_request(
+def test_the_canary_window_counts_failed_tasks_abandons_and_the_dissatisfied_once_per_request(
     settings: Settings,
 ) -> None:
     store = FeedbackStore.open(settings)
@@ -348,6 +387,15 @@ def test_the_canary_window_counts_failed_tasks_and_abandons_once_per_request(
                     "created_at": at.isoformat(),
                 }
             )
+        if index == 0:
+            events.append(
+                {
+                    "type": "thumbs_down",
+                    "request_id": request_id,
+                    "idempotency_key": f"td-{request_id}",
+                    "created_at": at.isoformat(),
+                }
+            )
         if index == 5:
             events.append(
                 {
@@ -364,10 +412,13 @@ def test_the_canary_window_counts_failed_tasks_and_abandons_once_per_request(
     window = windows["customer_service-v2"]
     assert window.requests == 6
     assert (window.signals["task_failure"], window.signals["abandon"]) == (2, 1)
+    # r0 (two failures and a thumbs-down), r1 and r5: one count per request.
+    assert (window.signals["thumbs_down"], window.signals["dissatisfied"]) == (1, 3)
     store.close()
 
 
 def test_the_canary_rates_are_the_online_signals_and_errors() -> None:
+    from feedback.online import DISSATISFIED
     from feedback.signals import ONLINE_SIGNALS
 
-    assert set(RATES) == {s.value for s in ONLINE_SIGNALS} | {"error"}
+    assert set(RATES) == {s.value for s in ONLINE_SIGNALS} | {"error", DISSATISFIED}
