@@ -82,7 +82,7 @@ canary:
   alpha: 0.2
   max_looks: 5
   margins: {thumbs_down: 0.5, regenerate: 0.5, edit: 0.5, error: 0.5, abandon: 0.5,
-            task_failure: 0.5}
+            task_failure: 0.5, dissatisfied: 0.5}
   max_p99_ratio: 20.0
   p99_slack_ms: 10000
 """
@@ -390,6 +390,7 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
     assert numbers["champion"]["requests"] == PER_ARM
     assert numbers["canary"]["signals"]["thumbs_down"] == 2
     assert numbers["champion"]["signals"]["thumbs_down"] == 2
+    assert numbers["canary"]["signals"]["dissatisfied"] == 2
     assert {c["metric"]: c["verdict"] for c in numbers["checks"]} == {
         "thumbs_down_rate": "OK",
         "regenerate_rate": "OK",
@@ -397,6 +398,7 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
         "error_rate": "OK",
         "abandon_rate": "OK",
         "task_failure_rate": "OK",
+        "dissatisfied_rate": "OK",
         "p99_latency_ms": "OK",
     }
 
@@ -476,6 +478,7 @@ def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: P
     assert numbers["champion"]["signals"]["thumbs_down"] == 2
     verdicts = {c["metric"]: c["verdict"] for c in numbers["checks"]}
     assert verdicts["thumbs_down_rate"] == "WORSE"
+    assert verdicts["dissatisfied_rate"] == "WORSE"
 
 
 def _lease(loop: Loop) -> tuple[str | None, datetime | None]:
