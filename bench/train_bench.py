@@ -143,7 +143,12 @@ def answer_loss(model_dir: Path, adapter: Path | None, held: list[Any], mixed: b
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dpo-minutes", type=float, default=10.0)
-    parser.add_argument("--sft-minutes", type=float, default=3.0)
+    parser.add_argument("--sft-minutes", type=float, default=3.0, help="0 skips the SFT part.")
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="DPO learning rate.")
+    parser.add_argument("--beta", type=float, default=0.1, help="DPO beta.")
+    parser.add_argument(
+        "--sft-weight", type=float, default=0.0, help="Weight of an SFT term on the chosen answers."
+    )
     parser.add_argument("--eval-pairs", type=int, default=500, help="Held-out pairs scored.")
     parser.add_argument(
         "--held-out-buckets",
@@ -185,11 +190,12 @@ def main() -> None:
             business_line="bench",
             method="dpo",
             lora=LoraShape(rank=16, alpha=32, dropout=0.0),
-            learning_rate=1e-4,
+            learning_rate=args.learning_rate,
             epochs=1,
             batch_size=4,
             max_length=384,
-            beta=0.1,
+            beta=args.beta,
+            sft_weight=args.sft_weight,
         )
         dpo = train_adapter(
             recipe,
@@ -225,48 +231,63 @@ def main() -> None:
             f"{after['mean_margin']:.3f}",
             f"{after['mean_margin'] - before['mean_margin']:+.3f}",
         )
-        sft_rows, sft_held = oasst_split()
-        console.print(f"SFT: {len(sft_rows)} train answers, {len(sft_held)} held-out answers")
-        loss_before = answer_loss(base, None, sft_held, mixed)
-        sft_recipe = recipe.model_copy(
-            update={"method": "sft", "learning_rate": 2e-4, "max_length": 512}
-        )
-        sft = train_adapter(
-            sft_recipe,
-            base_model_dir=base,
-            rows=sft_rows,
-            output_dir=Path(folder) / "sft",
-            max_seconds=args.sft_minutes * 60,
-        )
-        loss_after = answer_loss(base, sft.adapter_dir, sft_held, mixed)
-        results["sft"] = {
-            "steps": sft.steps,
-            "seconds": sft.seconds,
-            "tokens_per_second": sft.tokens_per_second,
-            "held_out_answers": len(sft_held),
-            "base_loss": loss_before,
-            "adapter_loss": loss_after,
-        }
-        table.add_row(
-            "SFT oasst",
-            "held-out loss",
-            f"{loss_before:.3f}",
-            f"{loss_after:.3f}",
-            f"{loss_after - loss_before:+.3f}",
-        )
+        if args.sft_minutes <= 0:
+            results["sft"] = None
+        else:
+            results["sft"] = _sft_part(args, recipe, base, mixed, table, Path(folder))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["peak_rss_mb"] = peak
     console.print(table)
     console.print(f"DPO held-out, adapter vs base, paired: {paired.describe('adapter', 'base')}")
     dpo_r, sft_r = results["dpo"], results["sft"]
+    sft_line = f"SFT: {sft_r['steps']} steps in {sft_r['seconds'] / 60:.1f} min; " if sft_r else ""
     console.print(
         f"DPO: {dpo_r['steps']} steps in {dpo_r['seconds'] / 60:.1f} min "
-        f"({dpo_r['tokens_per_second']:.0f} tokens/s); SFT: {sft_r['steps']} steps "
-        f"in {sft_r['seconds'] / 60:.1f} min; peak RSS {peak:.0f} MB; "
+        f"({dpo_r['tokens_per_second']:.0f} tokens/s, lr {args.learning_rate:g}, beta "
+        f"{args.beta:g}, SFT term {args.sft_weight:g}); {sft_line}peak RSS {peak:.0f} MB; "
         f"bf16 autocast: {'on' if mixed else 'off'}"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def _sft_part(
+    args: argparse.Namespace, recipe: Any, base: Path, mixed: bool, table: Any, folder: Path
+) -> dict[str, Any]:
+    """SFT on OASST rank-0 answers: held-out loss, base vs adapter (a row of the table)."""
+    from rich.console import Console
+
+    from training.train import train_adapter
+
+    sft_rows, sft_held = oasst_split()
+    Console().print(f"SFT: {len(sft_rows)} train answers, {len(sft_held)} held-out answers")
+    loss_before = answer_loss(base, None, sft_held, mixed)
+    sft_recipe = recipe.model_copy(
+        update={"method": "sft", "learning_rate": 2e-4, "max_length": 512, "sft_weight": 0.0}
+    )
+    sft = train_adapter(
+        sft_recipe,
+        base_model_dir=base,
+        rows=sft_rows,
+        output_dir=folder / "sft",
+        max_seconds=args.sft_minutes * 60,
+    )
+    loss_after = answer_loss(base, sft.adapter_dir, sft_held, mixed)
+    table.add_row(
+        "SFT oasst",
+        "held-out loss",
+        f"{loss_before:.3f}",
+        f"{loss_after:.3f}",
+        f"{loss_after - loss_before:+.3f}",
+    )
+    return {
+        "steps": sft.steps,
+        "seconds": sft.seconds,
+        "tokens_per_second": sft.tokens_per_second,
+        "held_out_answers": len(sft_held),
+        "base_loss": loss_before,
+        "adapter_loss": loss_after,
+    }
 
 
 def _with_interval(result: dict[str, Any]) -> str:
