@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -95,9 +96,35 @@ def test_too_little_data_is_skipped_with_the_reason(
     )
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
     settings = load_settings()
-    outcome = train_line(settings, "customer_service")
-    assert (outcome.status, outcome.reason) == (
-        "skipped",
-        "no dataset yet: run flywheel datasets build",
+    assert train_line(settings, "customer_service").reason == (
+        "no dataset yet: run flywheel datasets build"
     )
+    store = FeedbackStore.open(settings)
+    simulation = SimulationSettings(
+        requests=200,
+        seed=5,
+        start=datetime(2026, 11, 1, tzinfo=UTC),
+        business_lines=("customer_service",),
+    )
+    store.ingest(TrafficSimulator(simulation).events(), source="simulate")
+    clean_line(
+        store.engine,
+        "customer_service",
+        scrub=scrub_with(build_scrubber()),
+        settings=CleaningSettings(),
+        dataset_root=settings.datasets_dir,
+    )
+    store.close()
+
+    outcome = train_line(settings, "customer_service")
+
+    # A dataset is there now: the threshold, not its absence, is why nothing trains.
+    assert outcome.status == "skipped"
+    assert re.fullmatch(
+        r"[1-9]\d* new DPO training examples, the recipe needs at least 100000", outcome.reason
+    ), outcome.reason
+    assert outcome.version is None
+    assert Registry.for_home(settings.home).recent_runs("customer_service") == []
