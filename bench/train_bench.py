@@ -2,7 +2,7 @@
 
 One command, base model and adapter measured in the same run on the same held-out data:
 
-    .venv/bin/python bench/train_bench.py [--dpo-minutes 10] [--sft-minutes 3] [--json PATH]
+    .venv/bin/python bench/train_bench.py [--dpo-minutes 15] [--sft-minutes 3] [--json PATH]
 
 - DPO: HH-RLHF harmless-base pairs, split by first prompt into train and a held-out
   set (30% of first prompts, at least 400 pairs by default); held-out preference
@@ -142,12 +142,12 @@ def answer_loss(model_dir: Path, adapter: Path | None, held: list[Any], mixed: b
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dpo-minutes", type=float, default=10.0)
+    parser.add_argument("--dpo-minutes", type=float, default=15.0)
     parser.add_argument("--sft-minutes", type=float, default=3.0, help="0 skips the SFT part.")
-    parser.add_argument("--learning-rate", type=float, default=1e-4, help="DPO learning rate.")
+    parser.add_argument("--learning-rate", type=float, default=3e-4, help="DPO learning rate.")
     parser.add_argument("--beta", type=float, default=0.1, help="DPO beta.")
     parser.add_argument(
-        "--sft-weight", type=float, default=0.0, help="Weight of an SFT term on the chosen answers."
+        "--sft-weight", type=float, default=0.5, help="Weight of an SFT term on the chosen answers."
     )
     parser.add_argument("--eval-pairs", type=int, default=500, help="Held-out pairs scored.")
     parser.add_argument(
