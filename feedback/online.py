@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
 
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import ONLINE_SIGNALS, Signal
@@ -62,6 +63,7 @@ def adapter_windows(
         interactions.c.created_at >= since,
         interactions.c.created_at < until,
     )
+    joined = feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
     results: dict[str | None, AdapterWindow] = {}
     with engine.connect() as connection:
         for adapter in wanted:
@@ -75,38 +77,24 @@ def adapter_windows(
             ).all()
             counts = connection.execute(
                 select(feedback.c.type, func.count(func.distinct(feedback.c.request_id)))
-                .select_from(
-                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
-                )
+                .select_from(joined)
                 .where(in_window, served, feedback.c.type.in_(COUNTED_SIGNALS))
                 .group_by(feedback.c.type)
             ).all()
-            task_failures = connection.execute(
-                select(func.count(func.distinct(feedback.c.request_id)))
-                .select_from(
-                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+            failed_task = and_(feedback.c.type == "task_outcome", feedback.c.outcome == "failure")
+
+            def requests_with(condition: ColumnElement[bool], served: Any = served) -> int:
+                """This arm's requests in the window with feedback matching ``condition``."""
+                return int(
+                    connection.execute(
+                        select(func.count(func.distinct(feedback.c.request_id)))
+                        .select_from(joined)
+                        .where(in_window, served, condition)
+                    ).scalar_one()
                 )
-                .where(
-                    in_window,
-                    served,
-                    feedback.c.type == "task_outcome",
-                    feedback.c.outcome == "failure",
-                )
-            ).scalar_one()
-            dissatisfied = connection.execute(
-                select(func.count(func.distinct(feedback.c.request_id)))
-                .select_from(
-                    feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
-                )
-                .where(
-                    in_window,
-                    served,
-                    or_(
-                        feedback.c.type.in_(_NEGATIVE_TYPES),
-                        and_(feedback.c.type == "task_outcome", feedback.c.outcome == "failure"),
-                    ),
-                )
-            ).scalar_one()
+
+            task_failures = requests_with(failed_task)
+            dissatisfied = requests_with(or_(feedback.c.type.in_(_NEGATIVE_TYPES), failed_task))
             latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
             results[adapter] = AdapterWindow(
                 adapter=adapter,
@@ -115,6 +103,6 @@ def adapter_windows(
                 p99_latency_ms=_p99(latencies),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}
-                | {TASK_FAILURE: int(task_failures), DISSATISFIED: int(dissatisfied)},
+                | {TASK_FAILURE: task_failures, DISSATISFIED: dissatisfied},
             )
     return results
