@@ -13,7 +13,7 @@ from feedback.pii import build_scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.stages import train_line
-from flywheel.settings import load_settings
+from flywheel.settings import Settings, load_settings
 from registry.tracking import Registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,6 +34,26 @@ gate: {preference_test: non_inferior, non_inferiority_margin: 1.0, min_margin_ga
 """
 
 
+def _simulated_dataset(settings: Settings, *, requests: int, seed: int) -> FeedbackStore:
+    """Simulated customer-service traffic in the store, cleaned into a dataset; the store."""
+    store = FeedbackStore.open(settings)
+    simulation = SimulationSettings(
+        requests=requests,
+        seed=seed,
+        start=datetime(2026, 11, 1, tzinfo=UTC),
+        business_lines=("customer_service",),
+    )
+    store.ingest(TrafficSimulator(simulation).events(), source="simulate")
+    clean_line(
+        store.engine,
+        "customer_service",
+        scrub=scrub_with(build_scrubber()),
+        settings=CleaningSettings(),
+        dataset_root=settings.datasets_dir,
+    )
+    return store
+
+
 def test_train_line_registers_once_with_lineage(
     tmp_path: Path, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -46,21 +66,7 @@ def test_train_line_registers_once_with_lineage(
     monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
     monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
     settings = load_settings()
-    store = FeedbackStore.open(settings)
-    simulation = SimulationSettings(
-        requests=600,
-        seed=3,
-        start=datetime(2026, 11, 1, tzinfo=UTC),
-        business_lines=("customer_service",),
-    )
-    store.ingest(TrafficSimulator(simulation).events(), source="simulate")
-    clean_line(
-        store.engine,
-        "customer_service",
-        scrub=scrub_with(build_scrubber()),
-        settings=CleaningSettings(),
-        dataset_root=settings.datasets_dir,
-    )
+    store = _simulated_dataset(settings, requests=600, seed=3)
 
     outcome = train_line(settings, "customer_service")
 
@@ -102,22 +108,7 @@ def test_too_little_data_is_skipped_with_the_reason(
     assert train_line(settings, "customer_service").reason == (
         "no dataset yet: run flywheel datasets build"
     )
-    store = FeedbackStore.open(settings)
-    simulation = SimulationSettings(
-        requests=200,
-        seed=5,
-        start=datetime(2026, 11, 1, tzinfo=UTC),
-        business_lines=("customer_service",),
-    )
-    store.ingest(TrafficSimulator(simulation).events(), source="simulate")
-    clean_line(
-        store.engine,
-        "customer_service",
-        scrub=scrub_with(build_scrubber()),
-        settings=CleaningSettings(),
-        dataset_root=settings.datasets_dir,
-    )
-    store.close()
+    _simulated_dataset(settings, requests=200, seed=5).close()
 
     outcome = train_line(settings, "customer_service")
 
