@@ -18,7 +18,7 @@ from typing import Any
 
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore, IngestReport
-from gateway.routes import RouteStore
+from registry.routes import RouteStore
 
 ACTOR = "demo-store"
 

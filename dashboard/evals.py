@@ -21,12 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from registry.names import experiment_name, model_name
 from registry.records import (
     TAG_GATE_DECISION,
     TAG_GATE_REASONS,
     TAG_REGISTERED_VERSION,
-    experiment_name,
-    model_name,
 )
 
 if TYPE_CHECKING:

@@ -32,8 +32,10 @@ from dashboard.shaping import (
     time_series,
 )
 from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
-from gateway.routes import RouteChangeRecord, RouteStore
 from gateway.routing import RoutingTable
+from registry.decisions import latest_decisions
+from registry.lifecycle import step_started
+from registry.routes import RouteChangeRecord, RouteStore
 
 DEFAULT_RANGE = timedelta(days=14)
 
@@ -198,20 +200,6 @@ def funnel_dict(build: DatasetBuild) -> dict[str, Any]:
     }
 
 
-def _canary_start(history: list[RouteChangeRecord], table: RoutingTable) -> datetime | None:
-    """When the current canary got its current share (history is newest first)."""
-    start = None
-    for change in history:
-        same = (
-            change.table.canary == table.canary
-            and abs(change.table.canary_fraction - table.canary_fraction) < 1e-9
-        )
-        if not same:
-            break
-        start = change.created_at
-    return start
-
-
 class FeedbackPages:
     """Builds every view from the store, the dataset manifests and MLflow."""
 
@@ -286,7 +274,7 @@ class FeedbackPages:
     ) -> CanaryView | None:
         if routing.canary is None:
             return None
-        started = _canary_start(history, routing) or (
+        started = step_started(history, routing) or (
             history[-1].created_at if history else floor_hour(datetime.now().astimezone())
         )
         champion = routing.champion or "base"
@@ -300,7 +288,7 @@ class FeedbackPages:
             champion_requests=champion_requests,
             canary_requests=canary_requests,
             rows=rows,
-            decisions=queries.canary_decisions(self.engine, business_line, limit=5),
+            decisions=latest_decisions(self.engine, business_line, limit=5),
         )
 
     def bucket_size(self, business_line: str, bucket: BucketFilter) -> int | None:

@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, Engine, Select, and_, exists, literal, or_
 from dashboard.filters import BucketFilter, Cursor
 from feedback.examples import user_digest
 from feedback.rollup import BASE_ADAPTER
-from feedback.schema import canary_decisions_table, feedback_table, interactions_table
+from feedback.schema import feedback_table, interactions_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +176,3 @@ def _with_events(connection: Any, rows: Sequence[Any]) -> list[RawSample]:
         )
         for row in rows
     ]
-
-
-def canary_decisions(engine: Engine, business_line: str, limit: int = 10) -> list[dict[str, Any]]:
-    """The line's latest canary decisions with their numbers, newest first."""
-    decisions = canary_decisions_table
-    query = (
-        select(decisions)
-        .where(decisions.c.business_line == business_line)
-        .order_by(decisions.c.id.desc())
-        .limit(limit)
-    )
-    with engine.connect() as connection:
-        return [dict(row._mapping) for row in connection.execute(query)]

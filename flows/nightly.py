@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -44,7 +44,7 @@ class LineReport:
     """What one line's nightly run did, stage by stage."""
 
     business_line: str
-    status: str = "started"  # deployed | gated_out | skipped | reused | failed | busy
+    status: str = "started"  # deployed | gated_out | skipped | reused | canary_live | failed | busy
     reason: str = ""
     window_since: str | None = None
     window_until: str | None = None
@@ -228,6 +228,45 @@ def line_nightly(
     return asdict(report)
 
 
+def _transient(exc: BaseException) -> bool:
+    """A failure that may pass by itself (a replica or the store briefly away): the window
+    stays open for a retry. Anything else would fail the same way again and closes it."""
+    from sqlalchemy.exc import OperationalError
+
+    from registry.vllm_admin import VllmUnavailableError
+
+    return isinstance(exc, VllmUnavailableError | OperationalError | ConnectionError | TimeoutError)
+
+
+DEPLOY_STATUS = {
+    "canary": "deployed",
+    "failed": "failed",
+    "refused": "failed",
+    "kept_canary": "canary_live",
+    "none": "reused",
+}
+
+
+def _live_canary(settings: Settings, line: str) -> str | None:
+    """Why the line is skipped tonight: a canary still live under ``on_live_canary: keep``."""
+    from flows.stages import recipe_for
+    from registry.routes import RouteStore
+
+    if recipe_for(settings, line).rollout.on_live_canary != "keep":
+        return None
+    store = FeedbackStore.open(settings)
+    try:
+        table = RouteStore(store.engine).table(line)
+    finally:
+        store.close()
+    if table.canary is None:
+        return None
+    return (
+        f"canary {table.canary} is still live at {table.canary_fraction:.0%}; the line waits "
+        "for its decision (rollout.on_live_canary: keep), its new data stays for next night"
+    )
+
+
 def _run_line(
     settings: Settings, line: str, report: LineReport, workers: int, dask_address: str | None
 ) -> None:
@@ -240,6 +279,34 @@ def _run_line(
     report.window_until = window.until.isoformat()
     report.resumed = window.resumed
     timed("window", started)
+    live = _live_canary(settings, line)
+    if live is not None:
+        report.status, report.reason = "canary_live", live
+        close_window(settings, window, f"skipped: {live}", consumed=False)
+        return
+    try:
+        _train_and_deploy(settings, line, window, report, workers, dask_address, timed)
+    except Exception as exc:
+        if _transient(exc):
+            report.status, report.reason = "failed", f"{type(exc).__name__}: {exc} (will retry)"
+            close_window(settings, window, f"failed, kept open: {report.reason}", consumed=False)
+            raise
+        # Deterministic: the same window would fail the same way every night. Close it as
+        # failed so the next night starts clean (its data stays in the line's datasets).
+        report.status, report.reason = "failed", f"{type(exc).__name__}: {exc}"
+        logger.exception("nightly run of %s failed; its window is closed as failed", line)
+        close_window(settings, window, f"failed: {report.reason}", consumed=True)
+
+
+def _train_and_deploy(
+    settings: Settings,
+    line: str,
+    window: LineWindow,
+    report: LineReport,
+    workers: int,
+    dask_address: str | None,
+    timed: Callable[[str, float], None],
+) -> None:
     started = time.monotonic()
     if workers > 1 or dask_address:
         datasets = build_datasets_on_workers(settings, line, window, workers, dask_address)
@@ -264,7 +331,7 @@ def _run_line(
     started = time.monotonic()
     deployed = hot_load_and_canary(settings, line, trained["version"])
     report.adapter = deployed["adapter"]
-    report.status = "deployed" if deployed["status"] == "canary" else "failed"
+    report.status = DEPLOY_STATUS.get(deployed["status"], "failed")
     report.reason = deployed["reason"]
     timed("hot_load_probe_canary", started)
     close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
@@ -328,18 +395,30 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
 
 @flow(name="flywheel-canary")
 def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
-    """For each line with a canary: compare it with the champion and promote, step up,
-    roll back or wait; each decision is recorded with its numbers."""
-    from flows.rollout import judge_canary
+    """Every replica brought to the adapters the routing tables name (a restarted one gets
+    them back); then for each line: the canary against the champion (promote, step up, roll
+    back or wait, after its soak time), and a newly promoted champion against ``previous``
+    (reverted when it regresses). Each decision is recorded with its numbers."""
+    from flows.rollout import judge_canary, sync_adapters, watch_champion
     from gateway.settings import GatewaySettings
 
     settings = load_settings()
     chosen = lines or list(settings.business_lines)
+    gateway = GatewaySettings()
     store = FeedbackStore.open(settings)
     results = []
     try:
+        try:
+            synced = sync_adapters(
+                settings, store, gateway.upstreams, in_flight=gateway.in_flight()
+            )
+        except Exception:  # one replica's trouble must not stop the decisions
+            get_run_logger().exception("reconciling the replicas failed")
+        else:
+            for replica, changes in synced.items():
+                if changes["loaded"] or changes["unloaded"] or changes["failed"]:
+                    get_run_logger().info("reconciled %s: %s", replica, changes)
         for line in chosen:
-            gateway = GatewaySettings()
             outcome = judge_canary(
                 settings,
                 store,
@@ -347,8 +426,21 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                 upstreams=gateway.upstreams,
                 in_flight=gateway.in_flight(),
             )
+            watched = watch_champion(
+                settings,
+                store,
+                line,
+                upstreams=gateway.upstreams,
+                in_flight=gateway.in_flight(),
+            )
             results.append(
-                {"business_line": line, "action": outcome.action, "reason": outcome.reason}
+                {
+                    "business_line": line,
+                    "action": outcome.action,
+                    "reason": outcome.reason,
+                    "champion_watch": watched.action,
+                    "champion_watch_reason": watched.reason,
+                }
             )
     finally:
         store.close()

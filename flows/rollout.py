@@ -1,20 +1,29 @@
-"""Putting a gated adapter in front of users, and the canary's fate: plain functions.
+"""Applying the rollout state machine (``registry.lifecycle``) to the real parts.
 
-``deploy_canary`` hot-loads a registered version into every vLLM replica,
-probes it on each, and only then sends a sticky share of the line's users to
-it. ``judge_canary`` compares canary and champion on the gateway's logs since
-the canary's share last changed and applies the decision: step up to the next
-share, promote (champion alias and all traffic; the old champion stays loaded
-as ``previous``), roll back (no traffic at once, then drain and unload), or
-wait. The Prefect flows call these; so does ``flywheel canary``.
+Every function here reads a line's state, asks :func:`registry.lifecycle.advance`
+what an event leads to, and applies the effects in order: loads on the vLLM
+replicas, the routing table (checked unchanged since it was read), the MLflow
+aliases and tags, then drained unloads. Nothing here decides.
+
+- ``deploy_canary``: a gated version is loaded and probed on every replica,
+  then gets the recipe's first canary share (or waits behind a live canary,
+  or is refused by the LoRA budget, with the reason).
+- ``judge_canary``: the canary flow's look (anytime-valid test, soak time):
+  wait, step up, promote or roll back; every look is logged with its numbers.
+- ``watch_champion``: a promoted champion against ``previous`` for the
+  recipe's ``watch_s``; a regression reverts routing and alias together.
+- ``set_champion``: the champion by hand, routing and alias together.
+- ``sync_adapters``: every replica serves exactly what the tables name.
+- ``lifecycle_check``: routing vs aliases vs loaded adapters vs budget.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from feedback.online import adapter_windows
@@ -22,11 +31,40 @@ from feedback.store import FeedbackStore
 from flows.stages import recipe_for
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from gateway.routes import RouteStore
-from gateway.routing import RoutingTable, parse_adapter_name
+from gateway.routing import RoutingTable
 from registry.canary import ArmStats, CanaryAction, CanaryDecision, decide_canary
+from registry.decisions import latest_decisions, looks_since, record_decision
+from registry.lifecycle import (
+    CanaryLooked,
+    CandidateReady,
+    ChampionJudged,
+    ChampionSetByHand,
+    Event,
+    LineState,
+    Load,
+    LoraBudget,
+    ProbesDone,
+    Promote,
+    Reject,
+    Revert,
+    Route,
+    SetAlias,
+    Transition,
+    Unload,
+    advance,
+    drift,
+    watching,
+)
+from registry.names import adapter_name, version_of
+from registry.routes import RouteStore
 
 ACTOR = "flywheel:canary"
+DRAIN_TIMEOUT_S = 120.0
+logger = logging.getLogger(__name__)
+
+
+class RoutesChangedError(FlywheelError):
+    """The line's routing changed between reading its state and applying a transition."""
 
 
 @dataclass(slots=True)
@@ -35,28 +73,144 @@ class DeployOutcome:
 
     business_line: str
     adapter: str
-    status: str  # canary | failed
+    status: str  # canary | failed | kept_canary | refused | none
     reason: str
     loaded_on: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class CanaryOutcome:
-    """What ``judge_canary`` decided and did."""
+    """What ``judge_canary`` or ``watch_champion`` decided and did."""
 
     business_line: str
-    action: str  # promote | step_up | rollback | wait | none
+    action: str  # promote | step_up | rollback | wait | revert | watch | none
     reason: str
     table: RoutingTable | None = None
     decision: CanaryDecision | None = None
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
-def _version_of(adapter: str) -> int:
-    parsed = parse_adapter_name(adapter)
-    if parsed is None:
-        raise FlywheelError(f"{adapter!r} is not a flywheel adapter name (<line>-v<version>)")
-    return parsed[1]
+@dataclass(slots=True)
+class Rollout:
+    """The parts one line's rollout touches, built once per call."""
+
+    settings: Settings
+    store: FeedbackStore
+    line: str
+    upstreams: Sequence[str]
+    in_flight: Callable[[str], int] | None = None
+    actor: str = ACTOR
+    now: datetime | None = None
+
+    def __post_init__(self) -> None:
+        from registry.tracking import Registry
+
+        when = self.now
+        self.routes = RouteStore(self.store.engine, clock=(lambda: when) if when else None)
+        self.registry = Registry.for_home(self.settings.home, self.settings.mlflow_tracking_uri)
+        self.recipe = recipe_for(self.settings, self.line)
+
+    def state(self) -> LineState:
+        """The line's table and its clocks, from the routing history."""
+        return LineState.of(self.routes.table(self.line), self.routes.history(self.line, limit=500))
+
+    def budget(self) -> LoraBudget:
+        """Every line's routed adapters against the server's ``--max-loras``."""
+        return LoraBudget(self.settings.vllm_max_loras, self.routes.snapshot().tables)
+
+    def advance(self, state: LineState, event: Event) -> Transition:
+        """What ``event`` leads to under the line's recipe."""
+        return advance(
+            state,
+            event,
+            policy=self.recipe.rollout,
+            steps=self.recipe.canary_steps,
+            budget=self.budget(),
+        )
+
+    def apply(self, state: LineState, transition: Transition) -> None:
+        """Run the transition's effects in order."""
+        reason = transition.reason or transition.action
+        for effect in transition.effects:
+            match effect:
+                case Load(adapter, replicas):
+                    self._load(adapter, replicas or tuple(self.upstreams))
+                case Route(table, action):
+                    self._route(state.table, table, action, reason)
+                case Promote(version):
+                    self.registry.promote(self.line, version, actor=self.actor, reason=reason)
+                case Reject(version):
+                    self.registry.reject(self.line, version, reason, actor=self.actor)
+                case Revert(version, restored):
+                    self.registry.reject(self.line, version, reason, actor=self.actor)
+                    self.registry.set_alias(self.line, "champion", restored)
+                    self.registry.remove_alias(self.line, "previous")
+                case SetAlias(alias, None):
+                    self.registry.remove_alias(self.line, alias)
+                case SetAlias(alias, version):
+                    assert version is not None
+                    self.registry.set_alias(self.line, alias, version)
+                case Unload(adapter, replicas):
+                    self._unload(adapter, replicas or tuple(self.upstreams))
+
+    def _path(self, adapter: str) -> Any:
+        return self.registry.adapter_path(self.line, version_of(adapter))
+
+    def _load(self, adapter: str, replicas: Sequence[str]) -> None:
+        from registry.vllm_admin import VllmAdminClient
+
+        path = self._path(adapter)
+        for url in replicas:
+            with VllmAdminClient(url) as client:
+                client.ensure_loaded(adapter, path)
+
+    def _route(self, before: RoutingTable, after: RoutingTable, action: str, reason: str) -> None:
+        def edit(current: RoutingTable) -> RoutingTable:
+            if current != before:
+                raise RoutesChangedError(
+                    f"{self.line}'s routing changed meanwhile ({current.model_dump()}); "
+                    "nothing was applied, look again"
+                )
+            return after
+
+        self.routes.change(self.line, edit, action=action, actor=self.actor, reason=reason)
+
+    def _unload(self, adapter: str, replicas: Sequence[str]) -> None:
+        """Drain, then unload; a replica that fails keeps it until the next reconcile."""
+        from registry.vllm_admin import (
+            AdapterNotLoadedError,
+            VllmAdminClient,
+            VllmAdminError,
+            wait_drained,
+        )
+
+        for url in replicas:
+            try:
+                if self.in_flight is not None:
+                    wait_drained(adapter, self.in_flight, timeout_s=DRAIN_TIMEOUT_S)
+                with VllmAdminClient(url) as client, contextlib.suppress(AdapterNotLoadedError):
+                    client.unload_adapter(adapter)
+            except VllmAdminError as exc:
+                logger.warning(
+                    "could not unload %s from %s: %s (reconcile retries)", adapter, url, exc
+                )
+
+
+def rollout(
+    settings: Settings,
+    store: FeedbackStore,
+    line: str,
+    upstreams: Sequence[str],
+    *,
+    in_flight: Callable[[str], int] | None = None,
+    actor: str = ACTOR,
+    now: datetime | None = None,
+) -> Rollout:
+    """The rollout of one line over these parts."""
+    return Rollout(settings, store, line, tuple(upstreams), in_flight, actor, now)
+
+
+# --------------------------------------------------------------------------- deploy
 
 
 def deploy_canary(
@@ -69,35 +223,43 @@ def deploy_canary(
     actor: str = ACTOR,
 ) -> DeployOutcome:
     """Load ``<line>-v<version>`` on every replica, probe it, then route the recipe's first
-    canary share to it. Safe to rerun: loads and the routing change are idempotent."""
-    from registry.records import adapter_name
-    from registry.tracking import Registry
-    from registry.vllm_admin import VllmAdminClient
+    canary share to it; or say why not (a live canary kept, the LoRA budget, a failed probe,
+    which rejects the version and unloads it from every replica it reached). Safe to rerun:
+    a version that already serves changes nothing."""
+    from registry.vllm_admin import VllmAdminClient, VllmAdminError, VllmUnavailableError
 
-    recipe = recipe_for(settings, line)
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    parts = rollout(settings, store, line, upstreams, actor=actor)
     adapter = adapter_name(line, version)
-    path = registry.adapter_path(line, version)
-    outcome = DeployOutcome(line, adapter, "canary", "")
+    state = parts.state()
+    ready = parts.advance(state, CandidateReady(adapter))
+    if ready.action != "load":
+        return DeployOutcome(line, adapter, ready.action, ready.reason)
+    path = parts._path(adapter)
+    passed: list[str] = []
+    failed: dict[str, str] = {}
     for upstream in upstreams:
-        with VllmAdminClient(upstream) as client:
-            client.ensure_loaded(adapter, path)
-            probe = client.probe_adapter(adapter)
-        if not probe.passed:
-            outcome.status = "failed"
-            outcome.reason = f"probe failed on {upstream}: {'; '.join(probe.reasons)}"
-            return outcome
-        outcome.loaded_on.append(upstream)
-    routes = RouteStore(store.engine)
-    current = routes.table(line)
-    fraction = recipe.canary_steps[0]
-    if current.canary != adapter or current.canary_fraction != fraction:
-        routes.set_canary(
-            line, adapter, fraction, actor=actor, reason=f"v{version} passed the gate and probes"
-        )
-    registry.set_alias(line, "canary", version)
-    outcome.reason = f"{adapter} loaded and probed on {len(upstreams)} replica(s); {fraction:.0%}"
-    return outcome
+        try:
+            with VllmAdminClient(upstream) as client:
+                client.ensure_loaded(adapter, path)
+                probe = client.probe_adapter(adapter)
+        except VllmUnavailableError:
+            # Not the adapter's fault: leave nothing behind and let the caller retry.
+            parts._unload(adapter, passed)
+            raise
+        except VllmAdminError as exc:
+            failed[upstream] = str(exc)
+            continue
+        if probe.passed:
+            passed.append(upstream)
+        else:
+            failed[upstream] = "; ".join(probe.reasons)
+    done = parts.advance(state, ProbesDone(adapter, tuple(passed), failed))
+    parts.apply(state, done)
+    status = "canary" if done.action == "canary" else "failed"
+    return DeployOutcome(line, adapter, status, done.reason, passed if status == "canary" else [])
+
+
+# --------------------------------------------------------------------------- canary looks
 
 
 def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
@@ -118,10 +280,7 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
 
 def canary_since(routes: RouteStore, line: str) -> datetime | None:
     """When the line's canary got its current share (the comparison window starts there)."""
-    for change in routes.history(line, limit=200):
-        if change.action == "canary_set":
-            return change.created_at
-    return None
+    return LineState.of(routes.table(line), routes.history(line, limit=500)).step_started
 
 
 def judge_canary(
@@ -137,172 +296,179 @@ def judge_canary(
     reason: str | None = None,
     actor: str = ACTOR,
 ) -> CanaryOutcome:
-    """Decide on the line's canary and apply it (``force`` skips the test); the decision is
-    recorded with its numbers. ``look`` counts this canary share's decisions so far + 1."""
+    """Decide on the line's canary and apply it (``force`` skips the test and the soak); the
+    decision is recorded with its numbers. ``look`` counts this share's decisions so far + 1."""
     until = now or datetime.now(UTC)
     # Route changes made by this decision are stamped with the decision's time.
-    routes = RouteStore(store.engine, clock=lambda: until)
-    table = routes.table(line)
+    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    state = parts.state()
+    table = state.table
     if table.canary is None:
         return CanaryOutcome(line, "none", "no canary on this line", table)
-    recipe = recipe_for(settings, line)
-    since = canary_since(routes, line) or datetime.min.replace(tzinfo=UTC)
+    since = state.step_started or datetime.min.replace(tzinfo=UTC)
     windows = adapter_windows(store.engine, line, [table.champion, table.canary], since, until)
     champion, canary = _arm(windows, table.champion), _arm(windows, table.canary)
     if look is None:
-        look = _looks_so_far(store, line, table.canary, since) + 1
+        look = looks_since(store.engine, line, table.canary, since) + 1
     numbers: dict[str, Any] = {
         "window_start": since.isoformat(),
         "window_end": until.isoformat(),
         "champion": asdict(windows[table.champion]),
         "canary": asdict(windows[table.canary]),
     }
+    decision = None
     if force is None:
-        decision = decide_canary(champion, canary, recipe.canary, look=look)
-        action, why = decision.action, "; ".join(decision.reasons)
-    else:
-        decision, action, why = None, force, reason or f"by hand ({force.value})"
-    if decision is not None:
+        decision = decide_canary(champion, canary, parts.recipe.canary, look=look)
+        event = CanaryLooked(decision.action, decision.reasons, until)
         numbers["checks"] = [asdict(check) for check in decision.checks]
         numbers["worse_alpha"] = decision.worse_alpha
         numbers["non_inferior_alpha"] = decision.non_inferior_alpha
-    outcome = CanaryOutcome(line, action.value, why, table, decision, numbers)
-    if action is CanaryAction.PROMOTE:
-        _promote(settings, routes, table, recipe.canary_steps, outcome, actor)
-    elif action is CanaryAction.ROLLBACK:
-        _roll_back(settings, routes, table, upstreams, in_flight, outcome, actor)
-    _record(store, table, look, outcome, actor, until)
-    return outcome
-
-
-def _looks_so_far(store: FeedbackStore, line: str, adapter: str, since: datetime) -> int:
-    from sqlalchemy import func, select
-
-    from feedback.schema import canary_decisions_table as decisions
-
-    query = select(func.count()).where(
-        decisions.c.business_line == line,
-        decisions.c.adapter == adapter,
-        decisions.c.created_at > since,  # a decision made at a change belongs before it
+    else:
+        event = CanaryLooked(force, (reason or f"by hand ({force.value})",), until)
+        state = LineState(table, None, state.champion_since)  # by hand: no soak
+    transition = parts.advance(state, event)
+    parts.apply(state, transition)
+    outcome = CanaryOutcome(line, transition.action, transition.reason, transition.table)
+    outcome.decision, outcome.numbers = decision, numbers
+    record_decision(
+        store.engine,
+        business_line=line,
+        adapter=table.canary,
+        fraction=table.canary_fraction,
+        look=look,
+        action=outcome.action,
+        reasons=outcome.reason,
+        numbers=numbers,
+        actor=actor,
+        when=until,
     )
-    with store.engine.connect() as connection:
-        return int(connection.execute(query).scalar_one())
-
-
-def _record(
-    store: FeedbackStore,
-    table: RoutingTable,
-    look: int,
-    outcome: CanaryOutcome,
-    actor: str,
-    when: datetime,
-) -> None:
-    from sqlalchemy import insert
-
-    from feedback.schema import canary_decisions_table as decisions
-
-    assert table.canary is not None
-    with store.engine.begin() as connection:
-        connection.execute(
-            insert(decisions).values(
-                business_line=table.business_line,
-                adapter=table.canary,
-                canary_fraction=table.canary_fraction,
-                look=look,
-                action=outcome.action,
-                reasons=outcome.reason,
-                numbers=outcome.numbers,
-                actor=actor,
-                created_at=when,
-            )
-        )
+    return outcome
 
 
 def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[dict[str, Any]]:
     """The line's latest canary decisions, newest first."""
-    from sqlalchemy import select
-
-    from feedback.schema import canary_decisions_table as decisions
-
-    query = (
-        select(decisions)
-        .where(decisions.c.business_line == line)
-        .order_by(decisions.c.id.desc())
-        .limit(limit)
-    )
-    with store.engine.connect() as connection:
-        return [dict(row._mapping) for row in connection.execute(query)]
+    return latest_decisions(store.engine, line, limit)
 
 
-def _promote(
+# --------------------------------------------------------------------------- champion watch
+
+
+def watch_champion(
     settings: Settings,
-    routes: RouteStore,
-    table: RoutingTable,
-    steps: Sequence[float],
-    outcome: CanaryOutcome,
-    actor: str,
-) -> None:
-    from registry.tracking import Registry
-
-    assert table.canary is not None
-    higher = [step for step in steps if step > table.canary_fraction + 1e-9]
-    if higher and higher[0] < 1.0:
-        outcome.action = "step_up"
-        outcome.table = routes.set_canary(
-            table.business_line, table.canary, higher[0], actor=actor, reason=outcome.reason
+    store: FeedbackStore,
+    line: str,
+    *,
+    upstreams: Sequence[str] = (),
+    in_flight: Callable[[str], int] | None = None,
+    now: datetime | None = None,
+    actor: str = ACTOR,
+) -> CanaryOutcome:
+    """While the recipe's ``watch_s`` runs after a promotion: the champion since then against
+    ``previous`` over as long a stretch before it, on the canary's test; shown worse → revert
+    (routing and alias together, ``previous`` reloaded, the reason in MLflow)."""
+    until = now or datetime.now(UTC)
+    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    state = parts.state()
+    table = state.table
+    if not watching(state, until, parts.recipe.rollout):
+        return CanaryOutcome(line, "none", "the champion is not under watch", table)
+    assert state.champion_since is not None
+    assert table.champion is not None
+    since = state.champion_since
+    before = since - max(until - since, timedelta(seconds=1))
+    then = adapter_windows(store.engine, line, [table.previous], before, since)
+    lately = adapter_windows(store.engine, line, [table.champion], since, until)
+    # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
+    # from turning "not proven non-inferior yet" into a revert.
+    decision = decide_canary(
+        _arm(then, table.previous), _arm(lately, table.champion), parts.recipe.canary, look=1
+    )
+    regressed = decision.action is CanaryAction.ROLLBACK
+    transition = parts.advance(state, ChampionJudged(regressed, decision.reasons, until))
+    parts.apply(state, transition)
+    numbers = {
+        "window_start": before.isoformat(),
+        "promoted_at": since.isoformat(),
+        "window_end": until.isoformat(),
+        "previous": asdict(then[table.previous]),
+        "champion": asdict(lately[table.champion]),
+        "checks": [asdict(check) for check in decision.checks],
+    }
+    if transition.action != "none":
+        record_decision(
+            store.engine,
+            business_line=line,
+            adapter=table.champion,
+            fraction=1.0,
+            look=looks_since(store.engine, line, table.champion, since) + 1,
+            action=transition.action,
+            reasons=transition.reason,
+            numbers=numbers,
+            actor=actor,
+            when=until,
         )
-        return
-    version = _version_of(table.canary)
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
-    registry.promote(table.business_line, version, actor=actor, reason=outcome.reason)
-    registry.remove_alias(table.business_line, "canary")
-    outcome.table = routes.set_champion(
-        table.business_line, table.canary, actor=actor, reason=outcome.reason
+    return CanaryOutcome(
+        line, transition.action, transition.reason, transition.table, decision, numbers
     )
 
 
-def _roll_back(
+def set_champion(
     settings: Settings,
-    routes: RouteStore,
-    table: RoutingTable,
+    store: FeedbackStore,
+    line: str,
+    adapter: str | None,
     upstreams: Sequence[str],
-    in_flight: Callable[[str], int] | None,
-    outcome: CanaryOutcome,
+    *,
+    reason: str,
     actor: str,
-) -> None:
+) -> Transition:
+    """Make ``adapter`` (None: the base model) the champion by hand: loaded everywhere, then
+    routing and MLflow's aliases moved together; the adapter leaving ``previous`` unloaded."""
+    parts = rollout(settings, store, line, upstreams, actor=actor)
+    state = parts.state()
+    transition = parts.advance(state, ChampionSetByHand(adapter, reason))
+    parts.apply(state, transition)
+    return transition
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def desired_adapters(settings: Settings, store: FeedbackStore) -> tuple[dict[str, Any], set[str]]:
+    """Every adapter a routing table names, with the folder vLLM loads it from; and the
+    lines' gated candidates (loaded for a probe before they are routed: never unloaded)."""
     from registry.tracking import Registry
-    from registry.vllm_admin import AdapterNotLoadedError, VllmAdminClient, wait_drained
-
-    assert table.canary is not None
-    adapter = table.canary
-    # Traffic first: every gateway stops sending users to it within a second.
-    outcome.table = routes.clear_canary(table.business_line, actor=actor, reason=outcome.reason)
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
-    registry.reject(table.business_line, _version_of(adapter), outcome.reason, actor=actor)
-    if in_flight is not None:
-        wait_drained(adapter, in_flight, timeout_s=120)
-    for upstream in upstreams:
-        with VllmAdminClient(upstream) as client, contextlib.suppress(AdapterNotLoadedError):
-            client.unload_adapter(adapter)
-
-
-def sync_adapters(
-    settings: Settings, store: FeedbackStore, upstreams: Sequence[str]
-) -> dict[str, Any]:
-    """Load on every replica each adapter a routing table names (champion, canary, previous),
-    e.g. after a replica restarted; unload flywheel adapters no table names. Returns what
-    changed per replica."""
-    from registry.tracking import Registry
-    from registry.vllm_admin import VllmAdminClient, reconcile
 
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
     desired: dict[str, Any] = {}
-    for line, table in RouteStore(store.engine).snapshot().tables.items():
-        for adapter in sorted(table.adapters):
-            desired[adapter] = registry.adapter_path(line, _version_of(adapter))
+    tables = RouteStore(store.engine).snapshot().tables
+    candidates = set()
+    for line in sorted(set(settings.business_lines) | tables.keys()):
+        table = tables.get(line)
+        for adapter in sorted(table.adapters if table else ()):
+            desired[adapter] = registry.adapter_path(line, version_of(adapter))
+        candidate = registry.alias_version(line, "candidate")
+        if candidate is not None:
+            candidates.add(adapter_name(line, candidate))
+    return desired, candidates
+
+
+def sync_adapters(
+    settings: Settings,
+    store: FeedbackStore,
+    upstreams: Sequence[str],
+    *,
+    in_flight: Callable[[str], int] | None = None,
+) -> dict[str, Any]:
+    """Load on every replica each adapter a routing table names (champion, canary, previous),
+    e.g. after a replica restarted; unload (drained) flywheel adapters no table names.
+    Returns what changed per replica."""
+    from registry.vllm_admin import VllmAdminClient, reconcile
+
+    desired, candidates = desired_adapters(settings, store)
     clients = {url: VllmAdminClient(url) for url in upstreams}
     try:
-        report = reconcile(clients.values(), desired)
+        report = reconcile(clients.values(), desired, in_flight=in_flight, keep=candidates)
         summary: dict[str, Any] = {}
         for replica in report.replicas:
             # A load is not done until the probe shows the adapter answers and differs.
@@ -321,3 +487,62 @@ def sync_adapters(
         for client in clients.values():
             client.close()
     return summary
+
+
+def loaded_adapters(upstreams: Sequence[str]) -> dict[str, list[str] | None]:
+    """The adapters each replica serves now (None for one that does not answer)."""
+    from registry.vllm_admin import VllmAdminClient, VllmAdminError
+
+    loaded: dict[str, list[str] | None] = {}
+    for url in upstreams:
+        try:
+            with VllmAdminClient(url) as client:
+                loaded[url] = sorted(m.id for m in client.list_models() if m.is_adapter)
+        except VllmAdminError:
+            loaded[url] = None
+    return loaded
+
+
+def lifecycle_check(
+    settings: Settings, store: FeedbackStore, upstreams: Sequence[str]
+) -> dict[str, Any]:
+    """Per line: routing, MLflow aliases, what each replica serves, and what differs; plus the
+    LoRA budget over all lines. ``ok`` is False on any drift."""
+    from registry.tracking import Registry
+
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    snapshot = RouteStore(store.engine).snapshot()
+    loaded = loaded_adapters(upstreams)
+    lines: dict[str, Any] = {}
+    problems: list[str] = []
+    for line in sorted(set(settings.business_lines) | snapshot.tables.keys()):
+        table = snapshot.table(line)
+        aliases = registry.aliases(line)
+        found = drift(table, aliases, loaded)
+        problems += found
+        lines[line] = {
+            "routing": table.model_dump(),
+            "aliases": aliases,
+            "loaded": {
+                url: [a for a in (names or []) if a.startswith(f"{line}-v")]
+                for url, names in loaded.items()
+            },
+            "drift": found,
+        }
+    budget = LoraBudget(settings.vllm_max_loras, snapshot.tables)
+    served = len(budget.served())
+    if served > budget.max_loras:
+        problems.append(
+            f"{served} adapters are routed, over --max-loras {budget.max_loras}: "
+            + budget.describe()
+        )
+    for url, names in loaded.items():
+        others = [n for n in names or [] if not any(n.startswith(f"{line}-v") for line in lines)]
+        if others:
+            problems.append(f"{url} serves adapters of no configured line: {', '.join(others)}")
+    return {
+        "ok": not problems,
+        "lines": lines,
+        "budget": {"routed": served, "max_loras": budget.max_loras},
+        "problems": problems,
+    }

@@ -6,6 +6,7 @@ them as tasks and the CLI calls them directly, so both run the same code.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -157,7 +158,7 @@ def train_line(
     from eval.gate import decide_promotion
     from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
     from feedback.pii import build_scrubber
-    from registry.records import recipe_hash
+    from registry.records import TAG_ENDED_BECAUSE, recipe_hash, truncate
     from registry.tracking import Registry
     from training.base_model import ensure_base_model
     from training.train import cpu_has_bf16, train_adapter
@@ -187,6 +188,12 @@ def train_line(
         line, recipe, build.content_hash, build.path / "manifest.json", base_name, version_of_code
     )
     try:
+        if recipe.lora.rank > settings.vllm_max_lora_rank:
+            raise FlywheelError(
+                f"the {line} recipe's LoRA rank {recipe.lora.rank} is above the serving vLLM's "
+                f"--max-lora-rank {settings.vllm_max_lora_rank} (FLYWHEEL_VLLM_MAX_LORA_RANK): "
+                "the adapter could never be loaded; lower lora.rank or serve a higher rank"
+            )
         champion_version = registry.alias_version(line, "champion")
         result = train_adapter(
             recipe,
@@ -249,7 +256,9 @@ def train_line(
         )
         if decision.promote:
             registry.set_candidate(line, version)
-    except BaseException:
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # the original error matters more
+            registry.tag_run(run_id, TAG_ENDED_BECAUSE, truncate(f"{type(exc).__name__}: {exc}"))
         registry.finish_run(run_id, "FAILED")
         raise
     registry.finish_run(run_id, "FINISHED")

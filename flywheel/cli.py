@@ -21,6 +21,7 @@ from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
     canary_app,
     gateway_app,
+    lifecycle_app,
     routes_app,
     serve_dashboard,
     serve_gateway,
@@ -52,6 +53,7 @@ app.command("dedup")(dedup_command)
 app.command("scrub")(scrub_command)
 app.add_typer(canary_app, name="canary")
 app.add_typer(routes_app, name="routes")
+app.add_typer(lifecycle_app, name="lifecycle")
 app.add_typer(gateway_app, name="gateway")
 serve_app.command("gateway")(serve_gateway)
 serve_app.command("dashboard")(serve_dashboard)

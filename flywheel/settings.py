@@ -69,6 +69,20 @@ class Settings(BaseSettings):
         "PyTorch's CPU index by default; empty for the usual index alone (PyPI's CUDA "
         "build on x86_64 Linux). A local wheel that satisfies the pin is used first.",
     )
+    vllm_max_lora_rank: int = Field(
+        default=16,
+        ge=1,
+        le=512,
+        description="The serving vLLM's --max-lora-rank (same variable as `flywheel serve "
+        "vllm`): a recipe with a higher LoRA rank is refused before training.",
+    )
+    vllm_max_loras: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="The serving vLLM's --max-loras: every line's champion, canary and "
+        "previous together must fit, or a new canary is refused with the reason.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
 
     @field_validator("torch_index")

@@ -43,10 +43,10 @@ from flywheel.settings import Settings
 from gateway.keys import ApiKey, KeyRing, bearer_token
 from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
 from gateway.recorder import STORE_DOWN_ERRORS, FinishedRequest, InteractionRecorder
-from gateway.routes import RouteSnapshot, RouteStore
 from gateway.routing import RoutingTable, arm_of, choose_arm, parse_adapter_name
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstreams, UpstreamUnavailableError
+from registry.routes import RouteSnapshot, RouteStore
 
 logger = logging.getLogger(__name__)
 

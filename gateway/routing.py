@@ -10,22 +10,15 @@ to the canary, never back; and each new canary version samples its own users.
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from feedback.events import BUSINESS_LINE
+from registry.names import parse_adapter_name
+
 DEFAULT_CANARY_FRACTION = 0.05
 ArmName = Literal["champion", "canary", "base"]
-_ADAPTER_NAME = re.compile(r"^([a-z][a-z0-9_]{0,63})-v([0-9]{1,9})$")
-
-
-def parse_adapter_name(name: str) -> tuple[str, int] | None:
-    """``("legal", 3)`` for ``legal-v3``; None for a name that is not ``<line>-v<version>``."""
-    match = _ADAPTER_NAME.fullmatch(name)
-    if match is None:
-        return None
-    return match.group(1), int(match.group(2))
 
 
 class RoutingTable(BaseModel):
@@ -33,7 +26,7 @@ class RoutingTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    business_line: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    business_line: str = Field(pattern=BUSINESS_LINE)
     champion: str | None = Field(default=None, description="Adapter name; None serves the base.")
     canary: str | None = None
     canary_fraction: float = Field(default=DEFAULT_CANARY_FRACTION, ge=0, le=1)

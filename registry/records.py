@@ -18,7 +18,7 @@ from typing import Any
 
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
-from training.recipes import BUSINESS_LINE, Recipe
+from training.recipes import Recipe
 
 # MLflow's limits (mlflow.utils.validation): run tag values, param values, dataset digests.
 MAX_RUN_TAG_CHARS = 8_000
@@ -44,29 +44,6 @@ TAG_GATE_REASONS = "gate.reasons"
 
 _METRIC_NAME_FORBIDDEN = re.compile(r"[^\w./\- :]")
 _HISTORY_SKIP = frozenset({"step", "epoch"})
-
-
-def experiment_name(line: str) -> str:
-    """The MLflow experiment of a business line's training runs."""
-    return f"flywheel/{_checked_line(line)}"
-
-
-def model_name(line: str) -> str:
-    """The registered model that holds a business line's adapter versions."""
-    return f"flywheel-{_checked_line(line)}"
-
-
-def adapter_name(line: str, version: int) -> str:
-    """The immutable name vLLM serves a registered version under (``<line>-v<version>``)."""
-    return f"{_checked_line(line)}-v{version}"
-
-
-def _checked_line(line: str) -> str:
-    if not re.fullmatch(BUSINESS_LINE, line):
-        raise FlywheelError(
-            f"{line!r} is not a business line name (lowercase letters, digits, underscores)"
-        )
-    return line
 
 
 def recipe_hash(recipe: Recipe) -> str:

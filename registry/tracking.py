@@ -31,6 +31,7 @@ from mlflow.exceptions import MlflowException
 
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
+from registry.names import adapter_name, experiment_name, model_name
 from registry.plots import comparison_plot
 from registry.records import (
     TAG_BASE_MODEL,
@@ -46,15 +47,12 @@ from registry.records import (
     Promotion,
     Rollback,
     RunSummary,
-    adapter_name,
     checked_lineage,
     dataset_digest,
-    experiment_name,
     gate_tags,
     gate_text,
     history_metrics,
     metrics_table,
-    model_name,
     recipe_hash,
     recipe_params,
     samples_table,

@@ -18,9 +18,8 @@ adapter on modules vLLM does not serve silently answers like the base, #55193).
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,7 +28,7 @@ from typing import Any, Self
 import httpx
 
 from flywheel.errors import FlywheelError
-from registry.records import adapter_name
+from registry.names import ADAPTER_NAME, adapter_name
 
 __all__ = [
     "ADAPTER_NAME",
@@ -57,8 +56,6 @@ __all__ = [
     "wait_drained",
 ]
 
-# Only names of this shape belong to the flywheel; reconcile never touches others.
-ADAPTER_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}-v[0-9]+$")
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PROBE_PROMPTS = (
     "What is the capital of France?",
@@ -499,6 +496,7 @@ def reconcile(
     desired: Mapping[str, Path | str],
     *,
     in_flight: Callable[[str], int] | None = None,
+    keep: Collection[str] = (),
     drain_timeout_s: float = 60.0,
     poll_s: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
@@ -508,7 +506,8 @@ def reconcile(
 
     Loads come before unloads, so a switch-over never leaves a gap. Only
     ``<line>-v<n>`` names are unloaded; others belong to someone else and are
-    reported as ignored. An adapter is unloaded only after ``in_flight(name)``
+    reported as ignored, and so are the names in ``keep`` (a candidate loaded for its
+    probe, not routed yet). An adapter is unloaded only after ``in_flight(name)``
     (the gateway's count of running requests) reaches 0. A failing replica or
     adapter is reported and the rest carry on.
     """
@@ -534,7 +533,7 @@ def reconcile(
             except VllmAdminError as exc:
                 report.failures.append(ReconcileFailure(name, exc))
         for name in sorted(set(served) - set(desired)):
-            if not ADAPTER_NAME.fullmatch(name):
+            if not ADAPTER_NAME.fullmatch(name) or name in keep:
                 report.ignored.append(name)
                 continue
             try:

@@ -107,8 +107,8 @@ def live_services(
     from flows.prefect_env import configure_prefect
     from flows.rollout import sync_adapters
     from gateway.keys import add_key
-    from gateway.routes import RouteStore
     from gateway.settings import GatewaySettings
+    from registry.routes import RouteStore
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
 

@@ -16,10 +16,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from feedback.events import BUSINESS_LINE
 from flywheel.errors import FlywheelError
 from registry.canary import CanaryPolicy
+from registry.lifecycle import RolloutPolicy
 
-BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
 # Modules vLLM can serve LoRA on for Llama-style models (see --lora-target-modules).
 SERVABLE_MODULES = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -153,6 +154,7 @@ class Recipe(BaseModel):
     gate: GatePolicy = Field(default_factory=GatePolicy)
     canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)
     canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
 
     @model_validator(mode="after")
     def _schedule(self) -> Recipe:

@@ -179,11 +179,11 @@ def evaluate(
 ) -> None:
     """Preference accuracy of a line's model on your own pairs, with 95% intervals, compared
     with the base model; logged to MLflow as an evaluation run."""
+    from feedback.events import BUSINESS_LINE
     from feedback.importers.pairs import PAIR_FORMATS
-    from registry.records import adapter_name
+    from registry.names import adapter_name
     from registry.tracking import Registry
     from training.base_model import ensure_base_model
-    from training.recipes import BUSINESS_LINE
 
     if not re.fullmatch(BUSINESS_LINE, line):
         raise UsageError(f"{line!r} is not a business line name")

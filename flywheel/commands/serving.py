@@ -20,6 +20,9 @@ canary_app = typer.Typer(
 )
 routes_app = typer.Typer(help="Where each business line's traffic goes.")
 gateway_app = typer.Typer(help="The gateway's API keys.", no_args_is_help=True)
+lifecycle_app = typer.Typer(
+    help="Whether routing, MLflow aliases and the loaded adapters agree.", no_args_is_help=True
+)
 
 
 def _actor() -> str:
@@ -67,7 +70,7 @@ def canary_set(
     ] = True,
 ) -> None:
     """Send a sticky share of the line's users to ``adapter`` (every gateway within a second)."""
-    from gateway.routes import RouteStore
+    from registry.routes import RouteStore
 
     settings = load_settings()
     _check_line(settings, business_line)
@@ -89,7 +92,7 @@ def canary_clear(
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
     """Every user of the line back on the champion (every gateway within a second)."""
-    from gateway.routes import RouteStore
+    from registry.routes import RouteStore
 
     settings = load_settings()
     _check_line(settings, business_line)
@@ -109,7 +112,7 @@ def routes_show(
     """The routing table of every business line (champion, canary, share, previous)."""
     if ctx.invoked_subcommand is not None:
         return
-    from gateway.routes import RouteStore
+    from registry.routes import RouteStore
 
     settings = load_settings()
     routes = RouteStore(open_store(settings).engine)
@@ -140,7 +143,7 @@ def routes_show(
 
 
 def _print_history(routes: object, line: str, *, as_json: bool) -> None:
-    from gateway.routes import RouteStore
+    from registry.routes import RouteStore
 
     assert isinstance(routes, RouteStore)
     changes = routes.history(line)
@@ -192,24 +195,32 @@ def routes_sync() -> None:
 def routes_champion(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
     adapter: Annotated[str, typer.Argument(help="<line>-v<version>, or 'base'.")],
-    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
-    check: Annotated[
-        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
-    ] = True,
+    reason: Annotated[str, typer.Option(help="Why, for the routing history and MLflow.")] = (
+        "set by hand"
+    ),
 ) -> None:
-    """Make ``adapter`` the line's champion by hand; the old one is kept as ``previous``."""
-    from gateway.routes import RouteStore
+    """Make ``adapter`` the line's champion by hand: loaded on every replica, then the routing
+    table and MLflow's ``champion`` alias move together; the old one is kept as ``previous``."""
+    from flows.rollout import set_champion
+    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     _check_line(settings, business_line)
     chosen = None if adapter == "base" else adapter
-    if chosen is not None and check:
-        _check_loaded(chosen)
     store = open_store(settings)
-    table = RouteStore(store.engine).set_champion(
-        business_line, chosen, actor=_actor(), reason=reason
+    transition = set_champion(
+        settings,
+        store,
+        business_line,
+        chosen,
+        GatewaySettings().upstreams,
+        reason=reason,
+        actor=_actor(),
     )
-    out.print(f"{business_line}: champion {table.champion or 'base model'}")
+    out.print(
+        f"{business_line}: champion {transition.table.champion or 'base model'} "
+        f"({transition.reason})"
+    )
 
 
 @gateway_app.command("add-key")
@@ -316,14 +327,14 @@ def canary_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The line's routing and its canary's latest decisions with their numbers."""
-    from flows.rollout import canary_decisions
-    from gateway.routes import RouteStore
+    from registry.decisions import latest_decisions
+    from registry.routes import RouteStore
 
     settings = load_settings()
     _check_line(settings, business_line)
     store = open_store(settings)
     table = RouteStore(store.engine).table(business_line)
-    decisions = canary_decisions(store, business_line, limit=10)
+    decisions = latest_decisions(store.engine, business_line, limit=10)
     if as_json:
         rows = [{**d, "created_at": d["created_at"].isoformat()} for d in decisions]
         out.print_json(orjson.dumps({"routes": table.model_dump(), "decisions": rows}).decode())
@@ -399,3 +410,38 @@ def canary_check(
 ) -> None:
     """Run the canary decision once for the line (what the canary flow does every N minutes)."""
     _judge(business_line, None, None)
+
+
+@lifecycle_app.command("check")
+def lifecycle_check(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Per line: routing vs MLflow aliases vs the adapters each vLLM replica serves vs the
+    LoRA budget. Exit 1 on any drift, saying what differs."""
+    from flows.rollout import lifecycle_check as check
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings()
+    store = open_store(settings)
+    report = check(settings, store, GatewaySettings().upstreams)
+    if as_json:
+        out.print_json(orjson.dumps(report).decode())
+    else:
+        shown = Table("business line", "champion", "canary", "previous", "aliases", "drift")
+        for line, row in report["lines"].items():
+            routing = row["routing"]
+            shown.add_row(
+                line,
+                routing["champion"] or "(base)",
+                routing["canary"] or "-",
+                routing["previous"] or "-",
+                ", ".join(f"@{k}=v{v}" for k, v in sorted(row["aliases"].items())) or "-",
+                "; ".join(row["drift"]) or "none",
+            )
+        out.print(shown)
+        budget = report["budget"]
+        out.print(f"LoRA budget: {budget['routed']} routed of --max-loras {budget['max_loras']}")
+        for problem in report["problems"]:
+            out.print(f"[red]drift[/]: {problem}")
+    if not report["ok"]:
+        raise typer.Exit(1)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from flywheel.cli import app
 from flywheel.commands.evaluate import RUN_KIND, TAG_RUN_KIND
-from registry.records import experiment_name
+from registry.names import experiment_name
 from registry.tracking import Registry
 from tests.conftest import shared_file
 from training.recipes import Recipe

@@ -17,8 +17,8 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routes import RouteStore
 from gateway.settings import GatewaySettings
+from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.stub_vllm import StubBehaviour, running_stub, serving
 

@@ -19,7 +19,7 @@ from flywheel.errors import UsageError
 from flywheel.settings import Settings
 from gateway.keys import KeyRing, add_key, bearer_token
 from gateway.recorder import FinishedRequest, InteractionRecorder, answer_text
-from gateway.routes import RouteStore
+from registry.routes import RouteStore
 
 runner = CliRunner()
 

@@ -21,9 +21,9 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routes import RouteStore
 from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction, CanaryPolicy, decide_canary
+from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from simulation.loop import CanaryResult, LoopPlan, LoopServices, NightlyResult, run_loop
 from simulation.protocol import LoadedUsers

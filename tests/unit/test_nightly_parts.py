@@ -11,7 +11,7 @@ from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flows.rollout import canary_decisions, judge_canary
 from flywheel.settings import Settings
-from gateway.routes import RouteStore
+from registry.routes import RouteStore
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 

@@ -9,6 +9,7 @@ import pytest
 
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from flywheel.errors import FlywheelError
+from registry.names import adapter_name, experiment_name, model_name
 from registry.records import (
     MAX_RUN_TAG_CHARS,
     RUN_COLUMNS,
@@ -18,16 +19,13 @@ from registry.records import (
     TAG_REGISTERED_VERSION,
     TRUNCATION_MARK,
     MetricPoint,
-    adapter_name,
     checked_lineage,
     dataset_digest,
-    experiment_name,
     flatten_params,
     gate_tags,
     gate_text,
     history_metrics,
     metrics_table,
-    model_name,
     recipe_hash,
     recipe_params,
     samples_table,

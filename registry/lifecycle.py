@@ -1,0 +1,563 @@
+"""A line's rollout as one pure state machine: (state, event) → transition.
+
+The state is what serves (the routing table) and since when: when the
+canary's current share started (its soak clock) and when the champion was
+promoted (its watch clock), both read off the routing history by
+:func:`step_started` and :func:`champion_since`. An event is something that
+happened: a candidate passed the gate, probes ran on the replicas, the canary
+flow looked, the watched champion was judged, someone moved the champion by
+hand, a replica (re)appeared. :func:`advance` answers with the next table and
+the effects that get there, in the order they must run: loads before the
+routing change that needs them, the routing change before the registry's
+aliases and tags, unloads last (after a drain). ``flows.rollout`` applies the
+effects and nothing else decides.
+
+Rules worth knowing:
+
+- a candidate never silently replaces a live canary: the recipe's
+  ``on_live_canary`` keeps the canary (the candidate waits) or replaces it
+  with a recorded rollback of the old one;
+- a candidate that already serves (it is the champion or the canary) changes
+  nothing, so a rerun cannot knock a canary back to its first share;
+- a canary steps up or is promoted only after its share soaked for the
+  recipe's ``soak_s``; a rollback never waits;
+- a probe failure on any replica unloads the candidate from every replica it
+  reached and rejects it;
+- a promotion unloads the adapter that drops out of ``previous``; the new
+  champion is then watched against ``previous`` for ``watch_s`` and reverted
+  when it regresses;
+- every plan must fit the server's LoRA budget (``--max-loras``) over all lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.routing import RoutingTable
+from registry.canary import CanaryAction
+from registry.names import adapter_name, version_of
+
+
+class RolloutPolicy(BaseModel):
+    """How a line's adapters go in front of users (a recipe setting: ``rollout``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    soak_s: float = Field(
+        default=3_600.0,
+        ge=0,
+        description="Least time at each canary share before it steps up or is promoted "
+        "(hours in production; the seed says 1-5% for a few hours).",
+    )
+    watch_s: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="After a promotion, how long the champion is judged against previous "
+        "and reverted when it regresses (0: not watched).",
+    )
+    on_live_canary: Literal["keep", "replace"] = Field(
+        default="keep",
+        description="A candidate arriving while a canary is live: keep the canary (the "
+        "candidate waits for a later night) or replace it with a recorded rollback.",
+    )
+
+
+# --------------------------------------------------------------------------- state
+
+
+class ChangeRecord(Protocol):
+    """One routing change as the history gives it (``registry.routes.RouteChangeRecord``)."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def table(self) -> RoutingTable: ...
+    @property
+    def created_at(self) -> datetime: ...
+
+
+def step_started(history: Sequence[ChangeRecord], table: RoutingTable) -> datetime | None:
+    """When ``table``'s canary got its current share (``history`` newest first); None when
+    there is no canary or the history does not reach back to it."""
+    if table.canary is None:
+        return None
+    start = None
+    for change in history:
+        same = (
+            change.table.canary == table.canary
+            and abs(change.table.canary_fraction - table.canary_fraction) < 1e-9
+        )
+        if not same:
+            break
+        start = change.created_at
+    return start
+
+
+def champion_since(history: Sequence[ChangeRecord], table: RoutingTable) -> datetime | None:
+    """When ``table``'s champion became champion (``history`` newest first)."""
+    start = None
+    for change in history:
+        if change.table.champion != table.champion:
+            break
+        start = change.created_at
+    return start
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    """What serves a line and since when."""
+
+    table: RoutingTable
+    step_started: datetime | None = None
+    champion_since: datetime | None = None
+
+    @classmethod
+    def of(cls, table: RoutingTable, history: Sequence[ChangeRecord]) -> LineState:
+        """The state read off the line's table and its routing history (newest first)."""
+        return cls(table, step_started(history, table), champion_since(history, table))
+
+
+# --------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load ``adapter`` (idempotent) on ``replicas``, every replica when None."""
+
+    adapter: str
+    replicas: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Unload ``adapter`` from ``replicas`` (every replica when None) once drained."""
+
+    adapter: str
+    replicas: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Store ``table`` as the line's routing table; ``action`` names it in the history."""
+
+    table: RoutingTable
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    """Registry: ``version`` becomes champion, the old champion ``previous``."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Registry: tag ``version`` rolled back with the reason; drop its canary/candidate aliases."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Revert:
+    """Registry: ``restored`` back as champion; ``version`` (the champion) tagged rolled back."""
+
+    version: int
+    restored: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetAlias:
+    """Registry: point ``alias`` at ``version``, or remove it (None)."""
+
+    alias: str
+    version: int | None
+
+
+Effect = Load | Unload | Route | Promote | Reject | Revert | SetAlias
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What an event leads to: an action name, why, the table after, and the effects."""
+
+    action: str
+    reasons: tuple[str, ...]
+    table: RoutingTable
+    effects: tuple[Effect, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        """The reasons as one line (routing history, MLflow tags, reports)."""
+        return "; ".join(self.reasons)
+
+    @property
+    def changes_routes(self) -> bool:
+        """Whether applying it writes the routing table."""
+        return any(isinstance(effect, Route) for effect in self.effects)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateReady:
+    """A registered version passed the gate and may go on a canary."""
+
+    adapter: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbesDone:
+    """The candidate was loaded and probed: ``passed`` replicas, ``failed`` ones with why."""
+
+    adapter: str
+    passed: tuple[str, ...]
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryLooked:
+    """The canary flow's statistical decision on the canary's current share."""
+
+    action: CanaryAction
+    reasons: tuple[str, ...]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ChampionJudged:
+    """The watched champion against ``previous``: ``regressed`` when shown worse."""
+
+    regressed: bool
+    reasons: tuple[str, ...]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ChampionSetByHand:
+    """Someone made ``adapter`` (None: the base model) the champion."""
+
+    adapter: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryStoppedByHand:
+    """Someone took the canary out of traffic."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAppeared:
+    """A vLLM replica came (back): it must serve every adapter the table names."""
+
+    replica: str
+
+
+Event = (
+    CandidateReady
+    | ProbesDone
+    | CanaryLooked
+    | ChampionJudged
+    | ChampionSetByHand
+    | CanaryStoppedByHand
+    | ReplicaAppeared
+)
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def advance(
+    state: LineState,
+    event: Event,
+    *,
+    policy: RolloutPolicy,
+    steps: Sequence[float],
+    budget: LoraBudget | None = None,
+) -> Transition:
+    """The transition ``event`` causes from ``state`` under the line's policy and canary
+    ``steps`` (shares, rising, the last 1.0 or below); ``budget`` checks new adapters fit."""
+    match event:
+        case CandidateReady(adapter):
+            transition = _candidate(state, adapter, policy, budget)
+        case ProbesDone():
+            transition = _probed(state, event, steps)
+        case CanaryLooked():
+            transition = _canary_looked(state, event, steps, policy)
+        case ChampionJudged():
+            transition = _champion_judged(state, event, policy)
+        case ChampionSetByHand(adapter, reason):
+            transition = _champion_by_hand(state.table, adapter, reason)
+        case CanaryStoppedByHand(reason):
+            transition = _stopped_by_hand(state.table, reason)
+        case ReplicaAppeared(replica):
+            transition = _replica_appeared(state.table, replica)
+        case _:  # pragma: no cover
+            raise TypeError(f"not a rollout event: {event!r}")
+    return transition
+
+
+def _stopped_by_hand(table: RoutingTable, reason: str) -> Transition:
+    if table.canary is None:
+        return Transition("none", ("no canary on this line",), table)
+    return _rollback(table, (reason,))
+
+
+def _replica_appeared(table: RoutingTable, replica: str) -> Transition:
+    loads = tuple(Load(a, (replica,)) for a in sorted(table.adapters))
+    why = f"{replica} must serve {', '.join(sorted(table.adapters)) or 'no adapter'}"
+    return Transition("reload", (why,), table, loads)
+
+
+def _candidate(
+    state: LineState, adapter: str, policy: RolloutPolicy, budget: LoraBudget | None
+) -> Transition:
+    table = state.table
+    if adapter == table.champion:
+        return Transition("none", (f"{adapter} is already the champion",), table)
+    if adapter == table.canary:
+        return Transition(
+            "none", (f"{adapter} is already the canary at {table.canary_fraction:.0%}",), table
+        )
+    if table.canary is not None and policy.on_live_canary == "keep":
+        return Transition(
+            "kept_canary",
+            (
+                f"canary {table.canary} is still live at {table.canary_fraction:.0%}: "
+                f"{adapter} waits (rollout.on_live_canary: keep)",
+            ),
+            table,
+        )
+    if budget is not None:
+        # A replaced canary goes, so it does not count against the new one.
+        needed = budget.needed_with(table.business_line, adapter, replacing=table.canary)
+        if needed > budget.max_loras:
+            return Transition(
+                "refused",
+                (
+                    f"{adapter} would make {needed} adapters served at once, over the "
+                    f"server's --max-loras {budget.max_loras}: {budget.describe()}",
+                ),
+                table,
+            )
+    why = (f"loading {adapter} on every replica to probe it",)
+    return Transition("load", why, table, (Load(adapter),))
+
+
+def _probed(state: LineState, event: ProbesDone, steps: Sequence[float]) -> Transition:
+    table, adapter = state.table, event.adapter
+    if event.failed:
+        reached = tuple(sorted({*event.passed, *event.failed}))
+        why = tuple(f"probe failed on {replica}: {why}" for replica, why in event.failed.items())
+        return Transition(
+            "probe_failed",
+            why,
+            table,
+            (Reject(version_of(adapter)), Unload(adapter, reached)),
+        )
+    fraction = steps[0]
+    effects: list[Effect] = []
+    reasons = [f"{adapter} probed on {len(event.passed)} replica(s); {fraction:.0%} of users"]
+    replaced = table.canary
+    if replaced is not None and replaced != adapter:
+        # Only reachable with on_live_canary: replace (keep stops at CandidateReady).
+        reasons.append(f"replaces canary {replaced} (rolled back: a newer candidate)")
+    after = table.with_canary(adapter, fraction)
+    effects.append(Route(after, "canary_set"))
+    if replaced is not None and replaced != adapter:
+        effects.append(Reject(version_of(replaced)))
+        effects.append(Unload(replaced))
+    effects.append(SetAlias("canary", version_of(adapter)))
+    return Transition("canary", tuple(reasons), after, tuple(effects))
+
+
+def _soaked(state: LineState, now: datetime, policy: RolloutPolicy) -> float | None:
+    """Seconds still to soak at this share, or None when soaked."""
+    if policy.soak_s <= 0 or state.step_started is None:
+        return None
+    left = policy.soak_s - (now - state.step_started).total_seconds()
+    return left if left > 0 else None
+
+
+def _canary_looked(
+    state: LineState, event: CanaryLooked, steps: Sequence[float], policy: RolloutPolicy
+) -> Transition:
+    table = state.table
+    if table.canary is None:
+        return Transition("none", ("no canary on this line",), table)
+    if event.action is CanaryAction.ROLLBACK:
+        return _rollback(table, event.reasons)
+    if event.action is CanaryAction.WAIT:
+        return Transition("wait", event.reasons, table)
+    left = _soaked(state, event.now, policy)
+    if left is not None:
+        return Transition(
+            "wait",
+            (
+                *event.reasons,
+                f"soaking: {table.canary_fraction:.0%} for {policy.soak_s:g} s, {left:.0f} s to go",
+            ),
+            table,
+        )
+    higher = [step for step in steps if step > table.canary_fraction + 1e-9]
+    if higher and higher[0] < 1.0:
+        after = table.with_canary(table.canary, higher[0])
+        return Transition("step_up", event.reasons, after, (Route(after, "canary_set"),))
+    return _promote(table, event.reasons)
+
+
+def _promote(table: RoutingTable, reasons: tuple[str, ...]) -> Transition:
+    assert table.canary is not None
+    adapter = table.canary
+    after = table.with_champion(adapter).without_canary()
+    effects: list[Effect] = [
+        Route(after, "champion_set"),
+        Promote(version_of(adapter)),
+        SetAlias("canary", None),
+    ]
+    dropped = table.previous
+    if dropped is not None and dropped not in after.adapters:
+        effects.append(Unload(dropped))
+    return Transition("promote", reasons, after, tuple(effects))
+
+
+def _rollback(table: RoutingTable, reasons: tuple[str, ...]) -> Transition:
+    assert table.canary is not None
+    adapter = table.canary
+    after = table.without_canary()
+    return Transition(
+        "rollback",
+        reasons,
+        after,
+        (Route(after, "canary_clear"), Reject(version_of(adapter)), Unload(adapter)),
+    )
+
+
+def watching(state: LineState, now: datetime, policy: RolloutPolicy) -> bool:
+    """Whether the champion is still under watch against ``previous``."""
+    table = state.table
+    if policy.watch_s <= 0 or table.champion is None or table.previous is None:
+        return False
+    if state.champion_since is None:
+        return False
+    return now - state.champion_since < timedelta(seconds=policy.watch_s)
+
+
+def _champion_judged(state: LineState, event: ChampionJudged, policy: RolloutPolicy) -> Transition:
+    table = state.table
+    if not watching(state, event.now, policy):
+        return Transition("none", ("the champion is not under watch",), table)
+    if not event.regressed:
+        return Transition("watch", event.reasons, table)
+    assert table.champion is not None
+    assert table.previous is not None
+    regressed, restored = table.champion, table.previous
+    canary = table.canary if table.canary != restored else None
+    after = RoutingTable(
+        business_line=table.business_line,
+        champion=restored,
+        canary=canary,
+        canary_fraction=table.canary_fraction,
+        previous=None,
+    )
+    reasons = (f"champion {regressed} regressed against {restored}", *event.reasons)
+    return Transition(
+        "revert",
+        reasons,
+        after,
+        (
+            Load(restored),
+            Route(after, "champion_revert"),
+            Revert(version_of(regressed), version_of(restored)),
+            Unload(regressed),
+        ),
+    )
+
+
+def _champion_by_hand(table: RoutingTable, adapter: str | None, reason: str) -> Transition:
+    if adapter == table.champion:
+        return Transition("none", (f"{adapter or 'the base model'} is already champion",), table)
+    after = table.with_champion(adapter)
+    effects: list[Effect] = []
+    if adapter is not None:
+        effects.append(Load(adapter))
+    effects.append(Route(after, "champion_set"))
+    if adapter is not None:
+        effects.append(Promote(version_of(adapter)))
+        if table.canary == adapter:
+            effects.append(SetAlias("canary", None))
+    else:
+        effects.append(SetAlias("champion", None))
+        effects.append(SetAlias("previous", version_of(table.champion) if table.champion else None))
+    dropped = table.previous
+    if dropped is not None and dropped not in after.adapters:
+        effects.append(Unload(dropped))
+    return Transition("champion_set", (reason,), after, tuple(effects))
+
+
+# --------------------------------------------------------------------------- budget and drift
+
+
+@dataclass(frozen=True, slots=True)
+class LoraBudget:
+    """The adapters every line's table names, against the server's ``--max-loras``."""
+
+    max_loras: int
+    tables: Mapping[str, RoutingTable]
+
+    def served(self) -> set[str]:
+        """Every adapter some table names (each may be requested at any time)."""
+        return {a for table in self.tables.values() for a in table.adapters}
+
+    def needed_with(self, line: str, adapter: str, *, replacing: str | None = None) -> int:
+        """Adapters served at once once ``adapter`` joins ``line`` (``replacing`` leaves)."""
+        served = self.served() | {adapter}
+        if replacing is not None:
+            served.discard(replacing)
+        return len(served)
+
+    def describe(self) -> str:
+        """Per line, what it serves."""
+        return ", ".join(
+            f"{line}: {len(table.adapters)}" for line, table in sorted(self.tables.items())
+        )
+
+
+def drift(
+    table: RoutingTable,
+    aliases: Mapping[str, int],
+    loaded: Mapping[str, Iterable[str] | None],
+) -> list[str]:
+    """What differs for one line between its routing table, its MLflow aliases and the
+    adapters each replica serves (``loaded[replica]`` None: the replica did not answer)."""
+    line = table.business_line
+    problems = []
+    for alias, role in (("champion", table.champion), ("canary", table.canary)):
+        want = version_of(role) if role is not None else None
+        have = aliases.get(alias)
+        if want != have:
+            problems.append(
+                f"{line}: routing {alias} is {role or 'none'} but MLflow @{alias} is "
+                f"{f'v{have}' if have is not None else 'unset'}"
+            )
+    own = f"{line}-v"
+    # A gated candidate is loaded for its probe before any route names it.
+    probing = {adapter_name(line, aliases["candidate"])} if "candidate" in aliases else set()
+    for replica, names in sorted(loaded.items()):
+        if names is None:
+            problems.append(f"{line}: replica {replica} did not answer")
+            continue
+        served = {n for n in names if n.startswith(own)}
+        for missing in sorted(table.adapters - served):
+            problems.append(f"{line}: {missing} is routed but not loaded on {replica}")
+        for leaked in sorted(served - table.adapters - probing):
+            problems.append(f"{line}: {leaked} is loaded on {replica} but no route names it")
+    return problems
