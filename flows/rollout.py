@@ -90,7 +90,7 @@ class CanaryOutcome:
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+@dataclass
 class Rollout:
     """The parts one line's rollout touches, built once per call."""
 

@@ -191,8 +191,12 @@ def test_a_corrupt_key_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_canary_and_routes_commands(settings: Settings) -> None:
-    result = runner.invoke(app, ["routes", "champion", "legal", "legal-v1", "--no-check"])
-    assert result.exit_code == 0, result.output
+    # The champion moves routing and MLflow's alias together: an unregistered one is refused.
+    unregistered = runner.invoke(app, ["routes", "champion", "legal", "legal-v1"])
+    assert unregistered.exit_code != 0
+    assert "no version 1" in str(unregistered.exception)
+    assert RouteStore(FeedbackStore.open(settings).engine).table("legal").champion is None
+    RouteStore(FeedbackStore.open(settings).engine).set_champion("legal", "legal-v1", actor="t")
     result = runner.invoke(
         app, ["canary", "set", "legal", "legal-v2", "--fraction", "0.1", "--no-check"]
     )
