@@ -45,7 +45,7 @@ from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
 from gateway.recorder import STORE_DOWN_ERRORS, FinishedRequest, InteractionRecorder
 from gateway.routing import RoutingTable, arm_of, choose_arm, parse_adapter_name
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstreams, UpstreamUnavailableError
+from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from registry.routes import RouteSnapshot, RouteStore
 
 logger = logging.getLogger(__name__)
@@ -442,8 +442,11 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
     in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
     in_flight.inc()
+    missing: list[Replica] = []
     try:
-        _, upstream = await state.upstreams.post(path, orjson.dumps(payload))
+        replica, upstream = await state.upstreams.post(
+            path, orjson.dumps(payload), missing=missing if adapter else None
+        )
     except UpstreamUnavailableError as exc:
         in_flight.dec()
         _finish(state, exchange, "error", error=str(exc), kind="upstream_unavailable")
@@ -454,6 +457,9 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
         in_flight.dec()
         _finish(state, exchange, "error", error=repr(exc), kind="upstream_failed")
         return GatewayError(502, "the model server failed before answering").response(headers)
+    if missing and adapter and upstream.status != 404:
+        # Some replica lacks an adapter the routes name (restarted?): load it back there.
+        spawn(state.upstreams.heal(adapter, missing, replica), state.tasks)
     streaming = upstream.status == 200 and upstream.content_type == "text/event-stream"
     if not streaming:
         try:

@@ -4,11 +4,19 @@ A request goes to the next replica in turn; when a replica refuses or drops the
 connection before any answer began, the request moves on to the next one and
 that replica is skipped for a few seconds. Once an answer has begun it is never
 re-sent elsewhere.
+
+A request for an adapter that one replica does not serve (404, e.g. it just
+restarted) also moves on, and :meth:`Upstreams.heal` loads the adapter back on
+that replica from the folder a replica that does serve it lists (vLLM's
+``/v1/models`` names each adapter's path): the gateway repairs a restarted
+replica on the first request, before the reconciler's next round.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +24,8 @@ from dataclasses import dataclass
 import aiohttp
 
 COOL_DOWN_S = 3.0
+HEAL_RETRY_S = 10.0
+logger = logging.getLogger(__name__)
 
 
 class UpstreamUnavailableError(Exception):
@@ -50,6 +60,7 @@ class Upstreams:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._healing: dict[tuple[str, str], float] = {}
 
     async def start(self) -> None:
         """Open the connection pool."""
@@ -77,13 +88,23 @@ class Upstreams:
         return alive or ordered
 
     async def post(
-        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        missing: list[Replica] | None = None,
     ) -> tuple[Replica, aiohttp.ClientResponse]:
-        """Send ``body`` to the first replica that accepts it; the caller releases the response."""
+        """Send ``body`` to the first replica that accepts it; the caller releases the response.
+
+        With ``missing`` (a request for an adapter), a replica answering 404 is passed over
+        while another is left and appended to ``missing``; the last one's 404 is returned.
+        """
         if self._session is None:
             raise RuntimeError("Upstreams.start() was not called")
         refused: list[str] = []
-        for replica in self._order():
+        order = self._order()
+        for position, replica in enumerate(order):
             try:
                 response = await self._session.post(
                     replica.base_url + path,
@@ -97,6 +118,10 @@ class Upstreams:
                 refused.append(f"{replica.base_url} ({type(exc).__name__})")
                 continue
             replica.down_until = 0.0
+            if missing is not None and response.status == 404 and position < len(order) - 1:
+                response.release()
+                missing.append(replica)
+                continue
             return replica, response
         raise UpstreamUnavailableError(
             "no vLLM replica accepted the request: " + ", ".join(refused)
@@ -119,3 +144,68 @@ class Upstreams:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 refused.append(f"{replica.base_url} ({type(exc).__name__})")
         raise UpstreamUnavailableError("no vLLM replica answered: " + ", ".join(refused))
+
+    async def heal(self, adapter: str, missing: Sequence[Replica], source: Replica) -> list[str]:
+        """Load ``adapter`` on the ``missing`` replicas from the path ``source`` serves it from;
+        returns the replicas it was loaded on. At most one try per replica and adapter every
+        few seconds, whatever the traffic."""
+        if self._session is None or not missing:
+            return []
+        now = time.monotonic()
+        due = [r for r in missing if self._healing.get((r.base_url, adapter), 0.0) <= now]
+        if not due:
+            return []
+        for replica in due:
+            self._healing[(replica.base_url, adapter)] = now + HEAL_RETRY_S
+        root = await self._adapter_root(source, adapter)
+        if root is None:
+            return []
+        healed = []
+        for replica in due:
+            try:
+                async with self._session.post(
+                    replica.base_url + "/v1/load_lora_adapter",
+                    json={"lora_name": adapter, "lora_path": root},
+                    headers=self._headers,
+                    timeout=aiohttp.ClientTimeout(total=60),
+                ) as response:
+                    text = await response.text()
+                    # 400 "already loaded": another gateway worker was first.
+                    if response.status == 200 or "already" in text.lower():
+                        healed.append(replica.base_url)
+                    else:
+                        logger.warning(
+                            "could not reload %s on %s: %s %s",
+                            adapter,
+                            replica.base_url,
+                            response.status,
+                            text[:200],
+                        )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                logger.warning("could not reload %s on %s: %r", adapter, replica.base_url, exc)
+        if healed:
+            logger.info("reloaded %s on %s", adapter, ", ".join(healed))
+        return healed
+
+    async def _adapter_root(self, source: Replica, adapter: str) -> str | None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                source.base_url + "/v1/models",
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as response:
+                listing = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        for model in listing.get("data", []) if isinstance(listing, dict) else []:
+            if isinstance(model, dict) and model.get("id") == adapter and model.get("root"):
+                return str(model["root"])
+        return None
+
+
+def spawn(coroutine: object, tasks: list[asyncio.Task[None]]) -> None:
+    """Run ``coroutine`` in the background, keeping a reference until it is done."""
+    task = asyncio.ensure_future(coroutine)  # type: ignore[arg-type]
+    tasks.append(task)
+    task.add_done_callback(tasks.remove)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -31,6 +32,10 @@ class StubBehaviour:
     delay_s: float = 0.0
     # A fixed answer per model name (base or adapter), instead of the numbered words.
     answers: dict[str, str] = field(default_factory=dict)
+    # The runtime LoRA routes: the folder each adapter was loaded from, and vLLM's rank cap
+    # (an adapter_config.json whose "r" is above it is refused, as vLLM does).
+    roots: dict[str, str] = field(default_factory=dict)
+    max_lora_rank: int = 16
 
 
 @dataclass
@@ -54,7 +59,12 @@ async def _models(request: web.Request) -> web.Response:
     behaviour: StubBehaviour = request.app[BEHAVIOUR]
     data = [{"id": BASE_MODEL, "object": "model", "root": BASE_MODEL, "parent": None}]
     data += [
-        {"id": name, "object": "model", "root": f"/adapters/{name}", "parent": BASE_MODEL}
+        {
+            "id": name,
+            "object": "model",
+            "root": behaviour.roots.get(name, f"/adapters/{name}"),
+            "parent": BASE_MODEL,
+        }
         for name in sorted(behaviour.adapters)
     ]
     return web.json_response({"object": "list", "data": data})
@@ -106,6 +116,39 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+async def _load(request: web.Request) -> web.Response:
+    behaviour: StubBehaviour = request.app[BEHAVIOUR]
+    body = orjson.loads(await request.read())
+    name, path = body["lora_name"], body["lora_path"]
+    if name in behaviour.adapters:
+        return _error(f"The lora adapter '{name}' has already been loaded.", 400)
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return _error(f"No adapter found for {path}", 404)
+    rank = int(orjson.loads(config.read_bytes()).get("r", 8))
+    if rank > behaviour.max_lora_rank:
+        return _error(
+            f"LoRA rank {rank} is greater than max_lora_rank {behaviour.max_lora_rank}.", 400
+        )
+    behaviour.adapters.add(name)
+    behaviour.roots[name] = path
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def _unload(request: web.Request) -> web.Response:
+    behaviour: StubBehaviour = request.app[BEHAVIOUR]
+    name = orjson.loads(await request.read())["lora_name"]
+    if name not in behaviour.adapters:
+        return _error(f"The lora adapter '{name}' cannot be found.", 404)
+    behaviour.adapters.discard(name)
+    behaviour.roots.pop(name, None)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
 def _application(behaviour: StubBehaviour, received: list[dict[str, Any]]) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[BEHAVIOUR] = behaviour
@@ -113,6 +156,8 @@ def _application(behaviour: StubBehaviour, received: list[dict[str, Any]]) -> we
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _generate)
     app.router.add_post("/v1/completions", _generate)
+    app.router.add_post("/v1/load_lora_adapter", _load)
+    app.router.add_post("/v1/unload_lora_adapter", _unload)
     return app
 
 

@@ -1,0 +1,300 @@
+"""The rollout on real parts around two stand-in vLLM replicas: the SQLite store, a local
+MLflow registry, the real gateway. Each test is a case that wedged, leaked or split the
+champion on main; the slow tier repeats the replica cases on real vLLM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from feedback.store import FeedbackStore
+from flows.rollout import (
+    deploy_canary,
+    judge_canary,
+    lifecycle_check,
+    set_champion,
+    sync_adapters,
+    watch_champion,
+)
+from flywheel.settings import Settings, load_settings
+from gateway.app import create_app
+from gateway.keys import ApiKey, KeyRing, key_digest
+from gateway.settings import GatewaySettings
+from registry.canary import CanaryAction
+from registry.records import recipe_hash
+from registry.routes import RouteStore
+from registry.tracking import Registry
+from registry.vllm_server import free_port
+from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
+from training.recipes import load_recipe, packaged_recipes_dir
+
+LINE = "legal"
+KEY = "fw-rollout-key"
+
+
+@dataclass
+class World:
+    settings: Settings
+    store: FeedbackStore
+    registry: Registry
+    replicas: list[StubVllm]
+    root: Path
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.base_url for r in self.replicas]
+
+    def register(self, rank: int = 8) -> int:
+        """A registered version of the line's adapter, as the nightly flow leaves it."""
+        recipe = load_recipe(LINE, self.settings.recipes_dir or packaged_recipes_dir())
+        marker = f"{time.monotonic_ns()}"
+        manifest = self.root / "datasets" / marker / "manifest.json"
+        manifest.parent.mkdir(parents=True)
+        manifest.write_text(json.dumps({"business_line": LINE, "content_hash": marker}))
+        run_id = self.registry.start_training_run(
+            LINE, recipe, marker, manifest, BASE_MODEL, "test"
+        )
+        adapter = self.root / f"adapter-{marker}"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+        (adapter / "adapter_model.safetensors").write_bytes(marker.encode() * 8)
+        self.registry.log_adapter(run_id, adapter)
+        version = self.registry.register_adapter(
+            run_id,
+            LINE,
+            {
+                "base_model": BASE_MODEL,
+                "dataset_hash": marker,
+                "recipe_hash": recipe_hash(recipe),
+                "code_version": "test",
+            },
+        )
+        self.registry.finish_run(run_id)
+        self.registry.set_candidate(LINE, version)
+        return version
+
+    def table(self) -> Any:
+        return RouteStore(self.store.engine).table(LINE)
+
+    def loaded(self) -> list[set[str]]:
+        return [set(r.behaviour.adapters) for r in self.replicas]
+
+    def check(self) -> list[str]:
+        return lifecycle_check(self.settings, self.store, self.urls)["problems"]
+
+
+def _recipes(root: Path, **rollout: object) -> Path:
+    """The packaged recipes, the line's with this rollout policy and a two-step canary."""
+    folder = root / "recipes"
+    shutil.copytree(packaged_recipes_dir(), folder, ignore=shutil.ignore_patterns("demo"))
+    path = folder / f"{LINE}.yaml"
+    recipe = yaml.safe_load(path.read_text())
+    recipe.update(
+        rollout=rollout,
+        canary_steps=[0.05, 1.0],
+        canary={"min_requests": 20, "alpha": 0.2, "max_looks": 3},
+    )
+    path.write_text(yaml.safe_dump(recipe))
+    return folder
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(_recipes(tmp_path, soak_s=0, watch_s=3600)))
+    settings = load_settings()
+    store = FeedbackStore.open(settings)
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    with running_stub(StubBehaviour()) as first, running_stub(StubBehaviour()) as second:
+        yield World(settings, store, registry, [first, second], tmp_path)
+    store.close()
+
+
+def test_a_rerun_of_a_deploy_keeps_the_canary_where_it_is(world: World) -> None:
+    v1 = world.register()
+    assert deploy_canary(world.settings, world.store, LINE, v1, world.urls).status == "canary"
+    RouteStore(world.store.engine).set_canary(LINE, f"{LINE}-v{v1}", 0.3, actor="t")
+    again = deploy_canary(world.settings, world.store, LINE, v1, world.urls)
+    assert again.status == "none"
+    assert world.table().canary_fraction == 0.3
+    forced = judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                          upstreams=world.urls)  # fmt: skip
+    assert forced.action == "promote"
+    # On main: "canary must differ from champion", raised on every later night.
+    assert deploy_canary(world.settings, world.store, LINE, v1, world.urls).status == "none"
+    assert world.check() == []
+
+
+def test_a_probe_failing_on_the_second_replica_leaves_nothing_loaded(world: World) -> None:
+    version = world.register()
+    adapter = f"{LINE}-v{version}"
+    # The second replica answers like the base model for it: the probe there fails.
+    world.replicas[1].behaviour.answers.update({adapter: "same", BASE_MODEL: "same"})
+    deployed = deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    assert deployed.status == "failed"
+    assert world.urls[1] in deployed.reason
+    assert world.loaded() == [set(), set()]
+    assert world.table().canary is None
+    assert world.registry.version_tags(LINE, version).get("rolled_back")
+    assert "candidate" not in world.registry.aliases(LINE)
+
+
+def test_an_adapter_above_the_servers_rank_fails_cleanly(world: World) -> None:
+    version = world.register(rank=64)
+    deployed = deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    assert deployed.status == "failed"
+    assert "max_lora_rank" in deployed.reason
+    assert world.loaded() == [set(), set()]
+    assert world.check() == []
+
+
+def test_a_live_canary_is_kept_and_a_replacement_is_recorded(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v1, v2 = world.register(), world.register()
+    deploy_canary(world.settings, world.store, LINE, v1, world.urls)
+    kept = deploy_canary(world.settings, world.store, LINE, v2, world.urls)
+    assert kept.status == "kept_canary"
+    assert world.table().canary == f"{LINE}-v{v1}"
+    assert world.loaded() == [{f"{LINE}-v{v1}"}] * 2
+    monkeypatch.setenv(
+        "FLYWHEEL_RECIPES_DIR", str(_recipes(world.root / "replace", on_live_canary="replace"))
+    )
+    settings = load_settings()
+    replaced = deploy_canary(settings, world.store, LINE, v2, world.urls)
+    assert replaced.status == "canary"
+    assert world.table().canary == f"{LINE}-v{v2}"
+    assert world.loaded() == [{f"{LINE}-v{v2}"}] * 2
+    assert "a newer candidate" in world.registry.version_tags(LINE, v1)["rolled_back"]
+    assert world.registry.aliases(LINE)["canary"] == v2
+
+
+def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World) -> None:
+    versions = [world.register() for _ in range(3)]
+    for version in versions:
+        assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == (
+            "canary"
+        )
+        outcome = judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                               upstreams=world.urls)  # fmt: skip
+        assert outcome.action == "promote"
+        assert world.check() == [], world.check()
+    v1, v2, v3 = (f"{LINE}-v{v}" for v in versions)
+    table = world.table()
+    assert (table.champion, table.previous) == (v3, v2)
+    assert world.loaded() == [{v2, v3}] * 2  # v1 left `previous` and was unloaded
+    aliases = world.registry.aliases(LINE)
+    assert (aliases["champion"], aliases["previous"]) == (versions[2], versions[1])
+    # By hand, the alias moves with the routing (on main only the routing moved).
+    set_champion(world.settings, world.store, LINE, v1, world.urls, reason="hotfix", actor="t")
+    assert world.registry.aliases(LINE)["champion"] == versions[0]
+    assert world.table().champion == v1
+    assert world.check() == [], world.check()
+
+
+def _traffic(world: World, adapter: str, requests: int, unhappy: int, when: datetime) -> None:
+    """``requests`` logged answers of ``adapter`` from ``when`` on, the first ``unhappy``
+    thumbed down."""
+    events: list[dict[str, Any]] = []
+    for i in range(requests):
+        request_id = f"{adapter}-{when.timestamp():.0f}-{i}"
+        created = (when + timedelta(seconds=i)).isoformat()
+        events.append(
+            {
+                "type": "interaction",
+                "request_id": request_id,
+                "user_id": f"u{i}",
+                "business_line": LINE,
+                "adapter_name": adapter,
+                "arm": "champion",
+                "base_model": BASE_MODEL,
+                "messages": [{"role": "user", "content": f"Can I break my lease? {i}"}],
+                "response": "Two steps, and see a lawyer.",
+                "latency_ms": 100.0,
+                "status": "ok",
+                "created_at": created,
+            }
+        )
+        if i < unhappy:
+            events.append(
+                {
+                    "type": "thumbs_down",
+                    "request_id": request_id,
+                    "idempotency_key": f"td-{request_id}",
+                    "created_at": created,
+                }
+            )
+    report = world.store.ingest(events, source="test")
+    assert report.quarantined == 0, report
+
+
+def test_a_champion_that_regresses_after_promotion_is_reverted(world: World) -> None:
+    v1, v2 = world.register(), world.register()
+    start = datetime.now(UTC) - timedelta(hours=2)
+    for version, at in ((v1, start), (v2, start + timedelta(minutes=30))):
+        deploy_canary(world.settings, world.store, LINE, version, world.urls)
+        judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                     upstreams=world.urls, now=at)  # fmt: skip
+    old, new = f"{LINE}-v{v1}", f"{LINE}-v{v2}"
+    promoted = start + timedelta(minutes=30)
+    _traffic(world, old, 60, 3, promoted - timedelta(minutes=20))
+    _traffic(world, new, 60, 40, promoted + timedelta(minutes=5))
+    outcome = watch_champion(world.settings, world.store, LINE, upstreams=world.urls,
+                             now=promoted + timedelta(minutes=20))  # fmt: skip
+    assert outcome.action == "revert", outcome.reason
+    table = world.table()
+    assert (table.champion, table.previous) == (old, None)
+    assert world.registry.aliases(LINE)["champion"] == v1
+    assert world.registry.version_tags(LINE, v2)["rolled_back"]
+    assert world.loaded() == [{old}] * 2
+    assert world.check() == []
+
+
+def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
+    version = world.register()
+    adapter = f"{LINE}-v{version}"
+    deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                 upstreams=world.urls)  # fmt: skip
+    # The first replica restarts: it comes back with no adapter at all.
+    world.replicas[0].behaviour.adapters.clear()
+    assert any("not loaded" in p for p in world.check())
+    keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
+    config = GatewaySettings(upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02)
+    app = create_app(world.settings, config, store=world.store, keys=keys)
+    with serving(app, free_port()) as url:
+        for i in range(4):  # round robin: at least one lands on the restarted replica first
+            answer = httpx.post(
+                f"{url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={
+                    "model": LINE,
+                    "messages": [{"role": "user", "content": f"hi {i}"}],
+                    "user": f"u{i}",
+                },
+                timeout=10,
+            )
+            assert answer.status_code == 200, answer.text
+            assert adapter in answer.text
+        deadline = time.monotonic() + 5
+        while adapter not in world.replicas[0].behaviour.adapters and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # The gateway reloaded it from the folder the other replica serves it from.
+    assert world.loaded() == [{adapter}] * 2
+    assert world.check() == []
+    # The reconciler does the same without traffic.
+    world.replicas[1].behaviour.adapters.clear()
+    summary = sync_adapters(world.settings, world.store, world.urls)
+    assert summary[world.urls[1]]["loaded"] == [adapter]
+    assert world.check() == []
