@@ -613,9 +613,8 @@ def serve_vllm(
 ) -> None:
     """Serve the base model with vLLM on the CPU, runtime LoRA loading on, loopback only."""
     import signal
-    import time
 
-    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings
+    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, log_tail
     from training.base_model import ensure_base_model
 
     settings = _settings()
@@ -646,8 +645,11 @@ def serve_vllm(
             f"vLLM serves {base.name} at {server.base_url} with runtime LoRA loading "
             f"(log: {log}); Ctrl-C stops it"
         )
-        while True:
-            time.sleep(3600)
+        code = server.wait()
+    # vLLM died on its own: exit with its code so a supervisor (compose's restart policy,
+    # systemd) starts it again.
+    out.print(f"[red]vLLM exited with code {code}[/]; last lines of {log}:\n{log_tail(log)}")
+    raise typer.Exit(code or 1)
 
 
 @app.command()

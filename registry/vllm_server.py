@@ -421,6 +421,14 @@ class VllmServer:
             f"{log_tail(self.log_path)}"
         )
 
+    def wait(self) -> int:
+        """Block until the server process exits; its exit code (a signal as 128 + number,
+        as a shell reports it, so a supervisor sees a failure)."""
+        if self._process is None:
+            raise VllmServerError(f"the vLLM server on {self.base_url} is not running")
+        code = self._process.wait()
+        return 128 - code if code < 0 else code
+
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
         process, self._process = self._process, None

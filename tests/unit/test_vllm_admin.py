@@ -541,3 +541,28 @@ def test_a_second_builder_waits_for_the_first(tmp_path: Path) -> None:
     second.join(timeout=10)
     assert len(outcome) == 1
     assert "creating" in str(outcome[0])
+
+
+def test_a_server_that_dies_reports_its_exit_code(tmp_path: Path) -> None:
+    """``flywheel serve vllm`` waits on this, so a supervisor sees vLLM die and restarts it."""
+
+    from registry.vllm_server import VllmServer, VllmServerSettings, free_port
+
+    # A stand-in interpreter: answers /health briefly, then exits with code 3.
+    fake = tmp_path / "python"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, threading, http.server, os\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "server = http.server.HTTPServer(('127.0.0.1', port), H)\n"
+        "threading.Timer(1.0, lambda: os._exit(3)).start()\n"
+        "server.serve_forever()\n"
+    )
+    fake.chmod(0o755)
+    settings = VllmServerSettings(model=tmp_path, port=free_port(), start_timeout_s=20)
+    with VllmServer(settings, python=fake, log_path=tmp_path / "vllm.log") as server:
+        assert server.wait() == 3
