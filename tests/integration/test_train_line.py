@@ -13,7 +13,9 @@ from feedback.pii import build_scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.stages import train_line
+from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, load_settings
+from registry.records import TAG_ENDED_BECAUSE
 from registry.tracking import Registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -119,3 +121,32 @@ def test_too_little_data_is_skipped_with_the_reason(
     ), outcome.reason
     assert outcome.version is None
     assert Registry.for_home(settings.home).recent_runs("customer_service") == []
+
+
+def test_a_rank_the_server_cannot_load_fails_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On main this trained for minutes, then every deploy failed and the line wedged."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "customer_service.yaml").write_text(
+        RECIPE.replace("rank: 8, alpha: 16", "rank: 32, alpha: 64")
+    )
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
+    monkeypatch.setenv("FLYWHEEL_VLLM_MAX_LORA_RANK", "16")
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
+    settings = load_settings()
+    _simulated_dataset(settings, requests=200, seed=5).close()
+
+    with pytest.raises(FlywheelError, match="LoRA rank 32 is above the serving vLLM's"):
+        train_line(settings, "customer_service")
+
+    registry = Registry.for_home(settings.home)
+    [run] = registry.client.search_runs([registry.experiment_id("customer_service")])
+    assert run.info.status == "FAILED"
+    assert "max-lora-rank 16" in run.data.tags[TAG_ENDED_BECAUSE]
+    assert not (settings.runs_dir / "customer_service").exists() or not any(
+        (settings.runs_dir / "customer_service").rglob("adapter_model.safetensors")
+    )
