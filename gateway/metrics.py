@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import httpx
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,13 +10,12 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.parser import text_string_to_metric_families
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 NO_ADAPTER = "base"
 
-__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics", "GatewayScrapeError", "requests_in_flight"]
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
 
 
 class GatewayMetrics:
@@ -96,25 +92,3 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
-
-
-class GatewayScrapeError(Exception):
-    """A gateway's /metrics could not be read."""
-
-
-def requests_in_flight(gateway_urls: Iterable[str], adapter: str, timeout_s: float = 5.0) -> int:
-    """Requests for ``adapter`` still running on any of the gateways (read off their /metrics);
-    what :func:`registry.vllm_admin.reconcile` waits on before an unload."""
-    total = 0.0
-    for url in gateway_urls:
-        try:
-            response = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            # Unknown is not zero: an unreachable gateway may still be serving the adapter.
-            raise GatewayScrapeError(f"cannot read {url}/metrics: {exc}") from None
-        for family in text_string_to_metric_families(response.text):
-            if family.name != "flywheel_gateway_in_flight":
-                continue
-            total += sum(s.value for s in family.samples if s.labels.get("adapter") == adapter)
-    return int(total)

@@ -23,11 +23,6 @@ class GatewaySettings(BaseSettings):
         min_length=1,
         description="Root URLs of the vLLM replicas (their OpenAI API is under /v1).",
     )
-    replicas: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=(),
-        description="Root URLs of every gateway replica: a rollback waits until none of them "
-        "has a request in flight for the adapter before unloading it.",
-    )
     keys_file: Path | None = Field(
         default=None,
         description="YAML file of API keys and their business lines; "
@@ -58,7 +53,7 @@ class GatewaySettings(BaseSettings):
     )
     spool_retry_s: float = Field(default=2.0, gt=0, le=600)
 
-    @field_validator("upstreams", "replicas", mode="before")
+    @field_validator("upstreams", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         # FLYWHEEL_GATEWAY_UPSTREAMS is a comma-separated list (or a JSON array).
@@ -68,7 +63,7 @@ class GatewaySettings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @field_validator("upstreams", "replicas")
+    @field_validator("upstreams")
     @classmethod
     def _http(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for url in value:
@@ -76,14 +71,12 @@ class GatewaySettings(BaseSettings):
                 raise ValueError(f"upstream {url!r} is not an http(s) URL")
         return tuple(url.rstrip("/") for url in value)
 
-    def in_flight(self) -> Callable[[str], int] | None:
-        """Requests in flight for an adapter across the replicas (None when none are listed)."""
-        if not self.replicas:
-            return None
-        from gateway.metrics import requests_in_flight
+    def in_flight(self) -> Callable[[str], int]:
+        """How many vLLM replicas still run requests of an adapter (their own ``/metrics``):
+        what an unload waits on."""
+        from registry.vllm_admin import vllm_in_flight
 
-        replicas = self.replicas
-        return lambda adapter: requests_in_flight(replicas, adapter)
+        return vllm_in_flight(self.upstreams)
 
     def resolved_keys_file(self, home: Path) -> Path:
         """The API key file: the configured one or the one in FLYWHEEL_HOME."""

@@ -51,8 +51,10 @@ __all__ = [
     "VllmRequestError",
     "VllmUnavailableError",
     "adapter_name",
+    "busy_adapters",
     "judge_probe",
     "reconcile",
+    "vllm_in_flight",
     "wait_drained",
 ]
 
@@ -412,6 +414,54 @@ class VllmAdminClient:
             answers.append(ProbeAnswer(prompt, adapter, base, error))
         passed, reasons = judge_probe(answers)
         return ProbeResult(name, base_model, passed, reasons, tuple(answers))
+
+
+def busy_adapters(metrics_text: str) -> set[str]:
+    """Adapters with requests running or waiting, read off a vLLM server's ``/metrics``.
+
+    ``vllm:lora_requests_info`` is a gauge per label set (running and waiting adapters,
+    comma-joined) set to the time it was last true, so the newest series is the current
+    one; it is only refreshed while the engine steps, so a server whose request gauges
+    (``vllm:num_requests_running`` / ``_waiting``) read 0 has nothing in flight.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    requests = 0.0
+    newest: tuple[float, set[str]] | None = None
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name in {"vllm:num_requests_running", "vllm:num_requests_waiting"}:
+            requests += sum(sample.value for sample in family.samples)
+        elif family.name == "vllm:lora_requests_info":
+            for sample in family.samples:
+                names = {
+                    name
+                    for key in ("running_lora_adapters", "waiting_lora_adapters")
+                    for name in sample.labels.get(key, "").split(",")
+                    if name
+                }
+                if newest is None or sample.value > newest[0]:
+                    newest = (sample.value, names)
+    if requests <= 0 or newest is None:
+        return set()
+    return newest[1]
+
+
+def vllm_in_flight(upstreams: Sequence[str], timeout_s: float = 5.0) -> Callable[[str], int]:
+    """``in_flight(adapter)``: on how many replicas ``adapter`` has requests in flight, from
+    vLLM's own metrics (a replica that does not answer serves nothing and counts 0)."""
+
+    def in_flight(adapter: str) -> int:
+        busy = 0
+        for url in upstreams:
+            try:
+                response = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
+                response.raise_for_status()
+            except httpx.HTTPError:
+                continue
+            busy += adapter in busy_adapters(response.text)
+        return busy
+
+    return in_flight
 
 
 def wait_drained(

@@ -36,6 +36,8 @@ class StubBehaviour:
     # (an adapter_config.json whose "r" is above it is refused, as vLLM does).
     roots: dict[str, str] = field(default_factory=dict)
     max_lora_rank: int = 16
+    # Requests being answered, per model (what vLLM's /metrics report).
+    running: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,7 +79,11 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("/chat/completions")
     model = body.get("model")
     if behaviour.delay_s:
-        await asyncio.sleep(behaviour.delay_s)
+        behaviour.running[str(model)] = behaviour.running.get(str(model), 0) + 1
+        try:
+            await asyncio.sleep(behaviour.delay_s)
+        finally:
+            behaviour.running[str(model)] -= 1
     if behaviour.status != 200:
         error = {"error": {"message": "stub failure", "type": "InternalServerError"}}
         return web.json_response(error, status=behaviour.status)
@@ -114,6 +120,25 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """vLLM's request gauges and its LoRA info gauge (the newest series is the current one)."""
+    behaviour: StubBehaviour = request.app[BEHAVIOUR]
+    busy = sorted(m for m, n in behaviour.running.items() if n > 0 and m != BASE_MODEL)
+    total = sum(behaviour.running.values())
+    lines = [
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{model_name="{BASE_MODEL}"}} {float(total)}',
+        "# TYPE vllm:num_requests_waiting gauge",
+        f'vllm:num_requests_waiting{{model_name="{BASE_MODEL}"}} 0.0',
+        "# TYPE vllm:lora_requests_info gauge",
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="stale-v1",'
+        'waiting_lora_adapters=""} 1.0',
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{",".join(busy)}",'
+        f'waiting_lora_adapters=""}} 2.0',
+    ]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -156,6 +181,7 @@ def _application(behaviour: StubBehaviour, received: list[dict[str, Any]]) -> we
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _generate)
     app.router.add_post("/v1/completions", _generate)
+    app.router.add_get("/metrics", _metrics)
     app.router.add_post("/v1/load_lora_adapter", _load)
     app.router.add_post("/v1/unload_lora_adapter", _unload)
     return app
