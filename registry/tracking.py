@@ -17,7 +17,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +65,8 @@ from training.recipes import Recipe
 
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 ADAPTER_ARTIFACT = "adapter"
+LOGGED_MODEL_TYPE = "peft-lora-adapter"
+TAG_LOGGED_MODEL = "flywheel.logged_model_id"
 EVAL_ARTIFACTS = "eval"
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -279,8 +282,14 @@ class Registry:
         plot and the gate text; the decision and its reasons as ``gate.*`` tags.
         """
         timestamp = int(time.time() * 1000)
-        values = candidate.metrics("candidate.") | champion.metrics("champion.")
-        metrics = [Metric(key, value, timestamp, 0) for key, value in values.items()]
+        model_id = self.logged_model_id(run_id)
+        # The candidate's numbers belong to its model too (the LoggedModel's metrics page).
+        metrics = [
+            Metric(key, value, timestamp, 0, model_id=model_id)
+            for key, value in candidate.metrics("candidate.").items()
+        ] + [
+            Metric(key, value, timestamp, 0) for key, value in champion.metrics("champion.").items()
+        ]
         tags = [RunTag(key, value) for key, value in gate_tags(decision).items()]
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
         self._log_table(run_id, metrics_table(candidate, champion), "metrics.json")
@@ -300,11 +309,41 @@ class Registry:
         frame = pd.DataFrame(table, dtype=object)
         self.client.log_table(run_id, frame, f"{EVAL_ARTIFACTS}/{name}")
 
-    def log_adapter(self, run_id: str, adapter_dir: Path) -> None:
-        """Upload a trained adapter folder as the run's ``adapter/`` artifacts."""
+    def log_adapter(self, run_id: str, adapter_dir: Path) -> str:
+        """Log a trained adapter folder as an MLflow LoggedModel of the run (its files are
+        the model's artifacts; vLLM loads that folder); returns the model id.
+
+        Metrics the run logs afterwards for the candidate are linked to the model, and the
+        registered version points at it, so ``models:/flywheel-<line>@champion`` resolves.
+        Logging again for the same run returns the model logged first.
+        """
+        from mlflow.entities import LoggedModelStatus
+
         if not (adapter_dir / ADAPTER_CONFIG).is_file():
             raise FlywheelError(f"{adapter_dir} is not an adapter folder: {ADAPTER_CONFIG} missing")
-        self.client.log_artifacts(run_id, str(adapter_dir), ADAPTER_ARTIFACT)
+        run = self.client.get_run(run_id)
+        existing = run.data.tags.get(TAG_LOGGED_MODEL)
+        if existing:
+            return existing
+        model = self.client.create_logged_model(
+            run.info.experiment_id,
+            name=ADAPTER_ARTIFACT,
+            source_run_id=run_id,
+            tags={
+                key: run.data.tags[key]
+                for key in (TAG_LINE, TAG_DATASET_HASH, TAG_BASE_MODEL, TAG_METHOD)
+                if key in run.data.tags
+            },
+            model_type=LOGGED_MODEL_TYPE,
+        )
+        self.client.log_model_artifacts(model.model_id, str(adapter_dir))
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
+        return model.model_id
+
+    def logged_model_id(self, run_id: str) -> str | None:
+        """The LoggedModel holding the run's adapter, if it logged one."""
+        return self.client.get_run(run_id).data.tags.get(TAG_LOGGED_MODEL)
 
     def close_orphan_runs(self, line: str) -> list[str]:
         """Mark KILLED the line's runs left RUNNING by a trainer of this host that died.
@@ -351,17 +390,23 @@ class Registry:
         already = self._versions(f"name = '{name}' and run_id = '{_safe(run_id)}'")
         if already:
             return max(int(v.version) for v in already)
-        run = self.client.get_run(run_id)
-        if not self.client.list_artifacts(run_id, ADAPTER_ARTIFACT):
-            raise FlywheelError(f"run {run_id} has no {ADAPTER_ARTIFACT}/ artifacts to register")
+        model_id = self.logged_model_id(run_id)
+        if model_id is None:
+            raise FlywheelError(f"run {run_id} logged no adapter to register")
         self._ensure_registered_model(line)
-        created = self.client.create_model_version(
-            name,
-            source=f"{run.info.artifact_uri}/{ADAPTER_ARTIFACT}",
-            run_id=run_id,
-            tags=tags,
-            description=f"LoRA adapter of {line} trained on dataset {tags['dataset_hash'][:12]}",
-        )
+        # MLflow's SQL registry resolves a models:/ source with a client on the global
+        # tracking URI (its own TODO), not this one's: point it here for the call.
+        with _global_tracking_uri(self.tracking_uri):
+            created = self.client.create_model_version(
+                name,
+                source=f"models:/{model_id}",
+                model_id=model_id,
+                run_id=run_id,
+                tags=tags,
+                description=(
+                    f"LoRA adapter of {line} trained on dataset {tags['dataset_hash'][:12]}"
+                ),
+            )
         version = int(created.version)
         self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
         return version
@@ -546,6 +591,9 @@ class Registry:
         source = self._version(line, version).source
         if not source:
             raise FlywheelError(f"{model_name(line)} v{version} has no artifact source")
+        if source.startswith("models:/"):
+            # A LoggedModel: its files live at its artifact location.
+            source = self.client.get_logged_model(source.removeprefix("models:/")).artifact_location
         local = _local_path(source)
         if local is not None:
             if not (local / ADAPTER_CONFIG).is_file():
@@ -607,6 +655,18 @@ class Registry:
             )
             for run in runs
         ]
+
+
+@contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
 
 
 def _process_alive(pid: int) -> bool:

@@ -4,7 +4,6 @@ champion on main; the slow tier repeats the replica cases on real vLLM."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from mlflow.entities import LoggedModelStatus
 
 from feedback.store import FeedbackStore
 from flows.rollout import (
@@ -31,12 +31,13 @@ from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
-from registry.records import recipe_hash
+from registry.names import model_name
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import free_port
+from tests.registered import fake_adapter, register_version
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
-from training.recipes import load_recipe, packaged_recipes_dir
+from training.recipes import packaged_recipes_dir
 
 LINE = "legal"
 KEY = "fw-rollout-key"
@@ -56,32 +57,8 @@ class World:
 
     def register(self, rank: int = 8) -> int:
         """A registered version of the line's adapter, as the nightly flow leaves it."""
-        recipe = load_recipe(LINE, self.settings.recipes_dir or packaged_recipes_dir())
-        marker = f"{time.monotonic_ns()}"
-        manifest = self.root / "datasets" / marker / "manifest.json"
-        manifest.parent.mkdir(parents=True)
-        manifest.write_text(json.dumps({"business_line": LINE, "content_hash": marker}))
-        run_id = self.registry.start_training_run(
-            LINE, recipe, marker, manifest, BASE_MODEL, "test"
-        )
-        adapter = self.root / f"adapter-{marker}"
-        adapter.mkdir()
-        (adapter / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
-        (adapter / "adapter_model.safetensors").write_bytes(marker.encode() * 8)
-        self.registry.log_adapter(run_id, adapter)
-        version = self.registry.register_adapter(
-            run_id,
-            LINE,
-            {
-                "base_model": BASE_MODEL,
-                "dataset_hash": marker,
-                "recipe_hash": recipe_hash(recipe),
-                "code_version": "test",
-            },
-        )
-        self.registry.finish_run(run_id)
-        self.registry.set_candidate(LINE, version)
-        return version
+        folder = fake_adapter(self.root / f"adapter-{time.monotonic_ns()}", rank)
+        return register_version(self.settings, self.registry, LINE, folder, self.root)
 
     def table(self) -> Any:
         return RouteStore(self.store.engine).table(LINE)
@@ -201,6 +178,17 @@ def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World
     assert world.registry.aliases(LINE)["champion"] == versions[0]
     assert world.table().champion == v1
     assert world.check() == [], world.check()
+    # Versions are MLflow 3 LoggedModels: the champion alias leads to the adapter's files,
+    # the folder vLLM loads.
+    champion = world.registry.client.get_model_version_by_alias(model_name(LINE), "champion")
+    model_id = world.registry.logged_model_id(champion.run_id)
+    assert champion.source == f"models:/{model_id}"
+    logged = world.registry.client.get_logged_model(model_id)
+    assert logged.status.to_proto() == LoggedModelStatus.READY.to_proto()
+    folder = world.registry.adapter_path(LINE, versions[0])
+    assert (folder / "adapter_config.json").is_file()
+    assert str(folder) in logged.artifact_location
+    assert world.replicas[0].behaviour.roots[v1] == str(folder)
 
 
 def _traffic(world: World, adapter: str, requests: int, unhappy: int, when: datetime) -> None:

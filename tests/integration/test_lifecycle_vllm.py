@@ -1,0 +1,244 @@
+"""Two real vLLM CPU replicas behind the gateway: canary deploy, promotion, rollback, and
+one replica killed and restarted under traffic. ``flywheel lifecycle check`` (its function)
+must show no drift after every step."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from feedback.store import FeedbackStore
+from flows.rollout import deploy_canary, judge_canary, lifecycle_check, sync_adapters
+from flywheel.settings import Settings, load_settings
+from gateway.app import create_app
+from gateway.keys import ApiKey, KeyRing, key_digest
+from gateway.routing import choose_arm
+from gateway.settings import GatewaySettings
+from registry.canary import CanaryAction
+from registry.routes import RouteStore
+from registry.tracking import Registry
+from registry.vllm_admin import busy_adapters
+from registry.vllm_server import VllmServer, VllmServerSettings, free_port
+from tests.registered import register_version
+from tests.stub_vllm import serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LINE = "customer_service"
+KEY = "fw-lifecycle-key"
+
+
+@dataclass
+class Fleet:
+    settings: Settings
+    store: FeedbackStore
+    registry: Registry
+    servers: list[VllmServer]
+    adapter: Path
+    work: Path
+    gateway: str = ""
+    answers: list[tuple[float, int, str]] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.base_url for s in self.servers]
+
+    def register(self) -> str:
+        folder = self.work / f"adapter-{time.monotonic_ns()}"
+        shutil.copytree(self.adapter, folder)
+        version = register_version(self.settings, self.registry, LINE, folder, self.work)
+        return f"{LINE}-v{version}"
+
+    def settings_recipe_steps(self) -> tuple[float, ...]:
+        from flows.stages import recipe_for
+
+        return recipe_for(self.settings, LINE).canary_steps
+
+    def drift(self) -> list[str]:
+        return lifecycle_check(self.settings, self.store, self.urls)["problems"]
+
+    def ask(self, user: str) -> httpx.Response:
+        return httpx.post(
+            f"{self.gateway}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={
+                "model": LINE,
+                "messages": [{"role": "user", "content": "Say hello to a customer."}],
+                "user": user,
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            timeout=60,
+        )
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    vllm_python: Path,
+    base_model_dir: Path,
+    lora_adapter: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("lifecycle")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FLYWHEEL_HOME", str(work / "home"))
+    patch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    patch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
+    settings = load_settings()
+    store = FeedbackStore.open(settings)
+    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    servers = [
+        VllmServer(
+            # Two servers on 2 cores, one restarting under traffic: allow a slow start.
+            VllmServerSettings(model=base_model_dir, port=free_port(), start_timeout_s=600),
+            python=vllm_python,
+            log_path=work / f"vllm-{i}.log",
+        )
+        for i in range(2)
+    ]
+    try:
+        for server in servers:
+            server.start()
+        fleet = Fleet(settings, store, registry, servers, lora_adapter, work)
+        keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
+        config = GatewaySettings(
+            upstreams=tuple(fleet.urls), routes_refresh_s=0.05, log_flush_s=0.05
+        )
+        app = create_app(settings, config, store=store, keys=keys)
+        with serving(app, free_port()) as url:
+            fleet.gateway = url
+            yield fleet
+    finally:
+        for server in servers:
+            server.stop()
+        store.close()
+        patch.undo()
+
+
+def _user_on(table: object, arm: str) -> str:
+    return next(f"u{i}" for i in range(10_000) if choose_arm(table, f"u{i}")[0] == arm)  # type: ignore[arg-type]
+
+
+def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
+    routes = RouteStore(fleet.store.engine)
+    first = fleet.register()
+    deployed = deploy_canary(
+        fleet.settings, fleet.store, LINE, int(first.split("-v")[1]), fleet.urls
+    )
+    assert deployed.status == "canary", deployed.reason
+    assert deployed.loaded_on == fleet.urls
+    assert fleet.drift() == []
+    for _ in range(len(fleet.settings_recipe_steps())):
+        promoted = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.PROMOTE,
+                                upstreams=fleet.urls)  # fmt: skip
+        assert fleet.drift() == [], promoted.action
+        if promoted.action == "promote":
+            break
+    assert promoted.action == "promote"
+    assert fleet.drift() == []
+    answer = fleet.ask("anyone")
+    assert answer.status_code == 200
+    assert answer.headers["x-flywheel-adapter"] == first
+
+    bad = fleet.register()
+    deploy_canary(fleet.settings, fleet.store, LINE, int(bad.split("-v")[1]), fleet.urls)
+    table = routes.table(LINE)
+    canary_user = _user_on(table, "canary")
+    assert fleet.ask(canary_user).headers["x-flywheel-adapter"] == bad
+    started = time.monotonic()
+    rolled = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.ROLLBACK,
+                          reason="rehearsal", upstreams=fleet.urls)  # fmt: skip
+    assert rolled.action == "rollback"
+    # The canary's users are back on the champion within a second, on every replica.
+    deadline = started + 1.0
+    while fleet.ask(canary_user).headers["x-flywheel-adapter"] != first:
+        assert time.monotonic() < deadline, "the rollback took over a second"
+    for url in fleet.urls:
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert bad not in {m["id"] for m in models}
+    assert fleet.drift() == []
+
+
+def test_a_replica_restarted_under_traffic_gets_its_adapters_back(fleet: Fleet) -> None:
+    table = RouteStore(fleet.store.engine).table(LINE)
+    champion = table.champion
+    assert champion is not None, "runs after the deploy test"
+    stop = threading.Event()
+    failures: list[str] = []
+    served: list[float] = []
+
+    def traffic() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                answer = fleet.ask(f"load-{i}")
+            except httpx.HTTPError as exc:
+                failures.append(f"{time.monotonic():.1f} {exc!r}")
+                continue
+            if answer.status_code != 200:
+                failures.append(f"{time.monotonic():.1f} {answer.status_code} {answer.text[:120]}")
+            else:
+                served.append(time.monotonic())
+            stop.wait(0.25)  # steady traffic, not a flood that starves the restart
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    restarted = fleet.servers[1]
+    try:
+        restarted.stop()
+        killed_at = time.monotonic()
+        time.sleep(3)
+        restarted.start()  # a fresh vLLM: no adapter loaded
+        back_at = time.monotonic()
+        time.sleep(5)
+    finally:
+        stop.set()
+        worker.join(120)
+    # While it was down the other replica answered; once it answers again nothing fails:
+    # the gateway passes its 404 to the other replica and reloads the adapter there.
+    assert [s for s in served if killed_at < s < back_at], "no answer while one replica was down"
+    assert failures == [], failures
+    models = httpx.get(f"{restarted.base_url}/v1/models", timeout=10).json()["data"]
+    assert champion in {m["id"] for m in models}
+    assert fleet.drift() == []
+    # The reconciler agrees: nothing left to load or unload.
+    summary = sync_adapters(fleet.settings, fleet.store, fleet.urls)
+    assert all(not r["loaded"] and not r["unloaded"] and not r["failed"] for r in summary.values())
+
+
+def test_the_drain_reads_vllms_own_metrics(fleet: Fleet) -> None:
+    champion = RouteStore(fleet.store.engine).table(LINE).champion
+    assert champion is not None
+    url = fleet.urls[0]
+    seen: set[str] = set()
+
+    def long_answer() -> None:
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "model": champion,
+                "messages": [{"role": "user", "content": "Tell me a long story."}],
+                "max_tokens": 200,
+                "min_tokens": 200,
+            },
+            timeout=120,
+        )
+
+    worker = threading.Thread(target=long_answer)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while worker.is_alive() and time.monotonic() < deadline and champion not in seen:
+        seen = busy_adapters(httpx.get(f"{url}/metrics", timeout=10).text)
+        time.sleep(0.1)
+    worker.join()
+    assert champion in seen
+    time.sleep(1)
+    assert champion not in busy_adapters(httpx.get(f"{url}/metrics", timeout=10).text)
