@@ -4,6 +4,7 @@ must show no drift after every step."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -100,6 +101,9 @@ def fleet(
             VllmServerSettings(model=base_model_dir, port=free_port(), start_timeout_s=600),
             python=vllm_python,
             log_path=work / f"vllm-{i}.log",
+            # vLLM pins each server's threads to the same core by default; on 2 cores a
+            # restarting replica then waits behind the serving one's spinning threads.
+            env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
         )
         for i in range(2)
     ]
