@@ -25,7 +25,7 @@ Each line goes through the same nights:
 
 The online reactions are injected rows (thumbs-down counts per arm; this bench
 is about the lifecycle, not about learning: ``flywheel loop`` is). The gate is
-loosened and training is two steps for the same reason. After every night it
+loosened and training is four steps for the same reason. After every night it
 checks, per line: no window left pending, no MLflow run left RUNNING, routing
 vs aliases vs loaded adapters (``flywheel lifecycle check``) with no drift; it
 prints one row per night and line, and exits 1 if any check failed.
@@ -53,13 +53,16 @@ SERVER_RANK = 8
 
 
 def _recipes(folder: Path, lines: list[str], rank: int) -> None:
-    """The demo recipes, trained for two steps, gated loosely, rollout in seconds."""
+    """The demo recipes, trained for four steps, gated loosely, rollout in seconds."""
     folder.mkdir(parents=True, exist_ok=True)
     for line in lines:
         recipe = yaml.safe_load((REPO / "training/recipes/demo" / f"{line}.yaml").read_text())
         recipe.update(
             lora={"rank": rank, "alpha": 2 * rank, "dropout": 0.0},
-            max_steps=2,
+            # A high rate so four steps change the greedy answers (the probe refuses an
+            # adapter that answers like the base model).
+            learning_rate=1e-2,
+            max_steps=4,
             eval_generations=2,
             min_new_examples=5,
             gate={
@@ -115,18 +118,26 @@ def _reactions(
 
 
 def _traffic(store: Any, lines: list[str], requests: int, seed: int) -> None:
-    """Stored traffic of the last hour for the nightly to train on."""
+    """Stored traffic for the nightly to train on, inside its next window (after the last
+    watermark, before the nightly opens its window). The simulator's late feedback (minutes
+    to days after the answer) is brought forward to now: late feedback rightly brings an
+    answer back into a later window, which would make the empty night not empty."""
     from feedback.simulate import SimulationSettings, TrafficSimulator
 
-    start = datetime.now(UTC) - timedelta(hours=1)
+    now = datetime.now(UTC)
     simulation = SimulationSettings(
         requests=requests * len(lines),
         seed=seed,
-        start=start,
-        span=timedelta(minutes=50),
+        start=now - timedelta(seconds=1),
+        span=timedelta(seconds=1),
         business_lines=tuple(lines),
     )
-    store.ingest(TrafficSimulator(simulation).events(), source="fault-bench")
+    events = [
+        {**event, "created_at": min(datetime.fromisoformat(event["created_at"]), now).isoformat()}
+        for event in TrafficSimulator(simulation).events()
+    ]
+    store.ingest(events, source="fault-bench")
+    time.sleep(1.0)
 
 
 def _health(settings: Any, store: Any, lines: list[str], upstreams: list[str]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feedback.events import IDENTIFIER, FeedbackType, InvalidEventError, TaskOutcome, validate_event
-from feedback.schema import interactions_table
+from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
@@ -49,6 +49,7 @@ from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from registry.routes import RouteSnapshot, RouteStore
 
 logger = logging.getLogger(__name__)
+CLAIMED_KEYS = 100_000
 
 REQUEST_ID_HEADER = "x-request-id"
 ADAPTER_HEADER = "x-flywheel-adapter"
@@ -115,8 +116,10 @@ class FeedbackRequest(BaseModel):
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,
-        max_length=200,
-        description="Replays with the same key are stored once (one per type by default).",
+        # The store keeps 200 characters; the key is kept under its line's name.
+        max_length=128,
+        description="Replays with the same key are stored once (one per type by default); "
+        "keys are per business line.",
     )
 
 
@@ -190,24 +193,29 @@ def completion_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
 
 
 class SessionPins:
-    """Which adapter each live conversation is on, so it never switches midway."""
+    """Which adapter each live conversation is on, so it never switches midway.
+
+    A session id is chosen by the caller, so a pin is keyed by business line and session:
+    another line's key reusing the id cannot move this line's conversation.
+    """
 
     def __init__(self, ttl_s: float, capacity: int = 500_000) -> None:
         self.ttl_s = ttl_s
         self.capacity = capacity
         self._pins: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
 
-    def get(self, session: str, now: float) -> tuple[bool, str | None]:
-        """(found, adapter) for ``session``; expired pins are not found."""
-        entry = self._pins.get(session)
+    def get(self, line: str, session: str, now: float) -> tuple[bool, str | None]:
+        """(found, adapter) for ``session`` of ``line``; expired pins are not found."""
+        entry = self._pins.get(f"{line}\x1f{session}")
         if entry is None or entry[1] < now:
             return False, None
         return True, entry[0]
 
-    def set(self, session: str, adapter: str | None, now: float) -> None:
-        """Pin ``session`` to ``adapter`` for another ``ttl_s``."""
-        self._pins[session] = (adapter, now + self.ttl_s)
-        self._pins.move_to_end(session)
+    def set(self, line: str, session: str, adapter: str | None, now: float) -> None:
+        """Pin ``session`` of ``line`` to ``adapter`` for another ``ttl_s``."""
+        key = f"{line}\x1f{session}"
+        self._pins[key] = (adapter, now + self.ttl_s)
+        self._pins.move_to_end(key)
         if len(self._pins) > self.capacity:
             self._pins.popitem(last=False)
 
@@ -242,6 +250,8 @@ class GatewayState:
     routes_read_at: float = 0.0
     base_model: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Recently accepted caller idempotency keys (line-scoped) and what they were for.
+    claimed_keys: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
 
     @property
     def lines(self) -> frozenset[str]:
@@ -354,13 +364,13 @@ def _line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
     return line
 
 
-async def _pin_from_store(state: GatewayState, session: str) -> tuple[bool, str | None]:
-    """The adapter a conversation used last, from the store (another replica may have served
-    it); not found when the store cannot say."""
+async def _pin_from_store(state: GatewayState, line: str, session: str) -> tuple[bool, str | None]:
+    """The adapter a conversation of ``line`` used last, from the store (another replica may
+    have served it); not found when the store cannot say."""
     table = interactions_table
     query = (
         select(table.c.adapter_name)
-        .where(table.c.session_id == session)
+        .where(table.c.business_line == line, table.c.session_id == session)
         .order_by(table.c.created_at.desc())
         .limit(1)
     )
@@ -386,11 +396,12 @@ async def _route(
     if session is None:
         return choose_arm(table, key)
     now = time.monotonic()
-    pinned = state.pins.get(session, now)
+    line = table.business_line
+    pinned = state.pins.get(line, session, now)
     if not pinned[0] and any(m["role"] == "assistant" for m in messages):
-        pinned = await _pin_from_store(state, session)
+        pinned = await _pin_from_store(state, line, session)
     arm, adapter = pinned_route(table, key, pinned)
-    state.pins.set(session, adapter, now)
+    state.pins.set(line, session, adapter, now)
     return arm, adapter
 
 
@@ -557,7 +568,9 @@ def _finish(
         metrics.errors.labels(line, adapter, kind).inc()
 
 
-async def _owner_of(state: GatewayState, request_id: str) -> tuple[str, str | None, str | None]:
+async def _owner_of(
+    state: GatewayState, request_id: str, field_name: str = "request_id"
+) -> tuple[str, str | None, str | None]:
     """(business line, user, adapter) of a request, from memory or from the store."""
     recent = state.recorder.recent(request_id)
     if recent is not None:
@@ -576,7 +589,7 @@ async def _owner_of(state: GatewayState, request_id: str) -> tuple[str, str | No
     except STORE_DOWN_ERRORS:
         raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
     if row is None:
-        raise GatewayError(404, f"no request {request_id!r} is known", param="request_id")
+        raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
     return row.business_line, row.user_id, row.adapter_name
 
 
@@ -592,7 +605,14 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
     line, user, adapter = await _owner_of(state, feedback.request_id)
     if not key.may_use(line):
         raise GatewayError(403, "this key may not give feedback on that business line")
+    if feedback.replaced_by is not None:
+        replacement_line, _, _ = await _owner_of(state, feedback.replaced_by, "replaced_by")
+        if replacement_line != line:
+            raise GatewayError(
+                400, "replaced_by must be a request of the same business line", param="replaced_by"
+            )
     idempotency_key = feedback.idempotency_key or _default_key(feedback)
+    stored_key = await _claim_key(state, line, feedback, idempotency_key)
     event = {
         "type": feedback.type.value,
         "request_id": feedback.request_id,
@@ -600,7 +620,7 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
         "edited_text": feedback.edited_text,
         "outcome": feedback.outcome.value if feedback.outcome else None,
         "replaced_by": feedback.replaced_by,
-        "idempotency_key": idempotency_key,
+        "idempotency_key": stored_key,
         "created_at": datetime.now(UTC).isoformat(),
     }
     try:
@@ -617,6 +637,41 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
         request_id=feedback.request_id, type=feedback.type, idempotency_key=idempotency_key
     )
     return Response(accepted.model_dump_json().encode(), status_code=202, media_type=_JSON)
+
+
+async def _claim_key(state: GatewayState, line: str, feedback: FeedbackRequest, key: str) -> str:
+    """The stored idempotency key: a caller's own key lives in its line's namespace (another
+    tenant cannot pre-empt it), and reusing one for another request or signal is a 409, not a
+    202 whose event the store then drops."""
+    if feedback.idempotency_key is None:
+        return key  # gw:<request id>:...: the request id already names the line
+    stored = f"{line}:{key}"
+    claim = (feedback.request_id, feedback.type.value)
+    held = state.claimed_keys.get(stored)
+    if held is None:
+        table = feedback_table
+        query = select(table.c.request_id, table.c.type).where(table.c.idempotency_key == stored)
+
+        def lookup() -> Any:
+            with state.store.engine.connect() as connection:
+                return connection.execute(query).first()
+
+        try:
+            row = await asyncio.to_thread(lookup)
+        except STORE_DOWN_ERRORS:
+            row = None  # the store's unique key still keeps the first; say 202 as before
+        held = (row.request_id, row.type) if row is not None else None
+    if held is not None and held != claim:
+        raise GatewayError(
+            409,
+            f"idempotency_key {key!r} was already used for {held[1]} on request {held[0]}",
+            param="idempotency_key",
+        )
+    state.claimed_keys[stored] = claim
+    state.claimed_keys.move_to_end(stored)
+    if len(state.claimed_keys) > CLAIMED_KEYS:
+        state.claimed_keys.popitem(last=False)
+    return stored
 
 
 def _default_key(feedback: FeedbackRequest) -> str:

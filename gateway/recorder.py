@@ -139,6 +139,12 @@ def interaction_event(finished: FinishedRequest) -> dict[str, Any]:
     }
 
 
+def _prompt_key(interaction: dict[str, Any]) -> tuple[str, str, str]:
+    """A repeat is the same prompt in the same session of the same line (session ids are the
+    caller's: another line reusing one must not plant a regenerate here)."""
+    return (interaction["business_line"], interaction["session_id"], interaction["prompt_hash"])
+
+
 def regenerate_event(earlier_id: str, interaction: dict[str, Any]) -> dict[str, Any]:
     """The inferred regenerate of ``earlier_id``, replaced by ``interaction``."""
     return {
@@ -255,7 +261,7 @@ class InteractionRecorder:
             queue.SimpleQueue()
         )
         self._recent: OrderedDict[str, RecentRequest] = OrderedDict()
-        self._prompts: OrderedDict[tuple[str, str], tuple[str, datetime]] = OrderedDict()
+        self._prompts: OrderedDict[tuple[str, str, str], tuple[str, datetime]] = OrderedDict()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last_retry = 0.0
@@ -365,16 +371,14 @@ class InteractionRecorder:
         """Regenerate events for interactions that repeat an earlier prompt of their session."""
         found: list[dict[str, Any]] = []
         unseen = [
-            i
-            for i in interactions
-            if i["session_id"] and (i["session_id"], i["prompt_hash"]) not in self._prompts
+            i for i in interactions if i["session_id"] and _prompt_key(i) not in self._prompts
         ]
         stored = self._stored_prompts(unseen) if unseen else {}
         for interaction in interactions:
             session = interaction["session_id"]
             if not session:
                 continue
-            key = (session, interaction["prompt_hash"])
+            key = _prompt_key(interaction)
             created = datetime.fromisoformat(interaction["created_at"])
             earlier = self._prompts.get(key) or stored.get(key)
             if (
@@ -392,18 +396,24 @@ class InteractionRecorder:
 
     def _stored_prompts(
         self, interactions: list[dict[str, Any]]
-    ) -> dict[tuple[str, str], tuple[str, datetime]]:
-        """The latest stored request per (session, prompt) among ``interactions``' sessions
-        (another replica may have served the first ask)."""
+    ) -> dict[tuple[str, str, str], tuple[str, datetime]]:
+        """The latest stored request per (line, session, prompt) among ``interactions``'
+        sessions (another replica may have served the first ask)."""
         if not self.stats.store_up:
             return {}
         sessions = {i["session_id"] for i in interactions}
+        lines = {i["business_line"] for i in interactions}
         since = min(datetime.fromisoformat(i["created_at"]) for i in interactions)
         table = interactions_table
         query = select(
-            table.c.request_id, table.c.session_id, table.c.prompt_hash, table.c.created_at
+            table.c.request_id,
+            table.c.business_line,
+            table.c.session_id,
+            table.c.prompt_hash,
+            table.c.created_at,
         )
         query = query.where(
+            table.c.business_line.in_(lines),
             table.c.session_id.in_(sessions),
             table.c.created_at >= since - self.regenerate_window,
         ).order_by(table.c.created_at)
@@ -412,7 +422,10 @@ class InteractionRecorder:
                 rows = connection.execute(query).all()
         except STORE_DOWN_ERRORS:
             return {}
-        return {(r.session_id, r.prompt_hash): (r.request_id, r.created_at) for r in rows}
+        return {
+            (r.business_line, r.session_id, r.prompt_hash): (r.request_id, r.created_at)
+            for r in rows
+        }
 
     def _ingest(self, events: list[dict[str, Any]]) -> None:
         report = self.store.ingest(events, source=SOURCE)

@@ -290,6 +290,58 @@ def test_the_same_prompt_again_in_a_session_is_a_regenerate(gateway: Running) ->
     assert (event.type, event.request_id, event.replaced_by) == ("regenerate", first, second)
 
 
+def test_another_lines_key_reusing_a_session_id_touches_nothing_of_this_line(
+    gateway: Running,
+) -> None:
+    """Session ids are the caller's: scoped by line, another tenant reusing one can neither
+    plant a regenerate on this line's answer nor move its conversation to another model."""
+    table = _table(gateway)
+    user = next(f"u{i}" for i in range(1000) if choose_arm(table, f"u{i}")[0] == "champion")
+    headers = {"x-session-id": "shared-session"}
+    with gateway.client() as cs, gateway.client(LEGAL_KEY) as legal:
+        first = _chat(cs, user=user, headers=headers)
+        assert first.headers["x-flywheel-adapter"] == CHAMPION
+        # The same session id and prompt from the legal line: its own conversation.
+        other = _chat(legal, model="legal", user=user, headers=headers)
+        assert other.status_code == 200, other.text
+        assert other.headers["x-flywheel-arm"] == "base"
+        gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
+        time.sleep(0.3)
+        follow_up = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "and then?"},
+        ]
+        again = _chat(cs, user=user, headers=headers, messages=follow_up)
+        # Still on the champion it began on (the legal request did not re-pin it).
+        assert again.headers["x-flywheel-adapter"] == CHAMPION
+    assert [e.type for e in gateway.feedback()] == []
+
+
+def test_idempotency_keys_are_per_line_and_a_reused_key_is_refused(gateway: Running) -> None:
+    with gateway.client() as cs, gateway.client(LEGAL_KEY) as legal:
+        mine = _chat(cs, user="u1").headers["x-request-id"]
+        theirs = _chat(legal, model="legal", user="u1").headers["x-request-id"]
+        # The legal tenant uses the key the customer-service tenant will use: no effect on it.
+        planted = {"request_id": theirs, "type": "thumbs_up", "idempotency_key": "k-1"}
+        assert legal.post("/v1/feedback", json=planted).status_code == 202
+        thumbs = {"request_id": mine, "type": "thumbs_down", "idempotency_key": "k-1"}
+        assert cs.post("/v1/feedback", json=thumbs).status_code == 202
+        assert cs.post("/v1/feedback", json=thumbs).status_code == 202  # a replay
+        gateway.flush()
+        # The same key for another signal is refused, not accepted and then dropped.
+        reused = cs.post("/v1/feedback", json={**thumbs, "type": "abandon"})
+        assert reused.status_code == 409
+        assert "k-1" in reused.json()["error"]["message"]
+        # A regenerate may only be replaced by a request of its own line.
+        crossed = {"request_id": mine, "type": "regenerate", "replaced_by": theirs}
+        refused = cs.post("/v1/feedback", json=crossed)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "replaced_by"
+    stored = sorted((e.request_id, e.type) for e in gateway.feedback())
+    assert stored == sorted([(theirs, "thumbs_up"), (mine, "thumbs_down")])
+
+
 def test_feedback_is_stored_once_and_bad_feedback_is_refused(gateway: Running) -> None:
     with gateway.client() as client:
         request_id = _chat(client, user="u7").headers["x-request-id"]
