@@ -364,7 +364,7 @@ def watch_champion(
     actor: str = ACTOR,
 ) -> CanaryOutcome:
     """While the recipe's ``watch_s`` runs after a promotion: the champion since then against
-    ``previous`` over as long a stretch before it, on the canary's test; shown worse → revert
+    ``previous`` over the ``watch_s`` before it, on the canary's test; shown worse → revert
     (routing and alias together, ``previous`` reloaded, the reason in MLflow)."""
     until = now or datetime.now(UTC)
     parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
@@ -375,7 +375,9 @@ def watch_champion(
     assert state.champion_since is not None
     assert table.champion is not None
     since = state.champion_since
-    before = since - max(until - since, timedelta(seconds=1))
+    # previous as champion over the watch period before the promotion (at least as long as
+    # the champion has served since): its settled numbers, not a few minutes of them.
+    before = since - max(until - since, timedelta(seconds=parts.recipe.rollout.watch_s))
     then = adapter_windows(store.engine, line, [table.previous], before, since)
     lately = adapter_windows(store.engine, line, [table.champion], since, until)
     # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
