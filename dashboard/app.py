@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("flywheel.dashboard")
 JSON = "application/json"
 LINES_TTL_S = 5.0
+# A login form is a key and a path: anything larger is refused before it is read.
+LOGIN_BODY_LIMIT = 16_384
 
 
 def _templates() -> Environment:
@@ -165,6 +167,22 @@ def build_pages(
             client_factory=mlflow_client_factory,
         ),
     )
+
+
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it is over ``limit`` bytes: read no further (an
+    unauthenticated client must not make the server hold a large body)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def create_app(
@@ -346,7 +364,16 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
 
     @app.post("/login")
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        body = await _small_body(request, LOGIN_BODY_LIMIT)
+        if body is None:
+            return render(
+                "login.html",
+                status=413,
+                message=f"the login form is over {LOGIN_BODY_LIMIT} bytes",
+                next="/",
+                lines=[],
+            )
+        form = parse_qs(body.decode("utf-8", "replace"))
         token = (form.get("key") or [""])[0].strip()
         target = (form.get("next") or ["/"])[0]
         if not target.startswith("/") or target.startswith("//"):

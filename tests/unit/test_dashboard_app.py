@@ -79,6 +79,24 @@ def test_a_key_sees_only_its_lines(home: PageHome) -> None:
         assert home_page.headers["location"] == "/lines/customer_service"
 
 
+def test_a_huge_login_body_is_refused_unread(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE) as browser:
+        declared = browser.post("/login", content=b"key=" + b"x" * 5_000_000)
+        assert declared.status_code == 413
+
+        def chunks():  # no content-length: the limit holds while reading
+            for _ in range(100):
+                yield b"x" * 1_000
+
+        streamed = browser.post(
+            "/login",
+            content=chunks(),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert streamed.status_code == 413
+        assert "over 16384 bytes" in streamed.text
+
+
 def test_login_form_sets_a_cookie_that_opens_the_lines(home: PageHome) -> None:
     with TestClient(home.app(), client=REMOTE) as browser:
         bad = browser.post("/login", data={"key": "fw-wrong", "next": "/lines/legal"})
