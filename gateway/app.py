@@ -116,10 +116,10 @@ class FeedbackRequest(BaseModel):
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,
-        # The store keeps 200 characters; the key is kept under its line's name.
-        max_length=128,
+        # The store keeps 200 characters; the key is kept under its line's and API key's name.
+        max_length=120,
         description="Replays with the same key are stored once (one per type by default); "
-        "keys are per business line.",
+        "keys are per business line and API key.",
     )
 
 
@@ -612,7 +612,7 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
                 400, "replaced_by must be a request of the same business line", param="replaced_by"
             )
     idempotency_key = feedback.idempotency_key or _default_key(feedback)
-    stored_key = await _claim_key(state, line, feedback, idempotency_key)
+    stored_key = _stored_key(line, key, feedback, idempotency_key)
     event = {
         "type": feedback.type.value,
         "request_id": feedback.request_id,
@@ -631,6 +631,8 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
         )
     except InvalidEventError as exc:
         raise GatewayError(400, exc.reason, param=exc.field) from None
+    if feedback.idempotency_key is not None:
+        await _claim_key(state, stored_key, feedback)
     state.recorder.record_feedback(event)
     state.metrics.feedback.labels(line, adapter or NO_ADAPTER, feedback.type.value).inc()
     accepted = FeedbackAccepted(
@@ -639,13 +641,18 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
     return Response(accepted.model_dump_json().encode(), status_code=202, media_type=_JSON)
 
 
-async def _claim_key(state: GatewayState, line: str, feedback: FeedbackRequest, key: str) -> str:
-    """The stored idempotency key: a caller's own key lives in its line's namespace (another
-    tenant cannot pre-empt it), and reusing one for another request or signal is a 409, not a
-    202 whose event the store then drops."""
+def _stored_key(line: str, key: ApiKey, feedback: FeedbackRequest, idempotency_key: str) -> str:
+    """The idempotency key as stored: a caller's own key lives in the namespace of its line
+    and API key (another tenant cannot pre-empt it); the default one names the request."""
     if feedback.idempotency_key is None:
-        return key  # gw:<request id>:...: the request id already names the line
-    stored = f"{line}:{key}"
+        return idempotency_key  # gw:<request id>:...: the request id already names the line
+    holder = hashlib.sha256(key.name.encode()).hexdigest()[:8]
+    return f"{line}:{holder}:{idempotency_key}"
+
+
+async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest) -> None:
+    """Refuse (409) a caller's key reused for another request or signal: otherwise it would
+    be a 202 whose event the store then drops as a duplicate."""
     claim = (feedback.request_id, feedback.type.value)
     held = state.claimed_keys.get(stored)
     if held is None:
@@ -662,16 +669,16 @@ async def _claim_key(state: GatewayState, line: str, feedback: FeedbackRequest, 
             row = None  # the store's unique key still keeps the first; say 202 as before
         held = (row.request_id, row.type) if row is not None else None
     if held is not None and held != claim:
+        given = feedback.idempotency_key
         raise GatewayError(
             409,
-            f"idempotency_key {key!r} was already used for {held[1]} on request {held[0]}",
+            f"idempotency_key {given!r} was already used for {held[1]} on request {held[0]}",
             param="idempotency_key",
         )
     state.claimed_keys[stored] = claim
     state.claimed_keys.move_to_end(stored)
     if len(state.claimed_keys) > CLAIMED_KEYS:
         state.claimed_keys.popitem(last=False)
-    return stored
 
 
 def _default_key(feedback: FeedbackRequest) -> str:
