@@ -84,36 +84,9 @@ def _reactions(
     store: Any, line: str, adapter: str | None, n: int, unhappy: int, at: datetime
 ) -> None:
     """``n`` answers of ``adapter`` from ``at`` on, the first ``unhappy`` thumbed down."""
-    events: list[dict[str, Any]] = []
-    tag = f"{adapter or 'base'}-{at.timestamp():.3f}"
-    for i in range(n):
-        request_id = f"inj-{tag}-{i}"
-        created = (at + timedelta(milliseconds=10 * i)).isoformat()
-        events.append(
-            {
-                "type": "interaction",
-                "request_id": request_id,
-                "user_id": f"inj-u{i}",
-                "business_line": line,
-                "adapter_name": adapter,
-                "arm": "champion",
-                "base_model": "SmolLM2-135M-Instruct",
-                "messages": [{"role": "user", "content": f"injected question {i}"}],
-                "response": "injected answer",
-                "latency_ms": 100.0,
-                "status": "ok",
-                "created_at": created,
-            }
-        )
-        if i < unhappy:
-            events.append(
-                {
-                    "type": "thumbs_down",
-                    "request_id": request_id,
-                    "idempotency_key": f"td-{request_id}",
-                    "created_at": created,
-                }
-            )
+    from tests.reactions import arm_events
+
+    events = arm_events(line, adapter, n, unhappy, at, spacing=timedelta(milliseconds=10))
     store.ingest(events, source="fault-bench")
 
 

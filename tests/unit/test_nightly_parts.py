@@ -12,6 +12,7 @@ from feedback.watermarks import WatermarkStore
 from flows.rollout import canary_decisions, judge_canary
 from flywheel.settings import Settings
 from registry.routes import RouteStore
+from tests.reactions import arm_events
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 
@@ -56,35 +57,7 @@ def test_one_run_per_line_holds_the_lease_and_a_dead_run_s_lease_expires(
 
 
 def _traffic(adapter: str, n: int, thumbs_down: int, start: datetime) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    for index in range(n):
-        request_id = f"{adapter}-{index}"
-        created = (start + timedelta(seconds=index)).isoformat()
-        events.append(
-            {
-                "type": "interaction",
-                "request_id": request_id,
-                "user_id": f"u{index}",
-                "business_line": "customer_service",
-                "adapter_name": adapter,
-                "base_model": "b",
-                "messages": [{"role": "user", "content": f"q{index}"}],
-                "response": "a",
-                "latency_ms": 100.0,
-                "status": "ok",
-                "created_at": created,
-            }
-        )
-        if index < thumbs_down:
-            events.append(
-                {
-                    "type": "thumbs_down",
-                    "request_id": request_id,
-                    "idempotency_key": f"td-{request_id}",
-                    "created_at": created,
-                }
-            )
-    return events
+    return arm_events("customer_service", adapter, n, thumbs_down, start)
 
 
 def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: Settings) -> None:

@@ -35,6 +35,7 @@ from registry.names import model_name
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import free_port
+from tests.reactions import arm_events
 from tests.registered import fake_adapter, register_version
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
 from training.recipes import packaged_recipes_dir
@@ -192,38 +193,7 @@ def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World
 
 
 def _traffic(world: World, adapter: str, requests: int, unhappy: int, when: datetime) -> None:
-    """``requests`` logged answers of ``adapter`` from ``when`` on, the first ``unhappy``
-    thumbed down."""
-    events: list[dict[str, Any]] = []
-    for i in range(requests):
-        request_id = f"{adapter}-{when.timestamp():.0f}-{i}"
-        created = (when + timedelta(seconds=i)).isoformat()
-        events.append(
-            {
-                "type": "interaction",
-                "request_id": request_id,
-                "user_id": f"u{i}",
-                "business_line": LINE,
-                "adapter_name": adapter,
-                "arm": "champion",
-                "base_model": BASE_MODEL,
-                "messages": [{"role": "user", "content": f"Can I break my lease? {i}"}],
-                "response": "Two steps, and see a lawyer.",
-                "latency_ms": 100.0,
-                "status": "ok",
-                "created_at": created,
-            }
-        )
-        if i < unhappy:
-            events.append(
-                {
-                    "type": "thumbs_down",
-                    "request_id": request_id,
-                    "idempotency_key": f"td-{request_id}",
-                    "created_at": created,
-                }
-            )
-    report = world.store.ingest(events, source="test")
+    report = world.store.ingest(arm_events(LINE, adapter, requests, unhappy, when), source="t")
     assert report.quarantined == 0, report
 
 
