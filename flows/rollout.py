@@ -151,15 +151,16 @@ class Rollout:
                     assert version is not None
                     self.registry.set_alias(self.line, alias, version)
                 case Unload(adapter, replicas):
-                    self._unload(adapter, replicas or tuple(self.upstreams))
+                    self.unload(adapter, replicas or tuple(self.upstreams))
 
-    def _path(self, adapter: str) -> Any:
+    def adapter_path(self, adapter: str) -> Any:
+        """The folder vLLM loads ``adapter`` from."""
         return self.registry.adapter_path(self.line, version_of(adapter))
 
     def _load(self, adapter: str, replicas: Sequence[str]) -> None:
         from registry.vllm_admin import VllmAdminClient
 
-        path = self._path(adapter)
+        path = self.adapter_path(adapter)
         for url in replicas:
             with VllmAdminClient(url) as client:
                 client.ensure_loaded(adapter, path)
@@ -175,7 +176,7 @@ class Rollout:
 
         self.routes.change(self.line, edit, action=action, actor=self.actor, reason=reason)
 
-    def _unload(self, adapter: str, replicas: Sequence[str]) -> None:
+    def unload(self, adapter: str, replicas: Sequence[str]) -> None:
         """Drain, then unload; a replica that fails keeps it until the next reconcile."""
         from registry.vllm_admin import (
             AdapterNotLoadedError,
@@ -234,7 +235,7 @@ def deploy_canary(
     ready = parts.advance(state, CandidateReady(adapter))
     if ready.action != "load":
         return DeployOutcome(line, adapter, ready.action, ready.reason)
-    path = parts._path(adapter)
+    path = parts.adapter_path(adapter)
     passed: list[str] = []
     failed: dict[str, str] = {}
     for upstream in upstreams:
@@ -244,7 +245,7 @@ def deploy_canary(
                 probe = client.probe_adapter(adapter)
         except VllmUnavailableError:
             # Not the adapter's fault: leave nothing behind and let the caller retry.
-            parts._unload(adapter, passed)
+            parts.unload(adapter, passed)
             raise
         except VllmAdminError as exc:
             failed[upstream] = str(exc)

@@ -94,19 +94,24 @@ def test_train_line_registers_once_with_lineage(
     store.close()
 
 
-def test_too_little_data_is_skipped_with_the_reason(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _settings_with(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings on a fresh home (embedded store and MLflow) with this customer-service recipe."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    (recipes / "customer_service.yaml").write_text(
-        RECIPE.replace("min_new_examples: 5", "min_new_examples: 100000")
-    )
+    (recipes / "customer_service.yaml").write_text(recipe)
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
     monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
     monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
-    settings = load_settings()
+    return load_settings()
+
+
+def test_too_little_data_is_skipped_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_with(
+        RECIPE.replace("min_new_examples: 5", "min_new_examples: 100000"), tmp_path, monkeypatch
+    )
     assert train_line(settings, "customer_service").reason == (
         "no dataset yet: run flywheel datasets build"
     )
@@ -127,17 +132,10 @@ def test_a_rank_the_server_cannot_load_fails_before_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On main this trained for minutes, then every deploy failed and the line wedged."""
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    (recipes / "customer_service.yaml").write_text(
-        RECIPE.replace("rank: 8, alpha: 16", "rank: 32, alpha: 64")
-    )
-    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(recipes))
     monkeypatch.setenv("FLYWHEEL_VLLM_MAX_LORA_RANK", "16")
-    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
-    monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
-    settings = load_settings()
+    settings = _settings_with(
+        RECIPE.replace("rank: 8, alpha: 16", "rank: 32, alpha: 64"), tmp_path, monkeypatch
+    )
     _simulated_dataset(settings, requests=200, seed=5).close()
 
     with pytest.raises(FlywheelError, match="LoRA rank 32 is above the serving vLLM's"):
