@@ -248,6 +248,9 @@ class GatewayState:
     keys_stamp: float | None = None
     snapshot: RouteSnapshot = field(default_factory=lambda: RouteSnapshot({}, {}))
     routes_read_at: float = 0.0
+    # When the read behind ``snapshot`` started: only a snapshot read after a replica was
+    # listed may say which adapters that replica should have loaded.
+    routes_started_at: float = 0.0
     base_model: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Recently accepted caller idempotency keys (line-scoped) and what they were for.
@@ -282,6 +285,7 @@ async def _refresh_routes(state: GatewayState) -> None:
     failing = False
     while True:
         _reload_keys(state)
+        started = time.monotonic()
         try:
             snapshot = await asyncio.to_thread(state.routes.snapshot)
         except STORE_DOWN_ERRORS as exc:
@@ -292,9 +296,30 @@ async def _refresh_routes(state: GatewayState) -> None:
             failing = False
             state.snapshot = snapshot
             state.routes_read_at = time.monotonic()
+            state.routes_started_at = started
             for line, revision in snapshot.revisions.items():
                 state.metrics.routes_revision.labels(line).set(revision)
         await asyncio.sleep(state.gateway.routes_refresh_s)
+
+
+async def _watch_replicas(state: GatewayState) -> None:
+    """Every ``replica_watch_s``: a replica that lacks an adapter the routing tables name
+    (it restarted, or a load failed there) gets it back from another replica's folder, so
+    a restarted vLLM serves its canary and champion again without waiting for traffic or
+    the canary flow's reconcile."""
+    while True:
+        await asyncio.sleep(state.gateway.replica_watch_s)
+        listed_at = time.monotonic()
+        listings = await state.upstreams.listings()
+        # Judge the listing against routes read after it: an adapter the rollout routed
+        # away and then unloaded is never loaded back from a stale table.
+        while state.routes_started_at <= listed_at:
+            await asyncio.sleep(state.gateway.routes_refresh_s)
+        routed = frozenset().union(*(t.adapters for t in state.snapshot.tables.values()))
+        try:
+            await state.upstreams.reconcile(routed, listings)
+        except Exception:  # the watch must outlive one bad round
+            logger.exception("gateway: replica watch round failed")
 
 
 async def _discover_base_model(state: GatewayState) -> str:
@@ -803,6 +828,8 @@ def create_app(
         except STORE_DOWN_ERRORS as exc:
             logger.warning("gateway: no routes at start (%s): serving base models", exc)
         state.tasks.append(asyncio.create_task(_refresh_routes(state)))
+        if state.gateway.replica_watch_s > 0:
+            state.tasks.append(asyncio.create_task(_watch_replicas(state)))
         with contextlib.suppress(GatewayError):
             await _discover_base_model(state)
         try:
@@ -901,6 +928,8 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
             "status": "ok",
             "store_up": state.recorder.stats.store_up,
             "routes_age_s": age,
+            # Per line, the routing revision this replica serves (compare with the store's).
+            "routes_revisions": state.snapshot.revisions,
             "base_model": state.base_model,
         }
         return Response(orjson.dumps(body), media_type=_JSON)

@@ -36,6 +36,13 @@ class GatewaySettings(BaseSettings):
     routes_refresh_s: float = Field(
         default=0.25, gt=0, le=5, description="How often the routing tables are re-read."
     )
+    replica_watch_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="How often every replica's loaded adapters are checked against the "
+        "routing tables and missing ones loaded back (0: only on a 404).",
+    )
     regenerate_window_s: float = Field(
         default=600.0, gt=0, description="A repeat of a prompt within this time is a regenerate."
     )

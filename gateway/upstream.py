@@ -188,20 +188,57 @@ class Upstreams:
         return healed
 
     async def _adapter_root(self, source: Replica, adapter: str) -> str | None:
-        assert self._session is not None
+        listing = await self.served(source)
+        return None if listing is None else listing.get(adapter)
+
+    async def served(self, replica: Replica) -> dict[str, str] | None:
+        """The adapters ``replica`` serves, by name, with the folder each was loaded from;
+        None when it does not answer."""
+        if self._session is None:
+            return None
         try:
             async with self._session.get(
-                source.base_url + "/v1/models",
+                replica.base_url + "/v1/models",
                 headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=5),
             ) as response:
+                response.raise_for_status()
                 listing = await response.json()
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
+        served = {}
         for model in listing.get("data", []) if isinstance(listing, dict) else []:
-            if isinstance(model, dict) and model.get("id") == adapter and model.get("root"):
-                return str(model["root"])
-        return None
+            # An adapter has a parent (the base model) and the folder it came from as root.
+            if isinstance(model, dict) and model.get("parent") and model.get("id"):
+                served[str(model["id"])] = str(model.get("root") or "")
+        return served
+
+    async def listings(self) -> dict[str, dict[str, str] | None]:
+        """What every replica serves (see :meth:`served`), read concurrently."""
+        found = await asyncio.gather(*(self.served(r) for r in self.replicas))
+        return {r.base_url: listing for r, listing in zip(self.replicas, found, strict=True)}
+
+    async def reconcile(
+        self, routed: frozenset[str], listings: Mapping[str, dict[str, str] | None]
+    ) -> list[tuple[str, str]]:
+        """Load every ``routed`` adapter a replica lacks (per ``listings``, read by the caller
+        before it read the routing tables) from the folder another replica serves it from;
+        returns (adapter, replica) for each load. Unrouted adapters are left to the rollout,
+        which drains before it unloads."""
+        by_url = {r.base_url: r for r in self.replicas}
+        loaded: list[tuple[str, str]] = []
+        for adapter in sorted(routed):
+            sources = [url for url, listing in listings.items() if listing and adapter in listing]
+            lacking = [
+                by_url[url]
+                for url, listing in listings.items()
+                if listing is not None and adapter not in listing and url in by_url
+            ]
+            if not sources or not lacking:
+                continue
+            for url in await self.heal(adapter, lacking, by_url[sources[0]]):
+                loaded.append((adapter, url))
+        return loaded
 
 
 def spawn(coroutine: object, tasks: list[asyncio.Task[None]]) -> None:

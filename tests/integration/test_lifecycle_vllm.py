@@ -65,6 +65,18 @@ class Fleet:
     def drift(self) -> list[str]:
         return lifecycle_check(self.settings, self.store, self.urls)["problems"]
 
+    def settled(self, timeout_s: float = 10.0) -> None:
+        """Wait until the gateway serves the line's newest routing revision (it re-reads the
+        tables every ``routes_refresh_s``; a request sent sooner may see the old table)."""
+        stored = RouteStore(self.store.engine).snapshot().revisions.get(LINE)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            health = httpx.get(f"{self.gateway}/healthz", timeout=10).json()
+            if health["routes_revisions"].get(LINE) == stored:
+                return
+            assert time.monotonic() < deadline, f"gateway still at {health}, store at {stored}"
+            time.sleep(0.02)
+
     def ask(self, user: str) -> httpx.Response:
         return httpx.post(
             f"{self.gateway}/v1/chat/completions",
@@ -113,7 +125,10 @@ def fleet(
         fleet = Fleet(settings, store, registry, servers, lora_adapter, work)
         keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
         config = GatewaySettings(
-            upstreams=tuple(fleet.urls), routes_refresh_s=0.05, log_flush_s=0.05
+            upstreams=tuple(fleet.urls),
+            routes_refresh_s=0.05,
+            log_flush_s=0.05,
+            replica_watch_s=1.0,
         )
         app = create_app(settings, config, store=store, keys=keys)
         with serving(app, free_port()) as url:
@@ -147,12 +162,15 @@ def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
             break
     assert promoted.action == "promote"
     assert fleet.drift() == []
+    fleet.settled()
     answer = fleet.ask("anyone")
     assert answer.status_code == 200
     assert answer.headers["x-flywheel-adapter"] == first
 
     bad = fleet.register()
-    deploy_canary(fleet.settings, fleet.store, LINE, int(bad.split("-v")[1]), fleet.urls)
+    second = deploy_canary(fleet.settings, fleet.store, LINE, int(bad.split("-v")[1]), fleet.urls)
+    assert second.status == "canary", second.reason
+    fleet.settled()
     table = routes.table(LINE)
     canary_user = _user_on(table, "canary")
     assert fleet.ask(canary_user).headers["x-flywheel-adapter"] == bad
@@ -160,7 +178,8 @@ def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
     rolled = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.ROLLBACK,
                           reason="rehearsal", upstreams=fleet.urls)  # fmt: skip
     assert rolled.action == "rollback"
-    # The canary's users are back on the champion within a second, on every replica.
+    # The canary's users are back on the champion within a second, on every replica (the
+    # gateway re-reads the tables every 0.05 s here).
     deadline = started + 1.0
     while fleet.ask(canary_user).headers["x-flywheel-adapter"] != first:
         assert time.monotonic() < deadline, "the rollback took over a second"
@@ -171,9 +190,17 @@ def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
 
 
 def test_a_replica_restarted_under_traffic_gets_its_adapters_back(fleet: Fleet) -> None:
-    table = RouteStore(fleet.store.engine).table(LINE)
-    champion = table.champion
+    routes = RouteStore(fleet.store.engine)
+    champion = routes.table(LINE).champion
     assert champion is not None, "runs after the deploy test"
+    # A canary too: almost no traffic reaches it, so only the gateway's replica watch can
+    # bring it back on the restarted replica.
+    canary = fleet.register()
+    deployed = deploy_canary(
+        fleet.settings, fleet.store, LINE, int(canary.split("-v")[1]), fleet.urls
+    )
+    assert deployed.status == "canary", deployed.reason
+    fleet.settled()
     stop = threading.Event()
     failures: list[str] = []
     served: list[float] = []
@@ -207,15 +234,23 @@ def test_a_replica_restarted_under_traffic_gets_its_adapters_back(fleet: Fleet) 
         stop.set()
         worker.join(120)
     # While it was down the other replica answered; once it answers again nothing fails:
-    # the gateway passes its 404 to the other replica and reloads the adapter there.
+    # the gateway passes a 404 to the other replica and reloads the adapter there, and its
+    # replica watch (every second here) loads whatever else the tables route.
     assert [s for s in served if killed_at < s < back_at], "no answer while one replica was down"
     assert failures == [], failures
+    deadline = time.monotonic() + 30
+    while (drift := fleet.drift()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert drift == []
     models = httpx.get(f"{restarted.base_url}/v1/models", timeout=10).json()["data"]
-    assert champion in {m["id"] for m in models}
-    assert fleet.drift() == []
+    assert {champion, canary} <= {m["id"] for m in models}
     # The reconciler agrees: nothing left to load or unload.
     summary = sync_adapters(fleet.settings, fleet.store, fleet.urls)
     assert all(not r["loaded"] and not r["unloaded"] and not r["failed"] for r in summary.values())
+    rolled = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.ROLLBACK,
+                          reason="done", upstreams=fleet.urls)  # fmt: skip
+    assert rolled.action == "rollback"
+    assert fleet.drift() == []
 
 
 def test_the_drain_reads_vllms_own_metrics(fleet: Fleet) -> None:

@@ -229,7 +229,9 @@ def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
     world.replicas[0].behaviour.adapters.clear()
     assert any("not loaded" in p for p in world.check())
     keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
-    config = GatewaySettings(upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02)
+    config = GatewaySettings(
+        upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02, replica_watch_s=0
+    )
     app = create_app(world.settings, config, store=world.store, keys=keys)
     with serving(app, free_port()) as url:
         for i in range(4):  # round robin: at least one lands on the restarted replica first
@@ -255,4 +257,31 @@ def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
     world.replicas[1].behaviour.adapters.clear()
     summary = sync_adapters(world.settings, world.store, world.urls)
     assert summary[world.urls[1]]["loaded"] == [adapter]
+    assert world.check() == []
+
+
+def test_the_gateways_replica_watch_reloads_routed_adapters_without_traffic(world: World) -> None:
+    champion, gone, canary = (world.register() for _ in range(3))
+    deploy_canary(world.settings, world.store, LINE, champion, world.urls)
+    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                 upstreams=world.urls)  # fmt: skip
+    deploy_canary(world.settings, world.store, LINE, gone, world.urls)
+    judge_canary(world.settings, world.store, LINE, force=CanaryAction.ROLLBACK,
+                 upstreams=world.urls)  # fmt: skip
+    deploy_canary(world.settings, world.store, LINE, canary, world.urls)
+    routed = world.table().adapters
+    assert routed == {f"{LINE}-v{champion}", f"{LINE}-v{canary}"}
+    world.replicas[0].behaviour.adapters.clear()  # a restart: nothing loaded
+    keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
+    config = GatewaySettings(
+        upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02, replica_watch_s=0.1
+    )
+    app = create_app(world.settings, config, store=world.store, keys=keys)
+    with serving(app, free_port()):
+        deadline = time.monotonic() + 10
+        while world.loaded()[0] != world.loaded()[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few more rounds: nothing else is loaded
+    # Everything routed is back; what the rollout unloaded stays unloaded.
+    assert world.loaded()[0] == world.loaded()[1] == set(routed)
     assert world.check() == []
