@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.install import DEFAULT_TORCH_INDEX
@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str | None = Field(
         default=None,
         description="MLflow tracking server; a local SQLite store in FLYWHEEL_HOME when unset.",
+    )
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="Redis for state every gateway replica and worker shares (rate limits); "
+        "each process keeps its own when unset (redis://127.0.0.1:6379/0).",
     )
     cleaning_workers: int = Field(
         default=1,

@@ -41,8 +41,14 @@ from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from gateway.keys import ApiKey, KeyRing, bearer_token
+from gateway.limits import Limiter, Limits, Quota, Verdict, build_limiter, quotas_for
 from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
-from gateway.recorder import STORE_DOWN_ERRORS, FinishedRequest, InteractionRecorder
+from gateway.recorder import (
+    STORE_DOWN_ERRORS,
+    FinishedRequest,
+    InteractionRecorder,
+    used_tokens,
+)
 from gateway.routing import RoutingTable, arm_of, choose_arm, parse_adapter_name
 from gateway.settings import GatewaySettings
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
@@ -74,6 +80,7 @@ class GatewayError(Exception):
         405: "invalid_request_error",
         413: "invalid_request_error",
         415: "invalid_request_error",
+        429: "rate_limit_error",
         502: "upstream_error",
         503: "service_unavailable",
     }
@@ -244,6 +251,7 @@ class GatewayState:
     metrics: GatewayMetrics
     upstreams: Upstreams
     pins: SessionPins
+    limiter: Limiter
     keys_file: Path | None = None
     keys_stamp: float | None = None
     snapshot: RouteSnapshot = field(default_factory=lambda: RouteSnapshot({}, {}))
@@ -438,6 +446,47 @@ class _Exchange:
     started: float
     adapter_label: str
     headers: dict[str, str]
+    admitted: _Admission | None = None
+
+
+@dataclass(slots=True)
+class _Admission:
+    """What a completion took from the rate limits: tokens are charged and the stream slot
+    given back when it finishes."""
+
+    tokens: list[Quota]
+    streams: list[Quota]
+    slot: str | None
+
+
+def _limit_scopes(state: GatewayState, key: ApiKey, line: str) -> list[tuple[str, Limits | None]]:
+    return [(f"key:{key.name}", key.limits), (f"line:{line}", state.keys.line_limits.get(line))]
+
+
+def _too_many(verdict: Verdict) -> Response:
+    assert verdict.refused is not None
+    wait = max(1, int(-(-verdict.retry_after_s // 1)))
+    error = GatewayError(429, f"rate limit reached: {verdict.refused.label}; retry in {wait} s")
+    return error.response(verdict.headers())
+
+
+async def _admit_completion(
+    state: GatewayState, key: ApiKey, line: str
+) -> tuple[_Admission | None, Verdict | None]:
+    """Count a completion against its key's and line's limits: (admission, None) when it may
+    go on, (None, refusal) when a limit is reached; (None, None) when nothing is limited."""
+    scopes = _limit_scopes(state, key, line)
+    requests = quotas_for("requests", scopes)
+    tokens = quotas_for("tokens", scopes)
+    streams = quotas_for("streams", scopes)
+    if not (requests or tokens or streams):
+        return None, None
+    costs = [1.0] * len(requests) + [0.0] * len(tokens)
+    verdict = await state.limiter.admit([*requests, *tokens], costs, streams)
+    state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+    if not verdict.allowed:
+        return None, verdict
+    return _Admission(tokens, streams, verdict.stream_slot), verdict
 
 
 async def _proxy(state: GatewayState, request: Request, *, completion_api: bool) -> Response:
@@ -447,6 +496,9 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     payload = await _json_body(state, request)
     line = _line_for(state, key, payload)
     messages = completion_messages(payload) if completion_api else chat_messages(payload)
+    admitted, verdict = await _admit_completion(state, key, line)
+    if verdict is not None and not verdict.allowed:
+        return _too_many(verdict)
     user = _identity(payload.get("user") or request.headers.get(USER_HEADER))
     session = _identity(request.headers.get(SESSION_HEADER))
     request_id = f"req-{uuid.uuid4().hex}"
@@ -472,8 +524,9 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
         ADAPTER_HEADER: adapter or base_model,
         ARM_HEADER: arm,
         LINE_HEADER: line,
+        **(verdict.headers() if verdict is not None else {}),
     }
-    exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers)
+    exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers, admitted)
     payload["model"] = adapter or base_model
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
     in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
@@ -591,6 +644,16 @@ def _finish(
         metrics.ttft.labels(line, adapter).observe(finished.ttft_ms / 1000)
     if kind is not None and status != "cancelled":
         metrics.errors.labels(line, adapter, kind).inc()
+    if exchange.admitted is not None:
+        spawn(_settle(state, exchange.admitted, finished), state.tasks)
+
+
+async def _settle(state: GatewayState, admitted: _Admission, finished: FinishedRequest) -> None:
+    """Charge the tokens a finished completion used and give back its stream slot."""
+    if admitted.slot is not None:
+        await state.limiter.release(admitted.streams, admitted.slot)
+    if admitted.tokens:
+        await state.limiter.charge(admitted.tokens, used_tokens(finished))
 
 
 async def _owner_of(
@@ -630,6 +693,12 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
     line, user, adapter = await _owner_of(state, feedback.request_id)
     if not key.may_use(line):
         raise GatewayError(403, "this key may not give feedback on that business line")
+    quotas = quotas_for("feedback", _limit_scopes(state, key, line))
+    if quotas:
+        verdict = await state.limiter.admit(quotas, [1.0] * len(quotas), [])
+        state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+        if not verdict.allowed:
+            return _too_many(verdict)
     if feedback.replaced_by is not None:
         replacement_line, _, _ = await _owner_of(state, feedback.replaced_by, "replaced_by")
         if replacement_line != line:
@@ -815,6 +884,12 @@ def create_app(
             read_timeout_s=gateway.read_timeout_s,
         ),
         pins=SessionPins(gateway.session_pin_ttl_s),
+        limiter=build_limiter(
+            settings.redis_url.get_secret_value() if settings.redis_url else None,
+            gateway.rate_window_s,
+            gateway.read_timeout_s,
+            gateway.rate_limit_namespace,
+        ),
         base_model=gateway.base_model_name,
     )
 
@@ -839,6 +914,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.upstreams.close()
+            await state.limiter.close()
             await asyncio.to_thread(state.recorder.close)
             if own_store:
                 feedback_store.close()

@@ -10,6 +10,11 @@ not reveal them; ``flywheel gateway add-key`` prints a new key once::
       - name: platform
         sha256: ...
         business_lines: ["*"]        # every line
+        limits: {requests_per_min: 600, tokens_per_min: 200000, concurrent_streams: 16}
+    lines:                             # limits of a whole line, over all its keys
+      customer_service: {requests_per_min: 3000, feedback_per_min: 6000}
+
+Limits are optional (unset: unlimited); see :mod:`gateway.limits`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flywheel.errors import UsageError
+from gateway.limits import Limits
 
 ALL_LINES = "*"
 KEY_PREFIX = "fw-"
@@ -42,6 +48,7 @@ class ApiKey(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     business_lines: tuple[str, ...] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
 
     def may_use(self, business_line: str) -> bool:
         """Whether this key may send traffic or feedback for ``business_line``."""
@@ -56,13 +63,15 @@ class _KeyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keys: list[ApiKey] = Field(default_factory=list)
+    lines: dict[str, Limits] = Field(default_factory=dict)
 
 
 class KeyRing:
-    """The keys a gateway accepts, looked up by digest."""
+    """The keys a gateway accepts, looked up by digest, and each line's limits."""
 
-    def __init__(self, keys: Iterable[ApiKey]) -> None:
+    def __init__(self, keys: Iterable[ApiKey], lines: dict[str, Limits] | None = None) -> None:
         self._by_digest = {key.sha256: key for key in keys}
+        self.line_limits: dict[str, Limits] = dict(lines or {})
 
     def __len__(self) -> int:
         return len(self._by_digest)
@@ -72,7 +81,8 @@ class KeyRing:
         """Read a key file; a missing file is an empty ring (every request gets 401)."""
         if not path.exists():
             return cls(())
-        return cls(_read(path).keys)
+        found = _read(path)
+        return cls(found.keys, found.lines)
 
     def authorize(self, token: str | None) -> ApiKey | None:
         """The key behind ``token`` (a bearer token), or None when it is unknown."""
@@ -114,6 +124,6 @@ def add_key(path: Path, name: str, business_lines: Iterable[str]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
     with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        yaml.safe_dump(current.model_dump(mode="json"), out, sort_keys=False)
+        yaml.safe_dump(current.model_dump(mode="json", exclude_defaults=True), out, sort_keys=False)
     partial.replace(path)
     return token

@@ -67,6 +67,12 @@ class GatewayMetrics:
             ["status"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            "flywheel_gateway_rate_limit_checks",
+            "Requests and feedback checked against rate limits, by line and outcome.",
+            ["business_line", "outcome"],
+            registry=self.registry,
+        )
         self.routes_revision = Gauge(
             "flywheel_gateway_routes_revision",
             "Revision of each business line's routing table this replica applies.",

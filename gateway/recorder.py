@@ -109,6 +109,18 @@ def answer_text(finished: FinishedRequest) -> tuple[str, dict[str, Any] | None]:
     return "".join(parts), usage
 
 
+def used_tokens(finished: FinishedRequest) -> int:
+    """Prompt + completion tokens of a finished request: vLLM's usage when it reported one,
+    else an estimate of four characters a token (a stream without usage, a failed answer)."""
+    text, usage = answer_text(finished)
+    if isinstance(usage, dict):
+        total = usage.get("total_tokens")
+        if isinstance(total, int) and total >= 0:
+            return total
+    prompt = sum(len(m.get("content") or "") for m in finished.messages)
+    return (prompt + len(text)) // 4 + 1
+
+
 def interaction_event(finished: FinishedRequest) -> dict[str, Any]:
     """The store's interaction record of a finished request."""
     text, usage = answer_text(finished)

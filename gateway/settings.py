@@ -43,6 +43,19 @@ class GatewaySettings(BaseSettings):
         description="How often every replica's loaded adapters are checked against the "
         "routing tables and missing ones loaded back (0: only on a 404).",
     )
+    rate_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3_600,
+        description="The sliding window the per-minute rate limits are counted over "
+        "(a minute; shorter only in tests).",
+    )
+    rate_limit_namespace: str = Field(
+        default="flywheel",
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Prefix of the rate-limit counters in Redis: deployments sharing one "
+        "Redis keep apart; every replica of one gateway uses the same.",
+    )
     regenerate_window_s: float = Field(
         default=600.0, gt=0, description="A repeat of a prompt within this time is a regenerate."
     )
