@@ -65,6 +65,7 @@ SESSION_HEADER = "x-session-id"
 USER_HEADER = "x-user-id"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _IDENTIFIER = re.compile(IDENTIFIER)
+_OWN_REQUEST_ID = re.compile(r"req-[0-9a-f]{32}")
 _JSON = "application/json"
 _DONE = b"data: [DONE]"
 
@@ -263,6 +264,8 @@ class GatewayState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Recently accepted caller idempotency keys (line-scoped) and what they were for.
     claimed_keys: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
+    # Signals (request, type, content) this replica accepted lately: each counts once.
+    given_signals: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     @property
     def lines(self) -> frozenset[str]:
@@ -659,7 +662,10 @@ async def _settle(state: GatewayState, admitted: _Admission, finished: FinishedR
 async def _owner_of(
     state: GatewayState, request_id: str, field_name: str = "request_id"
 ) -> tuple[str, str | None, str | None]:
-    """(business line, user, adapter) of a request, from memory or from the store."""
+    """(business line, user, adapter) of a request, from memory or from the store. A request
+    id of the gateway's own shape that is not in the store yet may have been answered by
+    another replica a moment ago (its writer flushes every ``log_flush_s``): it is looked up
+    again for up to ``feedback_lookup_wait_s`` before the 404."""
     recent = state.recorder.recent(request_id)
     if recent is not None:
         return recent.business_line, recent.user_id, recent.adapter_name
@@ -672,13 +678,18 @@ async def _owner_of(
         with state.store.engine.connect() as connection:
             return connection.execute(query).first()
 
-    try:
-        row = await asyncio.to_thread(lookup)
-    except STORE_DOWN_ERRORS:
-        raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
-    if row is None:
-        raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
-    return row.business_line, row.user_id, row.adapter_name
+    wait = state.gateway.feedback_lookup_wait_s if _OWN_REQUEST_ID.fullmatch(request_id) else 0
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            row = await asyncio.to_thread(lookup)
+        except STORE_DOWN_ERRORS:
+            raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
+        if row is not None:
+            return row.business_line, row.user_id, row.adapter_name
+        if time.monotonic() >= deadline:
+            raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
+        await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 async def _feedback(state: GatewayState, request: Request) -> Response:
@@ -725,13 +736,31 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
         )
     except InvalidEventError as exc:
         raise GatewayError(400, exc.reason, param=exc.field) from None
+    replay = False
     if feedback.idempotency_key is not None:
-        await _claim_key(state, stored_key, feedback)
-    state.recorder.record_feedback(event)
-    state.metrics.feedback.labels(line, adapter or NO_ADAPTER, feedback.type.value).inc()
+        replay = await _claim_key(state, stored_key, feedback)
     accepted = FeedbackAccepted(
         request_id=feedback.request_id, type=feedback.type, idempotency_key=idempotency_key
     )
+    if replay:
+        # The same key for the same signal again: the first answer, nothing stored twice.
+        return Response(accepted.model_dump_json().encode(), status_code=202, media_type=_JSON)
+    signal = _default_key(feedback)
+    if await _already_given(state, signal, feedback):
+        # The same signal on the same answer (a double click, a flood under fresh keys):
+        # it counts once, and the caller is told so instead of a 202 for a copy.
+        duplicate = {
+            "status": "duplicate",
+            "request_id": feedback.request_id,
+            "type": feedback.type.value,
+            "idempotency_key": idempotency_key,
+        }
+        return Response(orjson.dumps(duplicate), status_code=200, media_type=_JSON)
+    state.recorder.record_feedback(event)
+    state.given_signals[signal] = None
+    if len(state.given_signals) > CLAIMED_KEYS:
+        state.given_signals.popitem(last=False)
+    state.metrics.feedback.labels(line, adapter or NO_ADAPTER, feedback.type.value).inc()
     return Response(accepted.model_dump_json().encode(), status_code=202, media_type=_JSON)
 
 
@@ -744,9 +773,10 @@ def _stored_key(line: str, key: ApiKey, feedback: FeedbackRequest, idempotency_k
     return f"{line}:{holder}:{idempotency_key}"
 
 
-async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest) -> None:
+async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest) -> bool:
     """Refuse (409) a caller's key reused for another request or signal: otherwise it would
-    be a 202 whose event the store then drops as a duplicate."""
+    be a 202 whose event the store then drops as a duplicate. True when the key was already
+    claimed for this very signal (a replay)."""
     claim = (feedback.request_id, feedback.type.value)
     held = state.claimed_keys.get(stored)
     if held is None:
@@ -773,6 +803,30 @@ async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest
     state.claimed_keys.move_to_end(stored)
     if len(state.claimed_keys) > CLAIMED_KEYS:
         state.claimed_keys.popitem(last=False)
+    return held is not None
+
+
+async def _already_given(state: GatewayState, signal: str, feedback: FeedbackRequest) -> bool:
+    """Whether this signal (type and content) was already given on this answer, by this
+    replica lately or by any replica in the store."""
+    if signal in state.given_signals:
+        return True
+    table = feedback_table
+    query = select(table.c.edited_text, table.c.outcome, table.c.replaced_by).where(
+        table.c.request_id == feedback.request_id, table.c.type == feedback.type.value
+    )
+
+    def lookup() -> list[Any]:
+        with state.store.engine.connect() as connection:
+            return list(connection.execute(query).all())
+
+    try:
+        rows = await asyncio.to_thread(lookup)
+    except STORE_DOWN_ERRORS:
+        return False  # the spool replays it; the store's unique key still holds
+    outcome = feedback.outcome.value if feedback.outcome else None
+    given = (feedback.edited_text, outcome, feedback.replaced_by)
+    return any((r.edited_text, r.outcome, r.replaced_by) == given for r in rows)
 
 
 def _default_key(feedback: FeedbackRequest) -> str:

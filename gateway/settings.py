@@ -66,6 +66,14 @@ class GatewaySettings(BaseSettings):
     read_timeout_s: float = Field(default=600.0, gt=0)
     log_batch_size: int = Field(default=500, ge=1, le=50_000)
     log_flush_s: float = Field(default=0.2, gt=0, le=60)
+    feedback_lookup_wait_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=30,
+        description="Feedback on a request id this replica does not know is looked up in "
+        "the store again for this long (another replica may have answered it a moment ago) "
+        "before the 404.",
+    )
     spool_dir: Path | None = Field(
         default=None,
         description="Where interactions wait while the store is down; "

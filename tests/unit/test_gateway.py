@@ -347,7 +347,9 @@ def test_feedback_is_stored_once_and_bad_feedback_is_refused(gateway: Running) -
         request_id = _chat(client, user="u7").headers["x-request-id"]
         thumbs = {"request_id": request_id, "type": "thumbs_up"}
         assert client.post("/v1/feedback", json=thumbs).status_code == 202
-        assert client.post("/v1/feedback", json=thumbs).status_code == 202
+        again = client.post("/v1/feedback", json=thumbs)
+        assert again.status_code == 200
+        assert again.json()["status"] == "duplicate"
         edit = {"request_id": request_id, "type": "edit", "edited_text": "Better answer."}
         assert client.post("/v1/feedback", json=edit).status_code == 202
         outcome = {"request_id": request_id, "type": "task_outcome", "outcome": "success"}
@@ -363,6 +365,64 @@ def test_feedback_is_stored_once_and_bad_feedback_is_refused(gateway: Running) -
     assert sorted(e.type for e in stored) == ["edit", "task_outcome", "thumbs_up"]
     assert {e.user_id for e in stored} == {"u7"}
     assert 'flywheel_gateway_feedback_total{adapter="customer_service-v' in metrics
+
+
+def test_one_users_repeated_feedback_on_one_answer_counts_once(gateway: Running) -> None:
+    with gateway.client() as client:
+        request_id = _chat(client, user="u8").headers["x-request-id"]
+        statuses = [
+            client.post(
+                "/v1/feedback",
+                json={"request_id": request_id, "type": "thumbs_down", "idempotency_key": f"k{i}"},
+            ).status_code
+            for i in range(50)
+        ]
+        # A different signal, and a different edit, still count.
+        edits = [
+            client.post(
+                "/v1/feedback",
+                json={"request_id": request_id, "type": "edit", "edited_text": text},
+            ).status_code
+            for text in ("Shorter.", "Shorter.", "Kinder.")
+        ]
+    assert statuses == [202] + [200] * 49
+    assert edits == [202, 200, 202]
+    stored = gateway.feedback()
+    assert sorted(e.type for e in stored) == ["edit", "edit", "thumbs_down"]
+
+
+def test_feedback_sent_to_another_replica_right_after_the_answer_is_accepted(
+    settings: Settings,
+) -> None:
+    with running_stub(StubBehaviour()) as stub:
+        apps = []
+        for _ in range(2):
+            config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.5)
+            apps.append(create_app(settings, config, keys=_keys()))
+        with serving(apps[0], free_port()) as first, serving(apps[1], free_port()) as second:
+            headers = {"Authorization": f"Bearer {CS_KEY}"}
+            answer = httpx.post(
+                f"{first}/v1/chat/completions",
+                json={"model": "customer_service", "messages": [{"role": "user", "content": "x"}]},
+                headers=headers,
+                timeout=10,
+            )
+            request_id = answer.headers["x-request-id"]
+            # The first replica has not written it yet (it flushes every 0.5 s).
+            given = httpx.post(
+                f"{second}/v1/feedback",
+                json={"request_id": request_id, "type": "thumbs_up"},
+                headers=headers,
+                timeout=10,
+            )
+            assert given.status_code == 202, given.text
+            unknown = httpx.post(
+                f"{second}/v1/feedback",
+                json={"request_id": "req-" + "0" * 32, "type": "thumbs_up"},
+                headers=headers,
+                timeout=10,
+            )
+            assert unknown.status_code == 404
 
 
 def test_metrics_count_requests_latency_and_ttft_per_line_and_adapter(gateway: Running) -> None:
