@@ -821,8 +821,8 @@ async def _already_given(state: GatewayState, signal: str, feedback: FeedbackReq
             return list(connection.execute(query).all())
 
     try:
-        rows = await asyncio.to_thread(lookup)
-    except STORE_DOWN_ERRORS:
+        rows = await asyncio.wait_for(asyncio.to_thread(lookup), timeout=0.5)
+    except (TimeoutError, *STORE_DOWN_ERRORS):
         return False  # the spool replays it; the store's unique key still holds
     outcome = feedback.outcome.value if feedback.outcome else None
     given = (feedback.edited_text, outcome, feedback.replaced_by)
