@@ -79,6 +79,7 @@ class GatewayError(Exception):
         403: "permission_error",
         404: "not_found_error",
         405: "invalid_request_error",
+        408: "invalid_request_error",
         413: "invalid_request_error",
         415: "invalid_request_error",
         429: "rate_limit_error",
@@ -366,7 +367,18 @@ async def _json_body(state: GatewayState, request: Request) -> dict[str, Any]:
         raise GatewayError(413, f"the body is {declared} bytes, over the {limit} byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    wait = state.gateway.body_read_timeout_s
+    while True:
+        try:
+            # A client that stalls mid-body is cut, not waited on forever (slowloris).
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout=wait)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise GatewayError(
+                408, f"the body did not arrive: nothing for {wait:g} s; send it whole"
+            ) from None
         size += len(chunk)
         if size > limit:
             raise GatewayError(413, f"the body is over the {limit} byte limit")

@@ -33,6 +33,12 @@ class GatewaySettings(BaseSettings):
         description="Name vLLM serves the base model under; read from /v1/models when unset.",
     )
     max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    body_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="A request body that stalls this long between two pieces is refused (408).",
+    )
     routes_refresh_s: float = Field(
         default=0.25, gt=0, le=5, description="How often the routing tables are re-read."
     )

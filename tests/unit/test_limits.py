@@ -312,3 +312,34 @@ def test_limits_come_from_the_key_file(tmp_path: Path) -> None:
     assert key is not None
     assert key.limits.tokens_per_min == 10_000
     assert ring.line_limits["legal"].concurrent_streams == 4
+
+
+def test_a_body_that_stalls_is_cut_with_408_and_no_traceback(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    store = FeedbackStore.open(settings)
+    with running_stub(StubBehaviour()) as stub:
+        config = GatewaySettings(upstreams=(stub.base_url,), body_read_timeout_s=0.5)
+        app = create_app(settings, config, store=store, keys=_limited_keys())
+        port = free_port()
+        with serving(app, port), socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Authorization: Bearer " + OTHER_KEY.encode() + b"\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                b'{"model": "legal", '
+            )
+            started = time.monotonic()
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer and b"}}" in answer:
+                    break
+            waited = time.monotonic() - started
+    store.close()
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"did not arrive" in answer
+    assert 0.4 < waited < 5
+    assert "Traceback" not in caplog.text
