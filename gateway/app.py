@@ -899,12 +899,31 @@ _ERROR_SCHEMA: dict[str, Any] = {
 }
 
 
-def _documented(schema: dict[str, Any], statuses: tuple[int, ...]) -> dict[str, Any]:
+def _documented(
+    schema: dict[str, Any], statuses: tuple[int, ...], *, duplicate: bool = False
+) -> dict[str, Any]:
     error = {"content": {_JSON: {"schema": _ERROR_SCHEMA}}}
     responses: dict[str, Any] = {
         str(status): {"description": GatewayError.KINDS.get(status, "error"), **error}
         for status in statuses
     }
+    if duplicate:
+        responses["200"] = {
+            "description": "The same signal on this answer was given already: counted once.",
+            "content": {
+                _JSON: {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "status": {"type": "string", "enum": ["duplicate"]},
+                            "request_id": {"type": "string"},
+                            "type": {"type": "string"},
+                            "idempotency_key": {"type": "string"},
+                        },
+                    }
+                }
+            },
+        }
     return {
         "requestBody": {"required": True, "content": {_JSON: {"schema": schema}}},
         "responses": responses,
@@ -1015,7 +1034,7 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         logger.exception("gateway: unexpected error")
         return GatewayError(500, "internal error in the gateway").response()
 
-    errors = (400, 401, 403, 404, 413, 502, 503)
+    errors = (400, 401, 403, 404, 408, 413, 429, 502, 503)
 
     @app.post(
         "/v1/chat/completions",
@@ -1038,7 +1057,9 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         status_code=202,
         response_model=FeedbackAccepted,
         openapi_extra=_documented(
-            {"$ref": "#/components/schemas/FeedbackRequest"}, (400, 401, 403, 404, 413, 503)
+            {"$ref": "#/components/schemas/FeedbackRequest"},
+            (400, 401, 403, 404, 408, 409, 413, 429, 503),
+            duplicate=True,
         ),
         summary="Thumbs, edit, abandon, task outcome or regenerate for an answer",
     )
