@@ -80,3 +80,20 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+REDIS_URL = os.environ.get("FLYWHEEL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The real Redis of this machine, or a clean skip (a failure under CI) without one."""
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
+    except redis.exceptions.ConnectionError as exc:
+        if services_required():
+            raise
+        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    return REDIS_URL

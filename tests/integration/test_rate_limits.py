@@ -22,25 +22,13 @@ from feedback.store import FeedbackStore
 from flywheel.settings import load_settings
 from gateway.keys import key_digest
 from registry.vllm_server import free_port
-from tests.conftest import REPO, services_required
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 KEY = "fw-rate-limited"
 LIMITED, FREE = "customer_service", "legal"
 LIMIT = 100
-
-
-def _redis_or_skip() -> None:
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
-    except redis.exceptions.ConnectionError as exc:
-        if services_required():
-            raise
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -66,9 +54,8 @@ def _wait_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
 
 @pytest.fixture
 def two_gateways(
-    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    postgres_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[list[str]]:
-    _redis_or_skip()
     home = tmp_path / "home"
     home.mkdir()
     (home / "gateway-keys.yaml").write_text(
@@ -87,7 +74,7 @@ def two_gateways(
         **os.environ,
         "FLYWHEEL_HOME": str(home),
         "FLYWHEEL_DATABASE_URL": postgres_url,
-        "FLYWHEEL_REDIS_URL": REDIS_URL,
+        "FLYWHEEL_REDIS_URL": redis_url,
         "FLYWHEEL_GATEWAY_UPSTREAMS": f"http://127.0.0.1:{stub_port}",
         # A fresh namespace: counters of earlier runs on this Redis do not count here.
         "FLYWHEEL_GATEWAY_RATE_LIMIT_NAMESPACE": f"test-{uuid.uuid4().hex[:12]}",

@@ -29,10 +29,8 @@ from gateway.limits import (
 )
 from gateway.settings import GatewaySettings
 from registry.vllm_server import free_port
-from tests.conftest import services_required
 from tests.stub_vllm import StubBehaviour, running_stub, serving
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 CS_KEY, OTHER_KEY = "fw-cs-limited", "fw-other"
 
 
@@ -116,19 +114,6 @@ def test_limits_unset_are_unlimited() -> None:
 
 
 # --------------------------------------------------------------------------- real Redis
-
-
-@pytest.fixture
-def redis_url() -> str:
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
-    except redis.exceptions.ConnectionError as exc:
-        if services_required():
-            raise
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
-    return REDIS_URL
 
 
 @pytest.mark.integration
