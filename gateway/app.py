@@ -480,9 +480,23 @@ def _limit_scopes(state: GatewayState, key: ApiKey, line: str) -> list[tuple[str
 
 def _too_many(verdict: Verdict) -> Response:
     assert verdict.refused is not None
-    wait = max(1, int(-(-verdict.retry_after_s // 1)))
+    headers = verdict.headers()
+    wait = headers["retry-after"]
     error = GatewayError(429, f"rate limit reached: {verdict.refused.label}; retry in {wait} s")
-    return error.response(verdict.headers())
+    return error.response(headers)
+
+
+async def _check_limits(
+    state: GatewayState,
+    line: str,
+    quotas: list[Quota],
+    costs: list[float],
+    streams: list[Quota] | None = None,
+) -> Verdict:
+    """Ask the limiter and count the outcome per line."""
+    verdict = await state.limiter.admit(quotas, costs, streams or [])
+    state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+    return verdict
 
 
 async def _admit_completion(
@@ -497,8 +511,7 @@ async def _admit_completion(
     if not (requests or tokens or streams):
         return None, None
     costs = [1.0] * len(requests) + [0.0] * len(tokens)
-    verdict = await state.limiter.admit([*requests, *tokens], costs, streams)
-    state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+    verdict = await _check_limits(state, line, [*requests, *tokens], costs, streams)
     if not verdict.allowed:
         return None, verdict
     return _Admission(tokens, streams, verdict.stream_slot), verdict
@@ -718,8 +731,7 @@ async def _feedback(state: GatewayState, request: Request) -> Response:
         raise GatewayError(403, "this key may not give feedback on that business line")
     quotas = quotas_for("feedback", _limit_scopes(state, key, line))
     if quotas:
-        verdict = await state.limiter.admit(quotas, [1.0] * len(quotas), [])
-        state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+        verdict = await _check_limits(state, line, quotas, [1.0] * len(quotas))
         if not verdict.allowed:
             return _too_many(verdict)
     if feedback.replaced_by is not None:

@@ -38,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field
 logger = logging.getLogger(__name__)
 
 Kind = Literal["requests", "tokens", "feedback", "streams"]
-WINDOW_KINDS: tuple[Kind, ...] = ("requests", "tokens", "feedback")
 REDIS_RETRY_S = 5.0
 KEY_PREFIX = "fw:rl"
 
@@ -59,8 +58,8 @@ class Limits(BaseModel):
         default=None, ge=1, description="Feedback events a minute."
     )
 
-    def window_limit(self, kind: Kind) -> int | None:
-        """The per-window limit of ``kind``."""
+    def limit_of(self, kind: Kind) -> int | None:
+        """The limit of ``kind``: per window, or the number of slots for ``streams``."""
         return {
             "requests": self.requests_per_min,
             "tokens": self.tokens_per_min,
@@ -493,7 +492,7 @@ def quotas_for(kind: Kind, scopes: Sequence[tuple[str, Limits | None]]) -> list[
     """The ``kind`` quotas of ``scopes`` that have a limit (``streams``: the slots)."""
     found = []
     for scope, limits in scopes:
-        limit = limits.window_limit(kind) if limits is not None else None
+        limit = limits.limit_of(kind) if limits is not None else None
         if limit is not None:
             found.append(Quota(scope, kind, limit))
     return found
