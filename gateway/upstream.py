@@ -189,7 +189,7 @@ class Upstreams:
 
     async def _adapter_root(self, source: Replica, adapter: str) -> str | None:
         listing = await self.served(source)
-        return None if listing is None else listing.get(adapter)
+        return (listing or {}).get(adapter) or None  # no folder listed: nothing to load from
 
     async def served(self, replica: Replica) -> dict[str, str] | None:
         """The adapters ``replica`` serves, by name, with the folder each was loaded from;
