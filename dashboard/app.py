@@ -56,6 +56,7 @@ from dashboard.settings import DashboardSettings
 from dashboard.shaping import RATE_SIGNALS
 from feedback.rollup import SignalRollup
 from feedback.store import FeedbackStore
+from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.settings import Settings
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ JSON = "application/json"
 LINES_TTL_S = 5.0
 # A login form is a key and a path: anything larger is refused before it is read.
 LOGIN_BODY_LIMIT = 16_384
+LOGIN_STALL_S = 10.0
 
 
 def _templates() -> Environment:
@@ -167,22 +169,6 @@ def build_pages(
             client_factory=mlflow_client_factory,
         ),
     )
-
-
-async def _small_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None once it is over ``limit`` bytes: read no further (an
-    unauthenticated client must not make the server hold a large body)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def create_app(
@@ -364,15 +350,17 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
 
     @app.post("/login")
     async def login(request: Request) -> Response:
-        body = await _small_body(request, LOGIN_BODY_LIMIT)
-        if body is None:
-            return render(
-                "login.html",
-                status=413,
-                message=f"the login form is over {LOGIN_BODY_LIMIT} bytes",
-                next="/",
-                lines=[],
+        try:
+            # An unauthenticated client must not make the server hold a large or slow body.
+            body = await read_body(
+                request.stream(),
+                request.headers.get("content-length"),
+                LOGIN_BODY_LIMIT,
+                LOGIN_STALL_S,
             )
+        except (BodyTooLargeError, BodyStalledError) as exc:
+            status = 413 if isinstance(exc, BodyTooLargeError) else 408
+            return render("login.html", status=status, message=str(exc), next="/", lines=[])
         form = parse_qs(body.decode("utf-8", "replace"))
         token = (form.get("key") or [""])[0].strip()
         target = (form.get("next") or ["/"])[0]

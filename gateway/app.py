@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from feedback.events import IDENTIFIER, FeedbackType, InvalidEventError, TaskOutcome, validate_event
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
+from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from gateway.keys import ApiKey, KeyRing, bearer_token
@@ -361,30 +362,20 @@ def _key_of(state: GatewayState, request: Request) -> ApiKey:
 
 
 async def _json_body(state: GatewayState, request: Request) -> dict[str, Any]:
-    limit = state.gateway.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"the body is {declared} bytes, over the {limit} byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    stream = request.stream().__aiter__()
-    wait = state.gateway.body_read_timeout_s
-    while True:
-        try:
-            # A client that stalls mid-body is cut, not waited on forever (slowloris).
-            chunk = await asyncio.wait_for(stream.__anext__(), timeout=wait)
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            raise GatewayError(
-                408, f"the body did not arrive: nothing for {wait:g} s; send it whole"
-            ) from None
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, f"the body is over the {limit} byte limit")
-        chunks.append(chunk)
     try:
-        payload = orjson.loads(b"".join(chunks))
+        body = await read_body(
+            request.stream(),
+            request.headers.get("content-length"),
+            state.gateway.max_body_bytes,
+            state.gateway.body_read_timeout_s,
+        )
+    except BodyTooLargeError as exc:
+        raise GatewayError(413, str(exc)) from None
+    except BodyStalledError as exc:
+        # A client that stalls mid-body is cut, not waited on forever (slowloris).
+        raise GatewayError(408, str(exc)) from None
+    try:
+        payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):

@@ -94,7 +94,7 @@ def test_a_huge_login_body_is_refused_unread(home: PageHome) -> None:
             headers={"content-type": "application/x-www-form-urlencoded"},
         )
         assert streamed.status_code == 413
-        assert "over 16384 bytes" in streamed.text
+        assert "over the 16384 byte limit" in streamed.text
 
 
 def test_login_form_sets_a_cookie_that_opens_the_lines(home: PageHome) -> None:

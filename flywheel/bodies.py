@@ -1,0 +1,41 @@
+"""Reading a request body on a budget, for both servers (gateway and feedback page): never
+more than a limit, never waiting forever on a client that stalls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+
+class BodyTooLargeError(Exception):
+    """The body is, or says it is, over the limit; nothing past the limit was read."""
+
+
+class BodyStalledError(Exception):
+    """Nothing of the body arrived for the whole timeout."""
+
+
+async def read_body(
+    stream: AsyncIterator[bytes], declared: str | None, limit: int, stall_timeout_s: float
+) -> bytes:
+    """The whole body from ``stream``: refused up front when its declared length
+    (``Content-Length``) is over ``limit``, cut once it grows over it, and given up when
+    no piece arrives for ``stall_timeout_s``."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLargeError(f"the body is {declared} bytes, over the {limit} byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    pieces = stream.__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(pieces.__anext__(), timeout=stall_timeout_s)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except TimeoutError:
+            raise BodyStalledError(
+                f"the body did not arrive: nothing for {stall_timeout_s:g} s; send it whole"
+            ) from None
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"the body is over the {limit} byte limit")
+        chunks.append(chunk)
