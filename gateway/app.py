@@ -1116,8 +1116,8 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
 
 
 def app_from_env() -> FastAPI:
-    """The gateway configured from the environment (``uvicorn gateway.app:app_from_env
-    --factory``, as ``flywheel serve gateway`` and docker-compose run it)."""
+    """The gateway configured from the environment (``flywheel serve gateway`` serves it,
+    with the header guards of :mod:`flywheel.http_guard`)."""
     from flywheel.settings import load_settings
 
     return create_app(load_settings(), GatewaySettings())

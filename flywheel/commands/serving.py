@@ -281,6 +281,8 @@ def _run_app(factory: str, name: str, host: str, port: int, workers: int) -> Non
     """Serve an app factory with uvicorn until Ctrl-C; say how long it ran."""
     import uvicorn
 
+    from flywheel.http_guard import server_options
+
     started = time.monotonic()
     uvicorn.run(
         factory,
@@ -290,6 +292,7 @@ def _run_app(factory: str, name: str, host: str, port: int, workers: int) -> Non
         workers=workers,
         log_level="warning",
         access_log=False,
+        **server_options(),  # header size and time limits, before any route runs
     )
     out.print(f"{name} stopped after {time.monotonic() - started:.0f} s")
 

@@ -90,8 +90,9 @@ def two_gateways(
     try:
         for i in range(2):
             port = free_port()
-            argv = [sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory"]
-            argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            # As an operator runs it (and docker-compose): `flywheel serve gateway`.
+            flywheel = str(Path(sys.executable).parent / "flywheel")
+            argv = [flywheel, "serve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
             log = tmp_path / f"gateway-{i}.log"
             processes.append(_start(argv, env, log))
             urls.append(f"http://127.0.0.1:{port}")
