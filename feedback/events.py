@@ -268,6 +268,15 @@ def _check_texts(
                 )
 
 
+def check_prompt(messages: list[dict[str, str]], *, max_text_chars: int, max_messages: int) -> None:
+    """The store's limits on a prompt (message count, length, NUL characters), for a caller
+    that must refuse up front what the store would quarantine; InvalidEventError names the
+    field."""
+    _check_texts(
+        {"messages": messages}, None, max_text_chars=max_text_chars, max_messages=max_messages
+    )
+
+
 def _check_text(value: str, field: str, key: str | None, limit: int) -> None:
     if len(value) > limit:
         what = (

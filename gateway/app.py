@@ -35,7 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from feedback.events import IDENTIFIER, FeedbackType, InvalidEventError, TaskOutcome, validate_event
+from feedback.events import (
+    IDENTIFIER,
+    FeedbackType,
+    InvalidEventError,
+    TaskOutcome,
+    check_prompt,
+    validate_event,
+)
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
@@ -53,6 +60,8 @@ from gateway.recorder import (
 from gateway.routing import RoutingTable, arm_of, choose_arm, parse_adapter_name
 from gateway.settings import GatewaySettings
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
+from gateway.wire import ROLES as WIRE_ROLES
+from gateway.wire import ChatRequest, CompletionRequest, request_problems
 from registry.routes import RouteSnapshot, RouteStore
 
 logger = logging.getLogger(__name__)
@@ -64,7 +73,7 @@ ARM_HEADER = "x-flywheel-arm"
 LINE_HEADER = "x-flywheel-business-line"
 SESSION_HEADER = "x-session-id"
 USER_HEADER = "x-user-id"
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+ROLES = frozenset(WIRE_ROLES)
 _IDENTIFIER = re.compile(IDENTIFIER)
 _OWN_REQUEST_ID = re.compile(r"req-[0-9a-f]{32}")
 _JSON = "application/json"
@@ -188,7 +197,14 @@ def chat_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
             raise GatewayError(
                 400, f"{where}.role must be one of {', '.join(sorted(ROLES))}", param=where
             )
-        logged.append({"role": role, "content": _text_of(message.get("content"), where)})
+        # OpenAI's developer role is its system role under a new name; the store and
+        # the model's chat template know it as system.
+        logged.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _text_of(message.get("content"), where),
+            }
+        )
     return logged
 
 
@@ -403,6 +419,46 @@ def _line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
     return line
 
 
+def _check_request(
+    state: GatewayState,
+    key: ApiKey,
+    payload: dict[str, Any],
+    messages: list[dict[str, str]],
+    *,
+    completion_api: bool,
+) -> None:
+    """Refuse up front (400, the field named) what OpenAI's API would refuse, what is over
+    this gateway's caps or past what the key may send, and what the store would quarantine,
+    rather than answer 200 and drop the record."""
+    model = CompletionRequest if completion_api else ChatRequest
+    try:
+        request = model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
+    problem = request_problems(
+        request,
+        max_output_tokens=state.gateway.max_output_tokens,
+        max_choices=state.gateway.max_choices,
+        server_fields=key.allow_server_fields,
+    )
+    if problem is not None:
+        raise GatewayError(400, problem[1], param=problem[0])
+    try:
+        check_prompt(
+            messages,
+            max_text_chars=state.settings.store.max_text_chars,
+            max_messages=state.settings.store.max_messages,
+        )
+    except InvalidEventError as exc:
+        raise GatewayError(400, f"{exc.field}: {exc.reason}", param=exc.field) from None
+    if not completion_api:
+        for message in payload["messages"]:
+            if message.get("role") == "developer":
+                message["role"] = "system"
+
+
 async def _pin_from_store(state: GatewayState, line: str, session: str) -> tuple[bool, str | None]:
     """The adapter a conversation of ``line`` used last, from the store (another replica may
     have served it); not found when the store cannot say."""
@@ -515,6 +571,7 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     payload = await _json_body(state, request)
     line = _line_for(state, key, payload)
     messages = completion_messages(payload) if completion_api else chat_messages(payload)
+    _check_request(state, key, payload, messages, completion_api=completion_api)
     admitted, verdict = await _admit_completion(state, key, line)
     if verdict is not None and not verdict.allowed:
         return _too_many(verdict)
@@ -851,41 +908,6 @@ def _default_key(feedback: FeedbackRequest) -> str:
     return f"gw:{feedback.request_id}:{feedback.type.value}:{suffix}"
 
 
-_CHAT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["model", "messages"],
-    "properties": {
-        "model": {"type": "string", "description": "Your business line."},
-        "messages": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["role", "content"],
-                "properties": {
-                    "role": {"type": "string", "enum": sorted(ROLES)},
-                    "content": {"type": "string"},
-                },
-            },
-        },
-        "stream": {"type": "boolean"},
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0},
-        "user": {"type": "string"},
-    },
-}
-_COMPLETION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["model", "prompt"],
-    "properties": {
-        "model": {"type": "string", "description": "Your business line."},
-        "prompt": {"type": "string", "minLength": 1},
-        "stream": {"type": "boolean"},
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0},
-        "user": {"type": "string"},
-    },
-}
 _ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -1041,7 +1063,7 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
 
     @app.post(
         "/v1/chat/completions",
-        openapi_extra=_documented(_CHAT_SCHEMA, errors),
+        openapi_extra=_documented({"$ref": "#/components/schemas/ChatRequest"}, errors),
         summary="Chat completion for your business line (SSE when stream is true)",
     )
     async def chat_completions(request: Request) -> Response:
@@ -1049,7 +1071,7 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
 
     @app.post(
         "/v1/completions",
-        openapi_extra=_documented(_COMPLETION_SCHEMA, errors),
+        openapi_extra=_documented({"$ref": "#/components/schemas/CompletionRequest"}, errors),
         summary="Text completion for your business line (SSE when stream is true)",
     )
     async def completions(request: Request) -> Response:
@@ -1106,9 +1128,10 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            extra = FeedbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(extra.pop("$defs", {}))
-            components["FeedbackRequest"] = extra
+            for model in (FeedbackRequest, ChatRequest, CompletionRequest):
+                extra = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(extra.pop("$defs", {}))
+                components[model.__name__] = extra
             app.openapi_schema = schema
         return app.openapi_schema
 

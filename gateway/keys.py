@@ -49,6 +49,8 @@ class ApiKey(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     business_lines: tuple[str, ...] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
+    # vLLM's fields past sampling (a chat template, priority, ...): see gateway.wire.
+    allow_server_fields: bool = False
 
     def may_use(self, business_line: str) -> bool:
         """Whether this key may send traffic or feedback for ``business_line``."""

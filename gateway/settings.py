@@ -33,6 +33,15 @@ class GatewaySettings(BaseSettings):
         description="Name vLLM serves the base model under; read from /v1/models when unset.",
     )
     max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    max_output_tokens: int = Field(
+        default=4_096,
+        ge=1,
+        le=1_000_000,
+        description="Largest max_tokens / max_completion_tokens a request may ask for.",
+    )
+    max_choices: int = Field(
+        default=4, ge=1, le=128, description="Largest n (or best_of) a request may ask for."
+    )
     body_read_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -192,6 +192,72 @@ def test_bad_input_gets_a_clear_4xx(gateway: Running, body: bytes, status: int, 
     assert gateway.stub.received == []
 
 
+_HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"max_tokens": -1}, "max_tokens", "greater than or equal to 1"),
+        ({"max_tokens": 100_000}, "max_tokens", "over this gateway's 4096"),
+        ({"max_completion_tokens": 5_000}, "max_completion_tokens", "over this gateway's"),
+        ({"n": 100_000}, "n", "over this gateway's 4 choices"),
+        ({"temperature": 5}, "temperature", "less than or equal to 2"),
+        ({"chat_template": "{{ 7*7 }}"}, "chat_template", "may not send it"),
+        ({"priority": -100}, "priority", "may not send it"),
+        ({"messages": [{"role": "user", "content": "a\x00b"}]}, "messages.0.content", "NUL"),
+        ({"messages": _HI * 600}, "messages", "over the 512 limit"),
+        (
+            {"messages": [{"role": "user", "content": "x" * 300_000}]},
+            "messages.0.content",
+            "character limit",
+        ),
+    ],
+)
+def test_what_vllm_or_the_store_would_refuse_is_a_400_naming_the_field(
+    gateway: Running, extra: dict[str, Any], field: str, words: str
+) -> None:
+    body = {"model": "customer_service", "messages": _HI, **extra}
+    with gateway.client() as client:
+        response = client.post("/v1/chat/completions", json=body)
+        feedback_for_nothing = client.post(
+            "/v1/feedback", json={"request_id": "req-" + "1" * 32, "type": "thumbs_up"}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field
+    assert words in error["message"]
+    assert gateway.stub.received == []
+    assert gateway.interactions() == []
+    assert feedback_for_nothing.status_code == 404  # nothing was logged to give feedback on
+
+
+def test_vllm_sampling_extras_pass_and_a_key_may_allow_server_fields(gateway: Running) -> None:
+    with gateway.client() as client:
+        sampled = _chat(client, min_tokens=2, top_k=5, repetition_penalty=1.1)
+        assert sampled.status_code == 200
+        # OpenAI's developer role is accepted: vLLM and the store see a system message.
+        developer = _chat(client, messages=[{"role": "developer", "content": "Be brief."}, *_HI])
+        assert developer.status_code == 200, developer.text
+    assert gateway.stub.received[-1]["messages"][0]["role"] == "system"
+    stored = {row.request_id: row for row in gateway.interactions()}
+    assert stored[developer.headers["x-request-id"]].messages[0]["role"] == "system"
+    trusted = KeyRing(
+        [
+            ApiKey(
+                name="ops",
+                sha256=key_digest(ALL_KEY),
+                business_lines=("*",),
+                allow_server_fields=True,
+            )
+        ]
+    )
+    gateway.app.state.gateway.keys = trusted
+    gateway.app.state.gateway.keys_file = None
+    with gateway.client(ALL_KEY) as client:
+        assert _chat(client, chat_template="{{ messages }}").status_code == 200
+
+
 def test_an_oversized_body_is_refused_before_it_is_read(gateway: Running) -> None:
     huge = "x" * (2 * 1024 * 1024)
     with gateway.client() as client:
