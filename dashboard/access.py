@@ -12,13 +12,12 @@ other client gets 403 with the way out (``flywheel gateway add-key``).
 from __future__ import annotations
 
 import ipaddress
-import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from dashboard.errors import PageError
-from gateway.keys import ApiKey, KeyRing, bearer_token
+from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
 
 COOKIE = "flywheel_key"
 
@@ -56,22 +55,13 @@ class Gatekeeper:
     def __init__(self, keys_file: Path | None, keys: KeyRing | None = None) -> None:
         self.keys_file = keys_file
         self._keys = keys
-        self._stamp: float | None = None
-        self._lock = threading.Lock()
+        self._watch = KeyFileWatch(keys_file) if keys_file is not None else None
 
     def _ring(self) -> KeyRing | None:
-        """The current keys, re-read when the file changed; ``None`` when no file exists."""
-        if self.keys_file is None:
+        """The current keys, followed by the file's content; ``None`` when no file exists."""
+        if self._watch is None:
             return self._keys
-        try:
-            stamp = self.keys_file.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        with self._lock:
-            if self._keys is None or stamp != self._stamp:
-                self._keys = KeyRing.load(self.keys_file)
-                self._stamp = stamp
-            return self._keys
+        return self._watch.current()
 
     @property
     def open_mode(self) -> bool:

@@ -23,7 +23,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
@@ -46,9 +45,8 @@ from feedback.events import (
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
-from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from gateway.keys import ApiKey, KeyRing, bearer_token
+from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
 from gateway.limits import Limiter, Limits, Quota, Verdict, build_limiter, quotas_for
 from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
 from gateway.recorder import (
@@ -271,8 +269,7 @@ class GatewayState:
     upstreams: Upstreams
     pins: SessionPins
     limiter: Limiter
-    keys_file: Path | None = None
-    keys_stamp: float | None = None
+    keys_watch: KeyFileWatch | None = None
     snapshot: RouteSnapshot = field(default_factory=lambda: RouteSnapshot({}, {}))
     routes_read_at: float = 0.0
     # When the read behind ``snapshot`` started: only a snapshot read after a replica was
@@ -293,19 +290,8 @@ class GatewayState:
 
 def _reload_keys(state: GatewayState) -> None:
     """Pick up a changed key file (``flywheel gateway add-key`` needs no restart)."""
-    if state.keys_file is None:
-        return
-    try:
-        stamp = state.keys_file.stat().st_mtime
-    except FileNotFoundError:
-        stamp = None
-    if stamp == state.keys_stamp:
-        return
-    try:
-        state.keys = KeyRing.load(state.keys_file)
-    except FlywheelError as exc:
-        logger.warning("gateway: keeping the old keys: %s", exc)
-    state.keys_stamp = stamp
+    if state.keys_watch is not None:
+        state.keys = state.keys_watch.current() or KeyRing(())
 
 
 async def _refresh_routes(state: GatewayState) -> None:
@@ -965,19 +951,16 @@ def create_app(
     """The gateway application (one replica); resources open on startup, close on shutdown."""
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
-    keys_file: Path | None = None
-    keys_stamp: float | None = None
+    keys_watch: KeyFileWatch | None = None
     if keys is None:
-        keys_file = gateway.resolved_keys_file(settings.home)
-        keys_stamp = keys_file.stat().st_mtime if keys_file.exists() else None
-        keys = KeyRing.load(keys_file)
+        keys_watch = KeyFileWatch(gateway.resolved_keys_file(settings.home))
+        keys = keys_watch.current() or KeyRing(())
     state = GatewayState(
         settings=settings,
         gateway=gateway,
         store=feedback_store,
         keys=keys,
-        keys_file=keys_file,
-        keys_stamp=keys_stamp,
+        keys_watch=keys_watch,
         routes=RouteStore(feedback_store.engine),
         recorder=InteractionRecorder(
             feedback_store,

@@ -20,8 +20,11 @@ Limits are optional (unset: unlimited); see :mod:`gateway.limits`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flywheel.errors import UsageError
 from gateway.limits import Limits
 
+logger = logging.getLogger(__name__)
 ALL_LINES = "*"
 KEY_PREFIX = "fw-"
 
@@ -104,11 +108,59 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def _read(path: Path) -> _KeyFile:
+    return _parse(path.read_bytes(), path)
+
+
+def _parse(content: bytes, path: Path) -> _KeyFile:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(content.decode("utf-8")) or {}
         return _KeyFile.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as exc:
+    except (yaml.YAMLError, ValidationError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not a valid key file: {exc}") from None
+
+
+class KeyFileWatch:
+    """A key file followed by its content, for servers that must see a revoked key at once:
+    re-read at most every ``min_interval_s``, compared by digest (an edit that keeps the
+    mtime counts), and a file that does not parse keeps the last good keys with an error
+    in the log (once per broken version) — never an open door, never a crash.
+    ``current()`` is None while no file exists."""
+
+    def __init__(self, path: Path, min_interval_s: float = 0.25) -> None:
+        self.path = path
+        self.min_interval_s = min_interval_s
+        self._lock = threading.Lock()
+        self._ring: KeyRing | None = None
+        self._digest: str | None = None
+        self._broken: str | None = None
+        self._next_read = 0.0
+
+    def current(self) -> KeyRing | None:
+        """The keys as the file last parsed."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_read:
+                return self._ring
+            self._next_read = now + self.min_interval_s
+            try:
+                content = self.path.read_bytes()
+            except FileNotFoundError:
+                self._ring, self._digest = None, None
+                return None
+            digest = hashlib.sha256(content).hexdigest()
+            if digest in (self._digest, self._broken):
+                return self._ring
+            try:
+                found = _parse(content, self.path)
+            except UsageError as exc:
+                self._broken = digest
+                kept = len(self._ring) if self._ring is not None else 0
+                logger.error("%s; keeping the last good keys (%d)", exc, kept)
+                if self._ring is None:
+                    self._ring = KeyRing(())  # never parsed: nobody gets in
+                return self._ring
+            self._ring, self._digest, self._broken = KeyRing(found.keys, found.lines), digest, None
+            return self._ring
 
 
 def add_key(path: Path, name: str, business_lines: Iterable[str]) -> str:

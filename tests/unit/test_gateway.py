@@ -253,7 +253,7 @@ def test_vllm_sampling_extras_pass_and_a_key_may_allow_server_fields(gateway: Ru
         ]
     )
     gateway.app.state.gateway.keys = trusted
-    gateway.app.state.gateway.keys_file = None
+    gateway.app.state.gateway.keys_watch = None
     with gateway.client(ALL_KEY) as client:
         assert _chat(client, chat_template="{{ messages }}").status_code == 200
 
