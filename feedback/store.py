@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,8 @@ class IngestReport:
     quarantined: int = 0
     batches: int = 0
     rejections: list[str] = field(default_factory=list)
+    # Recent feedback whose interaction is not stored yet, handed back (``hold_orphans_since``).
+    held: list[dict[str, Any]] = field(default_factory=list)
 
     MAX_MESSAGES = 20
 
@@ -404,11 +407,15 @@ class FeedbackStore:
         *,
         source: str,
         on_progress: Callable[[int], None] | None = None,
+        hold_orphans_since: datetime | None = None,
     ) -> IngestReport:
         """Store records in batches, one transaction per batch; duplicates are skipped.
 
         Good records are stored, bad ones quarantined with their reason and raw
-        payload; the report counts both and keeps the first reasons in words.
+        payload; the report counts both and keeps the first reasons in words. With
+        ``hold_orphans_since``, feedback created since then on an interaction that is not
+        stored yet (another replica may still hold it in its spool) is handed back in
+        ``report.held`` instead of quarantined.
         """
         report = IngestReport(source=source)
         # Validation (CPU, this thread) overlaps the previous batch's write (database,
@@ -421,7 +428,9 @@ class FeedbackStore:
                 report.read += len(batch)
                 if in_flight is not None:
                     in_flight.result()
-                in_flight = writer.submit(self._write_batch, plan, source, report)
+                in_flight = writer.submit(
+                    self._write_batch, plan, source, report, hold_orphans_since
+                )
                 report.batches += 1
                 if on_progress is not None:
                     on_progress(len(batch))
@@ -429,7 +438,13 @@ class FeedbackStore:
                 in_flight.result()
         return report
 
-    def _write_batch(self, plan: BatchPlan, source: str, report: IngestReport) -> None:
+    def _write_batch(
+        self,
+        plan: BatchPlan,
+        source: str,
+        report: IngestReport,
+        hold_orphans_since: datetime | None = None,
+    ) -> None:
         interaction_rows: dict[str, dict[str, Any]] = {}
         for interaction in plan.interactions:
             if interaction.request_id in interaction_rows:
@@ -444,7 +459,13 @@ class FeedbackStore:
             for event_in, item in plan.feedback:
                 line = lines.get(event_in.request_id)
                 if line is None:
-                    plan.rejected.append(_missing_interaction(event_in, item))
+                    held = hold_orphans_since is not None and (
+                        event_in.created_at >= hold_orphans_since
+                    )
+                    if held and isinstance(item, dict):
+                        report.held.append(item)
+                    else:
+                        plan.rejected.append(_missing_interaction(event_in, item))
                     continue
                 row = feedback_row(event_in, line)
                 if row["idempotency_key"] in feedback_rows:

@@ -969,6 +969,7 @@ def create_app(
             flush_s=gateway.log_flush_s,
             retry_s=gateway.spool_retry_s,
             regenerate_window_s=gateway.regenerate_window_s,
+            orphan_grace_s=gateway.orphan_grace_s,
         ),
         metrics=GatewayMetrics(),
         upstreams=Upstreams(

@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +237,7 @@ class RecorderStats:
     spooled: int = 0
     replayed: int = 0
     regenerates: int = 0
+    held: int = 0  # feedback held for its interaction (each retry counts again)
     store_failures: int = 0
     store_up: bool = True
     last_error: str | None = None
@@ -260,9 +261,15 @@ class InteractionRecorder:
         retry_s: float = 2.0,
         regenerate_window_s: float = 600.0,
         remember: int = 200_000,
+        orphan_grace_s: float = 600.0,
     ) -> None:
         self.store = store
         self.spool = Spool(spool_dir)
+        # Feedback whose interaction another replica has not written yet (its spool may
+        # hold it through an outage): retried every retry_s, quarantined after the grace.
+        self.waiting = Spool(spool_dir / "waiting")
+        self.orphan_grace = timedelta(seconds=orphan_grace_s)
+        self._last_waiting_retry = 0.0
         self.batch_size = batch_size
         self.flush_s = flush_s
         self.retry_s = retry_s
@@ -338,6 +345,7 @@ class InteractionRecorder:
                 self._write(self._events(batch))
             else:
                 self._try_replay()
+            self._retry_waiting()
             for marker in markers:
                 marker.done.set()
         # One last try on the way out; what still fails stays in the spool for the next start.
@@ -440,7 +448,11 @@ class InteractionRecorder:
         }
 
     def _ingest(self, events: list[dict[str, Any]]) -> None:
-        report = self.store.ingest(events, source=SOURCE)
+        since = datetime.now(UTC) - self.orphan_grace
+        report = self.store.ingest(events, source=SOURCE, hold_orphans_since=since)
+        if report.held:
+            self.waiting.append(report.held)
+            self.stats.held += len(report.held)
         if report.quarantined:
             logger.warning(
                 "gateway: %d records quarantined: %s", report.quarantined, report.rejections[:3]
@@ -472,6 +484,17 @@ class InteractionRecorder:
         self.stats.store_failures += 1
         self.stats.last_error = type(exc).__name__
         self._last_retry = time.monotonic()
+
+    def _retry_waiting(self) -> None:
+        """Feedback held for its interaction, again (every ``retry_s``, while the store is
+        up): stored once the interaction is, quarantined once past the grace."""
+        if not self.stats.store_up or time.monotonic() - self._last_waiting_retry < self.retry_s:
+            return
+        self._last_waiting_retry = time.monotonic()
+        try:
+            self.waiting.replay(self._ingest)
+        except STORE_DOWN_ERRORS as exc:
+            self._store_down(exc)
 
     def _try_replay(self, *, wait_backoff: bool = True) -> bool:
         """Replay the spool (after ``retry_s`` since the last failure, unless told not to

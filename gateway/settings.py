@@ -95,6 +95,13 @@ class GatewaySettings(BaseSettings):
         "<FLYWHEEL_HOME>/spool/gateway when unset.",
     )
     spool_retry_s: float = Field(default=2.0, gt=0, le=600)
+    orphan_grace_s: float = Field(
+        default=600.0,
+        ge=0,
+        le=86_400,
+        description="Feedback whose interaction is not stored yet (another replica's spool "
+        "may still hold it) is retried this long before it is quarantined.",
+    )
 
     @field_validator("upstreams", mode="before")
     @classmethod

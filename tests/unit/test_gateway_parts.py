@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,11 @@ class FlakyStore:
         self.down = False
         self.calls = 0
 
-    def ingest(self, items: Any, *, source: str) -> Any:
+    def ingest(self, items: Any, *, source: str, **options: Any) -> Any:
         self.calls += 1
         if self.down:
             raise OperationalError("INSERT", {}, ConnectionRefusedError("store unplugged"))
-        return self._store.ingest(items, source=source)
+        return self._store.ingest(items, source=source, **options)
 
 
 def _finished(index: int, session: str | None = None) -> FinishedRequest:
@@ -122,6 +123,56 @@ def test_a_restarted_gateway_replays_what_an_earlier_one_spooled(
     second.close()
     assert _count(store, interactions_table) == 5
     assert second.spool.files() == []
+    store.close()
+
+
+def test_feedback_replayed_before_its_interaction_waits_for_it_instead_of_quarantine(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Two replicas through a store outage: B's spool (the thumbs-down it answered 202 for)
+    replays before A's (the interaction it names)."""
+    from feedback.schema import quarantine_table
+
+    store = FeedbackStore.open(settings)
+    answered, rated = FlakyStore(store), FlakyStore(store)
+    answered.down = rated.down = True
+    a = InteractionRecorder(answered, tmp_path / "a", flush_s=0.01, retry_s=0.05)  # type: ignore[arg-type]
+    b = InteractionRecorder(rated, tmp_path / "b", flush_s=0.01, retry_s=0.05)  # type: ignore[arg-type]
+    a.start()
+    b.start()
+    finished = _finished(7)
+    finished.created_at = datetime.now(UTC)
+    a.record(finished)
+    b.record_feedback(
+        {
+            "type": "thumbs_down",
+            "request_id": finished.request_id,
+            "idempotency_key": "gw:req-7:thumbs_down:1",
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+    )
+    assert a.flush()
+    assert b.flush()
+    assert a.spool.records() == b.spool.records() == 1
+    rated.down = False  # B's store is back first: its feedback has no interaction yet
+    time.sleep(0.1)
+    assert b.flush()
+    assert b.spool.files() == []
+    assert _count(store, feedback_table) == 0
+    assert _count(store, quarantine_table) == 0
+    assert b.waiting.records() == 1
+    answered.down = False
+    time.sleep(0.1)
+    assert a.flush()
+    deadline = time.monotonic() + 5
+    while _count(store, feedback_table) == 0 and time.monotonic() < deadline:
+        b.flush()
+        time.sleep(0.05)
+    a.close()
+    b.close()
+    assert _count(store, feedback_table) == 1
+    assert _count(store, quarantine_table) == 0
+    assert b.waiting.files() == []
     store.close()
 
 
