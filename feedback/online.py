@@ -7,6 +7,10 @@ outcome (``task_failure``; each request counted once per signal, however many
 times it got one), and how many drew any of those negative signals at all
 (``dissatisfied``: one count per request, whatever mix of them it got — the
 rate with the most events, so the first to show a canary that is worse all round).
+
+Errors are the model side's only (vLLM down, failed, a broken stream, an adapter
+missing): a request vLLM refused as malformed is the caller's, and is not counted.
+A request the client cancelled before its answer ended counts as an abandon.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ COUNTED_SIGNALS = tuple(
 )
 TASK_FAILURE = Signal.TASK_FAILURE.value
 DISSATISFIED = "dissatisfied"
+# Error kinds the caller caused (the gateway's interaction metadata "error_kind").
+CLIENT_ERROR_KINDS = frozenset({"rejected_by_model_server"})
 _NEGATIVE_TYPES = tuple(s.value for s in ONLINE_SIGNALS if s is not Signal.TASK_FAILURE)
 
 
@@ -38,6 +44,14 @@ class AdapterWindow:
     errors: int
     p99_latency_ms: float | None
     signals: dict[str, int]
+
+
+def _model_side_error(status: str, metadata: Any) -> bool:
+    """An error the model side caused (the caller's refused requests and cancels are not)."""
+    if status != "error":
+        return False
+    kind = metadata.get("error_kind") if isinstance(metadata, dict) else None
+    return kind not in CLIENT_ERROR_KINDS
 
 
 def _p99(values: list[float]) -> float | None:
@@ -73,7 +87,12 @@ def adapter_windows(
                 else interactions.c.adapter_name == adapter
             )
             rows = connection.execute(
-                select(interactions.c.status, interactions.c.latency_ms).where(in_window, served)
+                select(
+                    interactions.c.request_id,
+                    interactions.c.status,
+                    interactions.c.latency_ms,
+                    interactions.c.metadata,
+                ).where(in_window, served)
             ).all()
             counts = connection.execute(
                 select(feedback.c.type, func.count(func.distinct(feedback.c.request_id)))
@@ -83,26 +102,35 @@ def adapter_windows(
             ).all()
             failed_task = and_(feedback.c.type == "task_outcome", feedback.c.outcome == "failure")
 
-            def requests_with(condition: ColumnElement[bool], served: Any = served) -> int:
+            def requests_with(condition: ColumnElement[bool], served: Any = served) -> set[str]:
                 """This arm's requests in the window with feedback matching ``condition``."""
-                return int(
+                return set(
                     connection.execute(
-                        select(func.count(func.distinct(feedback.c.request_id)))
+                        select(feedback.c.request_id)
+                        .distinct()
                         .select_from(joined)
                         .where(in_window, served, condition)
-                    ).scalar_one()
+                    ).scalars()
                 )
 
+            cancelled = {r.request_id for r in rows if r.status == "cancelled"}
+            abandoned = requests_with(feedback.c.type == Signal.ABANDON.value) | cancelled
             task_failures = requests_with(failed_task)
-            dissatisfied = requests_with(or_(feedback.c.type.in_(_NEGATIVE_TYPES), failed_task))
+            dissatisfied = (
+                requests_with(or_(feedback.c.type.in_(_NEGATIVE_TYPES), failed_task)) | cancelled
+            )
             latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
             results[adapter] = AdapterWindow(
                 adapter=adapter,
                 requests=len(rows),
-                errors=sum(1 for r in rows if r.status != "ok"),
+                errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
                 p99_latency_ms=_p99(latencies),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}
-                | {TASK_FAILURE: task_failures, DISSATISFIED: dissatisfied},
+                | {
+                    Signal.ABANDON.value: len(abandoned),
+                    TASK_FAILURE: len(task_failures),
+                    DISSATISFIED: len(dissatisfied),
+                },
             )
     return results

@@ -697,6 +697,7 @@ def _finish(
     finished.latency_ms = elapsed * 1000
     finished.status = status
     finished.error = error
+    finished.error_kind = kind if status == "error" else None
     state.recorder.record(finished)
     line, adapter = finished.business_line, exchange.adapter_label
     metrics = state.metrics

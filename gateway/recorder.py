@@ -64,6 +64,9 @@ class FinishedRequest:
     chunks: list[bytes] | None = None
     completion_api: bool = False
     error: str | None = None
+    # upstream_unavailable, upstream_failed, upstream_error, adapter_missing, stream_broken
+    # (the model side's), or rejected_by_model_server (the caller's request was refused).
+    error_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,8 @@ def interaction_event(finished: FinishedRequest) -> dict[str, Any]:
         metadata["usage"] = usage
     if finished.error:
         metadata["error"] = finished.error[:500]
+    if finished.error_kind:
+        metadata["error_kind"] = finished.error_kind
     return {
         "type": "interaction",
         "request_id": finished.request_id,

@@ -417,6 +417,43 @@ def test_the_canary_window_counts_failed_tasks_abandons_and_the_dissatisfied_onc
     store.close()
 
 
+def test_errors_are_the_model_sides_and_a_cancel_is_an_abandon(settings: Settings) -> None:
+    store = FeedbackStore.open(settings)
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    outcomes = [
+        ("ok", None),
+        ("error", "upstream_error"),  # vLLM failed: the canary's error
+        ("error", "stream_broken"),
+        ("error", "rejected_by_model_server"),  # vLLM refused the caller's request
+        ("cancelled", None),  # the user went away before the answer ended
+        ("error", None),  # logged before error kinds were kept: counted, as it was
+    ]
+    events: list[dict[str, Any]] = []
+    for index, (status, kind) in enumerate(outcomes):
+        event = _interaction(f"e{index}", "customer_service-v2", start + timedelta(seconds=index))
+        event["status"] = status
+        if kind:
+            event["metadata"] = {"error": "x", "error_kind": kind}
+        events.append(event)
+    events.append(
+        {
+            "type": "abandon",
+            "request_id": "e4",
+            "idempotency_key": "ab-e4",
+            "created_at": start.isoformat(),
+        }
+    )
+    store.ingest(events, source="t")
+    window = adapter_windows(
+        store.engine, "customer_service", ["customer_service-v2"], start, start + timedelta(hours=1)
+    )["customer_service-v2"]
+    store.close()
+    assert window.requests == 6
+    assert window.errors == 3
+    # The cancel and its explicit abandon are one abandoned request.
+    assert (window.signals["abandon"], window.signals["dissatisfied"]) == (1, 1)
+
+
 def test_the_canary_rates_are_the_online_signals_and_errors() -> None:
     from feedback.online import DISSATISFIED
     from feedback.signals import ONLINE_SIGNALS

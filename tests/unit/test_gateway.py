@@ -283,6 +283,7 @@ def test_no_upstream_gives_503_with_a_body_and_the_failure_is_logged(settings: S
     with store.engine.connect() as connection:
         row = connection.execute(select(interactions_table)).one()
     assert (row.request_id, row.status) == (request_id, "error")
+    assert row.metadata["error_kind"] == "upstream_unavailable"  # the model side's: counted
     store.close()
 
 
