@@ -57,6 +57,7 @@ from dashboard.shaping import RATE_SIGNALS
 from feedback.rollup import SignalRollup
 from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
+from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
 
 if TYPE_CHECKING:
@@ -184,6 +185,8 @@ def create_app(
     """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
     or the configured one); when that file does not exist the page is open on loopback."""
     from gateway.settings import GatewaySettings
+
+    withhold_tracebacks()
 
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
@@ -325,9 +328,7 @@ def _add_error_handlers(app: FastAPI, context: _Context) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         logger.error(
-            "dashboard: %s on %s (message withheld: it may quote stored text)",
-            type(exc).__name__,
-            request.url.path,
+            "dashboard: %s on %s", where_it_failed(exc.__traceback__, type(exc)), request.url.path
         )
         return await _refused(request, PageError(500, "internal error in the feedback page"))
 

@@ -17,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import traceback
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -114,6 +117,40 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The next request on this connection starts its own count at its first byte."""
         super().on_message_complete()
         self._in_head = True
+
+
+def where_it_failed(trace: TracebackType | None, kind: type[BaseException]) -> str:
+    """An exception as a log line may show it: its type and the innermost frame's file and
+    line, never its message (which may quote a prompt or stored text)."""
+    frames = traceback.extract_tb(trace) if trace is not None else []
+    place = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{kind.__name__}{place} (message withheld)"
+
+
+class WithheldTracebacks(logging.Filter):
+    """Keeps an exception's message and traceback out of the server's log: Starlette re-raises
+    every unhandled exception after the app's own handler answered 500, and uvicorn then
+    logs it whole — a message that may quote a prompt or stored text. The log keeps the
+    exception's type and where the app's handler said it happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Strip the exception of a record that carries one."""
+        if record.exc_info and record.exc_info[0] is not None:
+            record.msg = (
+                f"{record.getMessage()}: {where_it_failed(record.exc_info[2], record.exc_info[0])}"
+            )
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def withhold_tracebacks() -> None:
+    """Install :class:`WithheldTracebacks` on uvicorn's error log (once per process; the
+    app factories call it, so every worker process has it)."""
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, WithheldTracebacks) for f in log.filters):
+        log.addFilter(WithheldTracebacks())
 
 
 def server_options() -> dict[str, Any]:

@@ -45,6 +45,7 @@ from feedback.events import (
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
+from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
 from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
 from gateway.limits import Limiter, Limits, Quota, Verdict, build_limiter, quotas_for
@@ -950,6 +951,7 @@ def create_app(
     keys: KeyRing | None = None,
 ) -> FastAPI:
     """The gateway application (one replica); resources open on startup, close on shutdown."""
+    withhold_tracebacks()
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
     keys_watch: KeyFileWatch | None = None
@@ -1040,8 +1042,10 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         return GatewayError(exc.status_code, str(exc.detail)).response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> Response:
-        logger.exception("gateway: unexpected error")
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # Its message may quote a prompt: the type and the place are enough to find it.
+        where = where_it_failed(exc.__traceback__, type(exc))
+        logger.error("gateway: unexpected error on %s: %s", request.url.path, where)
         return GatewayError(500, "internal error in the gateway").response()
 
     errors = (400, 401, 403, 404, 408, 413, 429, 502, 503)

@@ -5,6 +5,7 @@ requests, large bodies in one read included, pass."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -95,7 +96,7 @@ def test_ordinary_requests_and_a_large_body_in_one_read_pass(port: int) -> None:
     url = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {KEY}"}
     assert httpx.get(f"{url}/v1/models", headers=headers, timeout=10).status_code == 200
-    big = "x" * 500_000  # the first read holds headers and much more than 64 KiB of body
+    big = "x" * 150_000  # the first read holds headers and much more than 64 KiB of body
     body = {"model": "legal", "messages": [{"role": "user", "content": big}], "max_tokens": 2}
     with httpx.Client(timeout=10) as client:
         first = client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
@@ -103,3 +104,26 @@ def test_ordinary_requests_and_a_large_body_in_one_read_pass(port: int) -> None:
         second = client.get(f"{url}/v1/models", headers=headers)
     assert first.status_code == 200, first.text
     assert second.status_code == 200
+
+
+def test_an_unexpected_error_reaches_the_log_without_its_message(
+    port: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gateway.app
+
+    def broken(*_args: object) -> str:
+        raise RuntimeError("the prompt said: call me on 13800138000")
+
+    monkeypatch.setattr(gateway.app, "_line_for", broken)
+    with caplog.at_level(logging.INFO):
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "legal", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=10,
+        )
+        time.sleep(0.2)  # uvicorn logs the re-raised exception after the 500 went out
+    assert answer.status_code == 500
+    assert "13800138000" not in answer.text
+    assert "13800138000" not in caplog.text
+    assert "RuntimeError at test_http_guard.py" in caplog.text
