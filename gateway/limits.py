@@ -359,6 +359,7 @@ class RedisLimiter:
         window_s: float = 60.0,
         stream_ttl_s: float = 3_600.0,
         namespace: str = "flywheel",
+        timeout_s: float = 0.5,
     ) -> None:
         import redis.asyncio as redis
 
@@ -366,7 +367,12 @@ class RedisLimiter:
         self.window_s = window_s
         self.stream_ttl_s = stream_ttl_s
         self._client: Any = redis.Redis.from_url(
-            url, socket_timeout=0.5, socket_connect_timeout=0.5, decode_responses=True
+            # A Redis slower than this counts as down: limits fall back to this process
+            # rather than hold every request.
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=True,
         )
         self._admit = self._client.register_script(_ADMIT)
         self._charge = self._client.register_script(_CHARGE)
@@ -480,11 +486,15 @@ class RedisLimiter:
 
 
 def build_limiter(
-    redis_url: str | None, window_s: float, stream_ttl_s: float, namespace: str = "flywheel"
+    redis_url: str | None,
+    window_s: float,
+    stream_ttl_s: float,
+    namespace: str = "flywheel",
+    timeout_s: float = 0.5,
 ) -> Limiter:
     """The shared limiter when a Redis URL is set, else this process's own."""
     if redis_url:
-        return RedisLimiter(redis_url, window_s, stream_ttl_s, namespace)
+        return RedisLimiter(redis_url, window_s, stream_ttl_s, namespace, timeout_s)
     return MemoryLimiter(window_s, stream_ttl_s)
 
 

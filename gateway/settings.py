@@ -65,6 +65,13 @@ class GatewaySettings(BaseSettings):
         description="The sliding window the per-minute rate limits are counted over "
         "(a minute; shorter only in tests).",
     )
+    redis_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=30,
+        description="A Redis slower than this counts as down: rate limits then count per "
+        "process instead of holding requests.",
+    )
     rate_limit_namespace: str = Field(
         default="flywheel",
         pattern=r"^[A-Za-z0-9._-]{1,64}$",

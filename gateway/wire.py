@@ -1,6 +1,7 @@
-"""The completion requests the gateway accepts, as models: OpenAI's fields with OpenAI's
-bounds plus the gateway's own caps, checked before anything reaches vLLM. The OpenAPI
-document is generated from these models.
+"""The gateway's wire formats: its headers, its errors (OpenAI's error shape), the
+feedback request, the messages as the store keeps them, and the completion requests
+it accepts, as models: OpenAI's fields with OpenAI's bounds plus the gateway's own caps,
+checked before anything reaches vLLM. The OpenAPI document is generated from the models.
 
 What passes: every field of OpenAI's chat and text completion APIs, and vLLM's extra
 sampling parameters (``min_tokens``, ``top_k``, ``repetition_penalty``, ...), which
@@ -13,9 +14,19 @@ or cache controls.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import hashlib
+import re
+from typing import Any, ClassVar, Literal
 
+import orjson
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+
+from feedback.events import (
+    IDENTIFIER,
+    FeedbackType,
+    TaskOutcome,
+)
 
 # vLLM request fields beyond OpenAI's that reach past sampling; the key must allow them.
 SERVER_FIELDS = frozenset(
@@ -117,3 +128,212 @@ def request_problems(
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON schema for the OpenAPI document (definitions inlined as $defs)."""
     return model.model_json_schema(ref_template="#/components/schemas/{model}")
+
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+ADAPTER_HEADER = "x-flywheel-adapter"
+
+
+ARM_HEADER = "x-flywheel-arm"
+
+
+LINE_HEADER = "x-flywheel-business-line"
+
+
+SESSION_HEADER = "x-session-id"
+
+
+USER_HEADER = "x-user-id"
+
+
+IDENTIFIER_RE = re.compile(IDENTIFIER)
+
+
+JSON_TYPE = "application/json"
+
+
+class GatewayError(Exception):
+    """A refusal with an HTTP status and a message for the caller (OpenAI's error shape)."""
+
+    KINDS: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        405: "invalid_request_error",
+        408: "invalid_request_error",
+        413: "invalid_request_error",
+        415: "invalid_request_error",
+        429: "rate_limit_error",
+        502: "upstream_error",
+        503: "service_unavailable",
+    }
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        """The JSON error body."""
+        error = {
+            "message": self.message,
+            "type": self.KINDS.get(self.status, "error"),
+            "param": self.param,
+            "code": self.status,
+        }
+        return orjson.dumps({"error": error})
+
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        """The error as a response."""
+        return Response(self.body(), status_code=self.status, media_type=JSON_TYPE, headers=headers)
+
+
+class FeedbackRequest(BaseModel):
+    """Feedback on one answer, named by the request id the gateway returned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(pattern=IDENTIFIER, description="The x-request-id of the answer.")
+    type: FeedbackType
+    edited_text: str | None = Field(
+        default=None, min_length=1, description="For 'edit': the answer as the user corrected it."
+    )
+    outcome: TaskOutcome | None = Field(default=None, description="For 'task_outcome'.")
+    replaced_by: str | None = Field(
+        default=None, pattern=IDENTIFIER, description="For 'regenerate': the new request id."
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        # The store keeps 200 characters; the key is kept under its line's and API key's name.
+        max_length=120,
+        description="Replays with the same key are stored once (one per type by default); "
+        "keys are per business line and API key.",
+    )
+
+
+class FeedbackAccepted(BaseModel):
+    """The answer to an accepted feedback event."""
+
+    status: str = "accepted"
+    request_id: str
+    type: FeedbackType
+    idempotency_key: str
+
+
+def identity(value: object) -> str | None:
+    """A user or session id as the store keeps it (odd ones hashed, never refused)."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if IDENTIFIER_RE.fullmatch(text):
+        return text
+    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def text_of(content: object, where: str) -> str:
+    """The text of a message's content (a string, or OpenAI's list of text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise GatewayError(
+                    400, f"{where}: only text content parts are supported", param=where
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise GatewayError(400, f"{where}: a text part needs a string 'text'", param=where)
+            texts.append(text)
+        return "".join(texts)
+    raise GatewayError(400, f"{where} must be a string or a list of text parts", param=where)
+
+
+def chat_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
+    """The request's messages as the store keeps them (role and text), or a 400."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' must be a non-empty list", param="messages")
+    logged = []
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        if not isinstance(message, dict):
+            raise GatewayError(400, f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise GatewayError(
+                400, f"{where}.role must be one of {', '.join(sorted(ROLES))}", param=where
+            )
+        # OpenAI's developer role is its system role under a new name; the store and
+        # the model's chat template know it as system.
+        logged.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": text_of(message.get("content"), where),
+            }
+        )
+    return logged
+
+
+def completion_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
+    """A completion prompt as one user message, or a 400."""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise GatewayError(400, "'prompt' must be one non-empty string", param="prompt")
+    return [{"role": "user", "content": prompt}]
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "integer"},
+            },
+        }
+    },
+}
+
+
+def documented(
+    schema: dict[str, Any], statuses: tuple[int, ...], *, duplicate: bool = False
+) -> dict[str, Any]:
+    error = {"content": {JSON_TYPE: {"schema": ERROR_SCHEMA}}}
+    responses: dict[str, Any] = {
+        str(status): {"description": GatewayError.KINDS.get(status, "error"), **error}
+        for status in statuses
+    }
+    if duplicate:
+        responses["200"] = {
+            "description": "The same signal on this answer was given already: counted once.",
+            "content": {
+                JSON_TYPE: {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "status": {"type": "string", "enum": ["duplicate"]},
+                            "request_id": {"type": "string"},
+                            "type": {"type": "string"},
+                            "idempotency_key": {"type": "string"},
+                        },
+                    }
+                }
+            },
+        }
+    return {
+        "requestBody": {"required": True, "content": {JSON_TYPE: {"schema": schema}}},
+        "responses": responses,
+    }

@@ -75,6 +75,8 @@ def two_gateways(
         "FLYWHEEL_HOME": str(home),
         "FLYWHEEL_DATABASE_URL": postgres_url,
         "FLYWHEEL_REDIS_URL": redis_url,
+        # Shared counting is what is measured: a busy test machine is not a Redis outage.
+        "FLYWHEEL_GATEWAY_REDIS_TIMEOUT_S": "5",
         "FLYWHEEL_GATEWAY_UPSTREAMS": f"http://127.0.0.1:{stub_port}",
         # A fresh namespace: counters of earlier runs on this Redis do not count here.
         "FLYWHEEL_GATEWAY_RATE_LIMIT_NAMESPACE": f"test-{uuid.uuid4().hex[:12]}",

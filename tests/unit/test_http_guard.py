@@ -114,7 +114,7 @@ def test_an_unexpected_error_reaches_the_log_without_its_message(
     def broken(*_args: object) -> str:
         raise RuntimeError("the prompt said: call me on 13800138000")
 
-    monkeypatch.setattr(gateway.app, "_line_for", broken)
+    monkeypatch.setattr(gateway.app, "line_for", broken)
     with caplog.at_level(logging.INFO):
         answer = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",

@@ -123,7 +123,7 @@ def test_redis_counts_like_memory_and_takes_all_or_nothing(redis_url: str) -> No
 
     async def burst() -> list[bool]:
         # One event loop: the limiter's connection pool belongs to it.
-        limiter = RedisLimiter(redis_url, window_s=60)
+        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
         try:
             verdicts = await asyncio.gather(
                 *(limiter.admit([key, line], [1, 1], []) for _ in range(30))
@@ -146,7 +146,7 @@ def test_redis_stream_slots_and_token_charges(redis_url: str) -> None:
     streams, tokens = Quota(scope, "streams", 1), Quota(scope, "tokens", 100)
 
     async def run() -> None:
-        limiter = RedisLimiter(redis_url, window_s=60)
+        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
         try:
             await check(limiter)
         finally:

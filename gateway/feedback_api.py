@@ -1,0 +1,221 @@
+"""``POST /v1/feedback``: a signal on an answer, scoped by the answer's business line and
+the caller's key, counted once per answer and signal, handed to the recorder."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from feedback.events import (
+    InvalidEventError,
+    validate_event,
+)
+from feedback.schema import feedback_table, interactions_table
+from gateway.intake import json_body, key_of
+from gateway.keys import ApiKey
+from gateway.limiting import (
+    check_limits,
+    limit_scopes,
+    too_many,
+)
+from gateway.limits import quotas_for
+from gateway.metrics import NO_ADAPTER
+from gateway.recorder import STORE_DOWN_ERRORS
+from gateway.state import GatewayState
+from gateway.wire import (
+    JSON_TYPE,
+    FeedbackAccepted,
+    FeedbackRequest,
+    GatewayError,
+)
+
+CLAIMED_KEYS = 100_000
+
+
+_OWN_REQUEST_ID = re.compile(r"req-[0-9a-f]{32}")
+
+
+async def _owner_of(
+    state: GatewayState, request_id: str, field_name: str = "request_id"
+) -> tuple[str, str | None, str | None]:
+    """(business line, user, adapter) of a request, from memory or from the store. A request
+    id of the gateway's own shape that is not in the store yet may have been answered by
+    another replica a moment ago (its writer flushes every ``log_flush_s``): it is looked up
+    again for up to ``feedback_lookup_wait_s`` before the 404."""
+    recent = state.recorder.recent(request_id)
+    if recent is not None:
+        return recent.business_line, recent.user_id, recent.adapter_name
+    table = interactions_table
+    query = select(table.c.business_line, table.c.user_id, table.c.adapter_name).where(
+        table.c.request_id == request_id
+    )
+
+    def lookup() -> Any:
+        with state.store.engine.connect() as connection:
+            return connection.execute(query).first()
+
+    wait = state.gateway.feedback_lookup_wait_s if _OWN_REQUEST_ID.fullmatch(request_id) else 0
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            row = await asyncio.to_thread(lookup)
+        except STORE_DOWN_ERRORS:
+            raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
+        if row is not None:
+            return row.business_line, row.user_id, row.adapter_name
+        if time.monotonic() >= deadline:
+            raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
+        await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+async def receive_feedback(state: GatewayState, request: Request) -> Response:
+    key = key_of(state, request)
+    payload = await json_body(state, request)
+    try:
+        feedback = FeedbackRequest.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
+    line, user, adapter = await _owner_of(state, feedback.request_id)
+    if not key.may_use(line):
+        raise GatewayError(403, "this key may not give feedback on that business line")
+    quotas = quotas_for("feedback", limit_scopes(state, key, line))
+    if quotas:
+        verdict = await check_limits(state, line, quotas, [1.0] * len(quotas))
+        if not verdict.allowed:
+            return too_many(verdict)
+    if feedback.replaced_by is not None:
+        replacement_line, _, _ = await _owner_of(state, feedback.replaced_by, "replaced_by")
+        if replacement_line != line:
+            raise GatewayError(
+                400, "replaced_by must be a request of the same business line", param="replaced_by"
+            )
+    idempotency_key = feedback.idempotency_key or _default_key(feedback)
+    stored_key = _stored_key(line, key, feedback, idempotency_key)
+    event = {
+        "type": feedback.type.value,
+        "request_id": feedback.request_id,
+        "user_id": user,
+        "edited_text": feedback.edited_text,
+        "outcome": feedback.outcome.value if feedback.outcome else None,
+        "replaced_by": feedback.replaced_by,
+        "idempotency_key": stored_key,
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    try:
+        validate_event(
+            event,
+            max_text_chars=state.settings.store.max_text_chars,
+            max_messages=state.settings.store.max_messages,
+        )
+    except InvalidEventError as exc:
+        raise GatewayError(400, exc.reason, param=exc.field) from None
+    replay = False
+    if feedback.idempotency_key is not None:
+        replay = await _claim_key(state, stored_key, feedback)
+    accepted = FeedbackAccepted(
+        request_id=feedback.request_id, type=feedback.type, idempotency_key=idempotency_key
+    )
+    if replay:
+        # The same key for the same signal again: the first answer, nothing stored twice.
+        return Response(accepted.model_dump_json().encode(), status_code=202, media_type=JSON_TYPE)
+    signal = _default_key(feedback)
+    if await _already_given(state, signal, feedback):
+        # The same signal on the same answer (a double click, a flood under fresh keys):
+        # it counts once, and the caller is told so instead of a 202 for a copy.
+        duplicate = {
+            "status": "duplicate",
+            "request_id": feedback.request_id,
+            "type": feedback.type.value,
+            "idempotency_key": idempotency_key,
+        }
+        return Response(orjson.dumps(duplicate), status_code=200, media_type=JSON_TYPE)
+    state.recorder.record_feedback(event)
+    state.given_signals[signal] = None
+    if len(state.given_signals) > CLAIMED_KEYS:
+        state.given_signals.popitem(last=False)
+    state.metrics.feedback.labels(line, adapter or NO_ADAPTER, feedback.type.value).inc()
+    return Response(accepted.model_dump_json().encode(), status_code=202, media_type=JSON_TYPE)
+
+
+def _stored_key(line: str, key: ApiKey, feedback: FeedbackRequest, idempotency_key: str) -> str:
+    """The idempotency key as stored: a caller's own key lives in the namespace of its line
+    and API key (another tenant cannot pre-empt it); the default one names the request."""
+    if feedback.idempotency_key is None:
+        return idempotency_key  # gw:<request id>:...: the request id already names the line
+    holder = hashlib.sha256(key.name.encode()).hexdigest()[:8]
+    return f"{line}:{holder}:{idempotency_key}"
+
+
+async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest) -> bool:
+    """Refuse (409) a caller's key reused for another request or signal: otherwise it would
+    be a 202 whose event the store then drops as a duplicate. True when the key was already
+    claimed for this very signal (a replay)."""
+    claim = (feedback.request_id, feedback.type.value)
+    held = state.claimed_keys.get(stored)
+    if held is None:
+        table = feedback_table
+        query = select(table.c.request_id, table.c.type).where(table.c.idempotency_key == stored)
+
+        def lookup() -> Any:
+            with state.store.engine.connect() as connection:
+                return connection.execute(query).first()
+
+        try:
+            row = await asyncio.to_thread(lookup)
+        except STORE_DOWN_ERRORS:
+            row = None  # the store's unique key still keeps the first; say 202 as before
+        held = (row.request_id, row.type) if row is not None else None
+    if held is not None and held != claim:
+        given = feedback.idempotency_key
+        raise GatewayError(
+            409,
+            f"idempotency_key {given!r} was already used for {held[1]} on request {held[0]}",
+            param="idempotency_key",
+        )
+    state.claimed_keys[stored] = claim
+    state.claimed_keys.move_to_end(stored)
+    if len(state.claimed_keys) > CLAIMED_KEYS:
+        state.claimed_keys.popitem(last=False)
+    return held is not None
+
+
+async def _already_given(state: GatewayState, signal: str, feedback: FeedbackRequest) -> bool:
+    """Whether this signal (type and content) was already given on this answer, by this
+    replica lately or by any replica in the store."""
+    if signal in state.given_signals:
+        return True
+    table = feedback_table
+    query = select(table.c.edited_text, table.c.outcome, table.c.replaced_by).where(
+        table.c.request_id == feedback.request_id, table.c.type == feedback.type.value
+    )
+
+    def lookup() -> list[Any]:
+        with state.store.engine.connect() as connection:
+            return list(connection.execute(query).all())
+
+    try:
+        rows = await asyncio.wait_for(asyncio.to_thread(lookup), timeout=0.5)
+    except (TimeoutError, *STORE_DOWN_ERRORS):
+        return False  # the spool replays it; the store's unique key still holds
+    outcome = feedback.outcome.value if feedback.outcome else None
+    given = (feedback.edited_text, outcome, feedback.replaced_by)
+    return any((r.edited_text, r.outcome, r.replaced_by) == given for r in rows)
+
+
+def _default_key(feedback: FeedbackRequest) -> str:
+    """One event per request and type, unless the content differs (a second, different edit)."""
+    detail = feedback.edited_text or feedback.replaced_by or ""
+    suffix = hashlib.sha256(detail.encode()).hexdigest()[:16] if detail else "1"
+    return f"gw:{feedback.request_id}:{feedback.type.value}:{suffix}"

@@ -1,0 +1,116 @@
+"""A completion or feedback request taken in: the key, a bounded body, the business
+line, and the checks that refuse up front what vLLM or the store would refuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request
+from pydantic import ValidationError
+
+from feedback.events import (
+    InvalidEventError,
+    check_prompt,
+)
+from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
+from gateway.keys import ApiKey, bearer_token
+from gateway.state import GatewayState
+from gateway.wire import (
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    request_problems,
+)
+
+
+def key_of(state: GatewayState, request: Request) -> ApiKey:
+    token = bearer_token(request.headers.get("authorization"))
+    if token is None:
+        raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'")
+    key = state.keys.authorize(token)
+    if key is None:
+        raise GatewayError(401, "unknown API key")
+    return key
+
+
+async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
+    try:
+        body = await read_body(
+            request.stream(),
+            request.headers.get("content-length"),
+            state.gateway.max_body_bytes,
+            state.gateway.body_read_timeout_s,
+        )
+    except BodyTooLargeError as exc:
+        raise GatewayError(413, str(exc)) from None
+    except BodyStalledError as exc:
+        # A client that stalls mid-body is cut, not waited on forever (slowloris).
+        raise GatewayError(408, str(exc)) from None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise GatewayError(400, "the body must be a JSON object")
+    return payload
+
+
+def line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
+    line = payload.get("model")
+    allowed = key.lines_among(state.lines)
+    if not isinstance(line, str) or not line:
+        raise GatewayError(
+            400,
+            f"'model' must name your business line (one of: {', '.join(allowed) or 'none'})",
+            param="model",
+        )
+    if line not in state.lines:
+        raise GatewayError(
+            404,
+            f"unknown business line {line[:80]!r} (yours: {', '.join(allowed) or 'none'})",
+            param="model",
+        )
+    if not key.may_use(line):
+        raise GatewayError(403, f"this key may not use the business line {line!r}", param="model")
+    return line
+
+
+def check_request(
+    state: GatewayState,
+    key: ApiKey,
+    payload: dict[str, Any],
+    messages: list[dict[str, str]],
+    *,
+    completion_api: bool,
+) -> None:
+    """Refuse up front (400, the field named) what OpenAI's API would refuse, what is over
+    this gateway's caps or past what the key may send, and what the store would quarantine,
+    rather than answer 200 and drop the record."""
+    model = CompletionRequest if completion_api else ChatRequest
+    try:
+        request = model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
+    problem = request_problems(
+        request,
+        max_output_tokens=state.gateway.max_output_tokens,
+        max_choices=state.gateway.max_choices,
+        server_fields=key.allow_server_fields,
+    )
+    if problem is not None:
+        raise GatewayError(400, problem[1], param=problem[0])
+    try:
+        check_prompt(
+            messages,
+            max_text_chars=state.settings.store.max_text_chars,
+            max_messages=state.settings.store.max_messages,
+        )
+    except InvalidEventError as exc:
+        raise GatewayError(400, f"{exc.field}: {exc.reason}", param=exc.field) from None
+    if not completion_api:
+        for message in payload["messages"]:
+            if message.get("role") == "developer":
+                message["role"] = "system"

@@ -1,0 +1,78 @@
+"""The gateway's side of the rate limits (:mod:`gateway.limits`): which quotas a request
+draws on, the 429, and settling tokens and stream slots once an answer is done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.responses import Response
+
+from gateway.keys import ApiKey
+from gateway.limits import Limits, Quota, Verdict, quotas_for
+from gateway.recorder import (
+    FinishedRequest,
+    used_tokens,
+)
+from gateway.state import GatewayState
+from gateway.wire import GatewayError
+
+
+@dataclass(slots=True)
+class Admission:
+    """What a completion took from the rate limits: tokens are charged and the stream slot
+    given back when it finishes."""
+
+    tokens: list[Quota]
+    streams: list[Quota]
+    slot: str | None
+
+
+def limit_scopes(state: GatewayState, key: ApiKey, line: str) -> list[tuple[str, Limits | None]]:
+    return [(f"key:{key.name}", key.limits), (f"line:{line}", state.keys.line_limits.get(line))]
+
+
+def too_many(verdict: Verdict) -> Response:
+    assert verdict.refused is not None
+    headers = verdict.headers()
+    wait = headers["retry-after"]
+    error = GatewayError(429, f"rate limit reached: {verdict.refused.label}; retry in {wait} s")
+    return error.response(headers)
+
+
+async def check_limits(
+    state: GatewayState,
+    line: str,
+    quotas: list[Quota],
+    costs: list[float],
+    streams: list[Quota] | None = None,
+) -> Verdict:
+    """Ask the limiter and count the outcome per line."""
+    verdict = await state.limiter.admit(quotas, costs, streams or [])
+    state.metrics.rate_limited.labels(line, "admitted" if verdict.allowed else "refused").inc()
+    return verdict
+
+
+async def admit_completion(
+    state: GatewayState, key: ApiKey, line: str
+) -> tuple[Admission | None, Verdict | None]:
+    """Count a completion against its key's and line's limits: (admission, None) when it may
+    go on, (None, refusal) when a limit is reached; (None, None) when nothing is limited."""
+    scopes = limit_scopes(state, key, line)
+    requests = quotas_for("requests", scopes)
+    tokens = quotas_for("tokens", scopes)
+    streams = quotas_for("streams", scopes)
+    if not (requests or tokens or streams):
+        return None, None
+    costs = [1.0] * len(requests) + [0.0] * len(tokens)
+    verdict = await check_limits(state, line, [*requests, *tokens], costs, streams)
+    if not verdict.allowed:
+        return None, verdict
+    return Admission(tokens, streams, verdict.stream_slot), verdict
+
+
+async def settle(state: GatewayState, admitted: Admission, finished: FinishedRequest) -> None:
+    """Charge the tokens a finished completion used and give back its stream slot."""
+    if admitted.slot is not None:
+        await state.limiter.release(admitted.streams, admitted.slot)
+    if admitted.tokens:
+        await state.limiter.charge(admitted.tokens, used_tokens(finished))
