@@ -553,6 +553,52 @@ class FeedbackStore:
             "quarantined": quarantine_count,
         }
 
+    # -- the gateway's look-ups (one query each, off its event loop) ----------------------
+
+    def request_owner(self, request_id: str) -> tuple[str, str | None, str | None] | None:
+        """(business line, user, adapter) of a logged request, or None."""
+        table = interactions_table
+        query = select(table.c.business_line, table.c.user_id, table.c.adapter_name).where(
+            table.c.request_id == request_id
+        )
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return None if row is None else (row.business_line, row.user_id, row.adapter_name)
+
+    def session_adapter(self, business_line: str, session_id: str) -> tuple[bool, str | None]:
+        """(found, adapter) of the latest logged request of a line's session."""
+        table = interactions_table
+        query = (
+            select(table.c.adapter_name)
+            .where(table.c.business_line == business_line, table.c.session_id == session_id)
+            .order_by(table.c.created_at.desc())
+            .limit(1)
+        )
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return (False, None) if row is None else (True, row.adapter_name)
+
+    def feedback_claim(self, idempotency_key: str) -> tuple[str, str] | None:
+        """(request id, type) of the stored feedback event under ``idempotency_key``."""
+        table = feedback_table
+        query = select(table.c.request_id, table.c.type).where(
+            table.c.idempotency_key == idempotency_key
+        )
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return None if row is None else (row.request_id, row.type)
+
+    def signals_on(
+        self, request_id: str, type_: str
+    ) -> list[tuple[str | None, str | None, str | None]]:
+        """(edited text, outcome, replaced by) of each stored ``type_`` event on a request."""
+        table = feedback_table
+        query = select(table.c.edited_text, table.c.outcome, table.c.replaced_by).where(
+            table.c.request_id == request_id, table.c.type == type_
+        )
+        with self.engine.connect() as connection:
+            return [(r.edited_text, r.outcome, r.replaced_by) for r in connection.execute(query)]
+
     def business_lines(self) -> list[str]:
         """Every business line with at least one interaction."""
         line = interactions_table.c.business_line

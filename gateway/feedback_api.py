@@ -8,19 +8,16 @@ import hashlib
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from feedback.events import (
     InvalidEventError,
     validate_event,
 )
-from feedback.schema import feedback_table, interactions_table
 from gateway.intake import json_body, key_of
 from gateway.keys import ApiKey
 from gateway.limiting import (
@@ -55,30 +52,22 @@ async def _owner_of(
     recent = state.recorder.recent(request_id)
     if recent is not None:
         return recent.business_line, recent.user_id, recent.adapter_name
-    table = interactions_table
-    query = select(table.c.business_line, table.c.user_id, table.c.adapter_name).where(
-        table.c.request_id == request_id
-    )
-
-    def lookup() -> Any:
-        with state.store.engine.connect() as connection:
-            return connection.execute(query).first()
-
     wait = state.gateway.feedback_lookup_wait_s if _OWN_REQUEST_ID.fullmatch(request_id) else 0
     deadline = time.monotonic() + wait
     while True:
         try:
-            row = await asyncio.to_thread(lookup)
+            owner = await asyncio.to_thread(state.store.request_owner, request_id)
         except STORE_DOWN_ERRORS:
             raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
-        if row is not None:
-            return row.business_line, row.user_id, row.adapter_name
+        if owner is not None:
+            return owner
         if time.monotonic() >= deadline:
             raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
         await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 async def receive_feedback(state: GatewayState, request: Request) -> Response:
+    """Check, scope and queue one feedback event: 202 accepted, 200 duplicate, or a 4xx."""
     key = key_of(state, request)
     payload = await json_body(state, request)
     try:
@@ -165,18 +154,10 @@ async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest
     claim = (feedback.request_id, feedback.type.value)
     held = state.claimed_keys.get(stored)
     if held is None:
-        table = feedback_table
-        query = select(table.c.request_id, table.c.type).where(table.c.idempotency_key == stored)
-
-        def lookup() -> Any:
-            with state.store.engine.connect() as connection:
-                return connection.execute(query).first()
-
         try:
-            row = await asyncio.to_thread(lookup)
+            held = await asyncio.to_thread(state.store.feedback_claim, stored)
         except STORE_DOWN_ERRORS:
-            row = None  # the store's unique key still keeps the first; say 202 as before
-        held = (row.request_id, row.type) if row is not None else None
+            held = None  # the store's unique key still keeps the first; say 202 as before
     if held is not None and held != claim:
         given = feedback.idempotency_key
         raise GatewayError(
@@ -196,22 +177,13 @@ async def _already_given(state: GatewayState, signal: str, feedback: FeedbackReq
     replica lately or by any replica in the store."""
     if signal in state.given_signals:
         return True
-    table = feedback_table
-    query = select(table.c.edited_text, table.c.outcome, table.c.replaced_by).where(
-        table.c.request_id == feedback.request_id, table.c.type == feedback.type.value
-    )
-
-    def lookup() -> list[Any]:
-        with state.store.engine.connect() as connection:
-            return list(connection.execute(query).all())
-
+    lookup = asyncio.to_thread(state.store.signals_on, feedback.request_id, feedback.type.value)
     try:
-        rows = await asyncio.wait_for(asyncio.to_thread(lookup), timeout=0.5)
+        stored = await asyncio.wait_for(lookup, timeout=0.5)
     except (TimeoutError, *STORE_DOWN_ERRORS):
         return False  # the spool replays it; the store's unique key still holds
     outcome = feedback.outcome.value if feedback.outcome else None
-    given = (feedback.edited_text, outcome, feedback.replaced_by)
-    return any((r.edited_text, r.outcome, r.replaced_by) == given for r in rows)
+    return (feedback.edited_text, outcome, feedback.replaced_by) in stored
 
 
 def _default_key(feedback: FeedbackRequest) -> str:

@@ -25,6 +25,7 @@ from gateway.wire import (
 
 
 def key_of(state: GatewayState, request: Request) -> ApiKey:
+    """The caller's API key, or a 401."""
     token = bearer_token(request.headers.get("authorization"))
     if token is None:
         raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'")
@@ -35,6 +36,7 @@ def key_of(state: GatewayState, request: Request) -> ApiKey:
 
 
 async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
+    """The body as a JSON object, read within the size and stall limits, or a 4xx."""
     try:
         body = await read_body(
             request.stream(),
@@ -57,6 +59,7 @@ async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
 
 
 def line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
+    """The business line the request names as ``model``, if this key may use it."""
     line = payload.get("model")
     allowed = key.lines_among(state.lines)
     if not isinstance(line, str) or not line:

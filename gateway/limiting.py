@@ -28,10 +28,12 @@ class Admission:
 
 
 def limit_scopes(state: GatewayState, key: ApiKey, line: str) -> list[tuple[str, Limits | None]]:
+    """The limit scopes a request of ``key`` on ``line`` draws on."""
     return [(f"key:{key.name}", key.limits), (f"line:{line}", state.keys.line_limits.get(line))]
 
 
 def too_many(verdict: Verdict) -> Response:
+    """The 429 for a refused verdict, with Retry-After and the x-ratelimit headers."""
     assert verdict.refused is not None
     headers = verdict.headers()
     wait = headers["retry-after"]

@@ -8,9 +8,6 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-
-from feedback.schema import interactions_table
 from gateway.recorder import STORE_DOWN_ERRORS
 from gateway.routing import RoutingTable, arm_of, choose_arm
 
@@ -60,21 +57,9 @@ def pinned_route(
 async def pin_from_store(state: GatewayState, line: str, session: str) -> tuple[bool, str | None]:
     """The adapter a conversation of ``line`` used last, from the store (another replica may
     have served it); not found when the store cannot say."""
-    table = interactions_table
-    query = (
-        select(table.c.adapter_name)
-        .where(table.c.business_line == line, table.c.session_id == session)
-        .order_by(table.c.created_at.desc())
-        .limit(1)
-    )
-
-    def lookup() -> tuple[bool, str | None]:
-        with state.store.engine.connect() as connection:
-            row = connection.execute(query).first()
-        return (False, None) if row is None else (True, row.adapter_name)
-
     try:
-        return await asyncio.wait_for(asyncio.to_thread(lookup), timeout=0.5)
+        lookup = asyncio.to_thread(state.store.session_adapter, line, session)
+        return await asyncio.wait_for(lookup, timeout=0.5)
     except (TimeoutError, *STORE_DOWN_ERRORS):
         return False, None
 
@@ -86,6 +71,9 @@ async def route_request(
     session: str | None,
     messages: list[dict[str, str]],
 ) -> tuple[str, str | None]:
+    """The arm and adapter for a request: a session keeps the adapter it began with (this
+    replica's pin, or the store's last answer when the caller sends a history), otherwise
+    the user's sticky split."""
     if session is None:
         return choose_arm(table, key)
     now = time.monotonic()

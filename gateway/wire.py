@@ -311,6 +311,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 def documented(
     schema: dict[str, Any], statuses: tuple[int, ...], *, duplicate: bool = False
 ) -> dict[str, Any]:
+    """The OpenAPI extras of a route: its request body schema and its error answers."""
     error = {"content": {JSON_TYPE: {"schema": ERROR_SCHEMA}}}
     responses: dict[str, Any] = {
         str(status): {"description": GatewayError.KINDS.get(status, "error"), **error}
