@@ -387,6 +387,7 @@ def create_app(
             await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.upstreams.close()
             await state.limiter.close()
+            state.metrics.worker_exited()
             await asyncio.to_thread(state.recorder.close)
             if own_store:
                 feedback_store.close()

@@ -1,6 +1,15 @@
-"""Prometheus metrics of one gateway replica, in a registry of its own (no global state)."""
+"""Prometheus metrics of one gateway replica, in a registry of its own (no global state).
+
+With several worker processes (``flywheel serve gateway --workers N``) each worker writes
+its values to files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess
+mode) and ``/metrics`` answers for all of them, whichever worker serves the scrape:
+counters and histograms summed, in-flight requests summed over live workers, the
+routing revision the highest, the freshness and store gauges the most recent.
+"""
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import (
     CollectorRegistry,
@@ -16,6 +25,11 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 NO_ADAPTER = "base"
 
 __all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics"]
+
+
+def multiprocess_dir() -> str | None:
+    """The folder the workers share their metrics through, when several serve."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 class GatewayMetrics:
@@ -54,6 +68,7 @@ class GatewayMetrics:
             "Requests being served right now, by adapter (drained before an unload).",
             ["business_line", "adapter"],
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.feedback = Counter(
             "flywheel_gateway_feedback",
@@ -78,23 +93,42 @@ class GatewayMetrics:
             "Revision of each business line's routing table this replica applies.",
             ["business_line"],
             registry=self.registry,
+            multiprocess_mode="max",
         )
         self.routes_age = Gauge(
             "flywheel_gateway_routes_age_seconds",
             "Seconds since the routing tables were last read from the store.",
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
         self.spooled = Gauge(
             "flywheel_gateway_spooled_records",
             "Interactions and feedback waiting on local disk for the store.",
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
         self.store_up = Gauge(
             "flywheel_gateway_store_up",
             "1 when the last write to the store succeeded.",
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
 
     def render(self) -> bytes:
-        """The text exposition format."""
-        return generate_latest(self.registry)
+        """The text exposition format (every worker's, in multiprocess mode)."""
+        folder = multiprocess_dir()
+        if folder is None:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=folder)
+        return generate_latest(merged)
+
+    @staticmethod
+    def worker_exited() -> None:
+        """Drop this worker's live gauges (its counters keep counting in the totals)."""
+        if multiprocess_dir() is not None:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(os.getpid())

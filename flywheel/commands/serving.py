@@ -269,6 +269,15 @@ def serve_gateway(
             "`flywheel gateway add-key` makes one"
         )
     open_store(settings).close()
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Every worker's metrics in one /metrics: prometheus_client's multiprocess mode,
+        # a fresh folder per run (the workers read the variable when they start).
+        import shutil
+
+        folder = settings.home / "metrics" / f"gateway-{port}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, mode=0o700)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
     bind = host or gateway.host
     out.print(
         f"gateway on http://{bind}:{port} in front of {', '.join(gateway.upstreams)}; "
