@@ -2,11 +2,15 @@
 
     .venv/bin/python bench/gateway_bench.py [--seconds 15] [--rounds 2] [--no-litellm]
 
-Three ways to the same server, measured in interleaved rounds so machine noise
+Four ways to the same server, measured in interleaved rounds so machine noise
 hits them alike: **direct** (the client calls the server), **flywheel** (through
-the gateway: key check, routing, SSE relay, logging to its SQLite store in the
-background) and **litellm** (LiteLLM's proxy, in its own virtualenv built from
-PyPI on first use). Every request is a streamed chat completion; latency is to
+the gateway as ``flywheel serve gateway`` runs it: header guards, key check,
+request checks, routing, SSE relay, logging to its SQLite store in the
+background), **flywheel+limits** (the same with rate limits on the key and the
+line — requests, tokens, concurrent streams — counted in Redis when one answers
+at 127.0.0.1:6379, set high enough that nothing is refused, so every request
+pays for the checks) and **litellm** (LiteLLM's proxy, in its own virtualenv
+built from PyPI on first use). Every request is a streamed chat completion; latency is to
 the last byte, TTFT to the first. For each of 1, 16 and 64 concurrent streams
 it prints p50/p99 and throughput per path, and the added p50/p99 and the
 throughput ratio against direct.
@@ -164,31 +168,55 @@ def vllm_server(work: Path) -> Iterator[tuple[str, str]]:
         yield server.base_url, "base"
 
 
+REDIS_URL = "redis://127.0.0.1:6379/0"
+# High enough that nothing is refused: every request pays for the checks, none is cut.
+NEVER_REACHED = {"requests_per_min": 10_000_000, "tokens_per_min": 1_000_000_000}
+
+
+def redis_answers(url: str = REDIS_URL) -> bool:
+    """Whether a Redis answers at ``url``."""
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.exceptions.ConnectionError:
+        return False
+
+
 @contextmanager
-def gateway(upstream: str, work: Path) -> Iterator[str]:
-    """flywheel's gateway (uvicorn, one process, SQLite store) in front of ``upstream``."""
-    from gateway.keys import ApiKey, key_digest
+def gateway(upstream: str, work: Path, *, limits: bool = False) -> Iterator[str]:
+    """flywheel's gateway (``flywheel serve gateway``, one process, SQLite store) in front of
+    ``upstream``; with ``limits``, rate limits on its key and line, in Redis when one
+    answers."""
+    import uuid
+
+    from gateway.keys import key_digest
     from registry.vllm_server import free_port
 
     home = Path(tempfile.mkdtemp(prefix="gw-", dir=work))
-    key = ApiKey(name="bench", sha256=key_digest(API_KEY), business_lines=(LINE,))
-    (home / "gateway-keys.yaml").write_text(
-        json.dumps({"keys": [key.model_dump(mode="json")]}), encoding="utf-8"
-    )
+    key: dict[str, Any] = {"name": "bench", "sha256": key_digest(API_KEY), "business_lines": [LINE]}
+    keys: dict[str, Any] = {"keys": [key]}
+    if limits:
+        key["limits"] = {**NEVER_REACHED, "concurrent_streams": 10_000}
+        keys["lines"] = {LINE: NEVER_REACHED}
+    (home / "gateway-keys.yaml").write_text(json.dumps(keys), encoding="utf-8")
     port = free_port()
     env = {
         **os.environ,
         "FLYWHEEL_HOME": str(home),
         "FLYWHEEL_GATEWAY_UPSTREAMS": upstream,
+        "FLYWHEEL_GATEWAY_RATE_LIMIT_NAMESPACE": f"bench-{uuid.uuid4().hex[:8]}",
     }
     env.pop("FLYWHEEL_DATABASE_URL", None)
-    argv = [
-        sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
-    ]  # fmt: skip
+    env.pop("FLYWHEEL_REDIS_URL", None)
+    if limits and redis_answers():
+        env["FLYWHEEL_REDIS_URL"] = REDIS_URL
+    flywheel = str(Path(sys.executable).parent / "flywheel")
+    argv = [flywheel, "serve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
     ready = f"http://127.0.0.1:{port}/healthz"
+    log = work / f"gateway-{port}.log"
     with service_process(
-        argv, name="the gateway", ready_url=ready, log_path=work / "gateway.log", env=env, cwd=REPO
+        argv, name="the gateway", ready_url=ready, log_path=log, env=env, cwd=REPO
     ):
         yield f"http://127.0.0.1:{port}"
 
@@ -347,17 +375,31 @@ def main() -> None:
     parser.add_argument("--no-stand-in", action="store_true", help="Only the real vLLM.")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"split": split_check(), "rows": []}
+    results: dict[str, Any] = {
+        "split": split_check(),
+        "rows": [],
+        "limits_in": "redis" if redis_answers() else "process",
+    }
+    print(f"flywheel+limits counts in {results['limits_in']}")
     servers = [] if args.no_stand_in else [("stand-in", stub_server)]
     servers += [] if args.no_vllm else [("vLLM CPU", vllm_server)]
     gateway_headers = {"Authorization": f"Bearer {API_KEY}", "x-user-id": "bench-user"}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as scratch:
         work = Path(scratch)
         for server_name, start in servers:
-            with start(work) as (upstream, model), gateway(upstream, work) as gateway_url:
+            with (
+                start(work) as (upstream, model),
+                gateway(upstream, work) as gateway_url,
+                gateway(upstream, work, limits=True) as limited_url,
+            ):
                 targets = {
                     "direct": (f"{upstream}/v1/chat/completions", model, {}),
                     "flywheel": (f"{gateway_url}/v1/chat/completions", LINE, gateway_headers),
+                    "flywheel+limits": (
+                        f"{limited_url}/v1/chat/completions",
+                        LINE,
+                        gateway_headers,
+                    ),
                 }
                 if args.no_litellm:
                     cells = measure(targets, args.seconds, args.rounds, args.tokens)
@@ -370,13 +412,14 @@ def main() -> None:
                 results["rows"] += report(server_name, cells)
     (RESULTS / "gateway_bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     plot(results["rows"], RESULTS / "gateway_overhead.png")
-    worst = [r for r in results["rows"] if r["path"] == "flywheel" and r["server"] == "stand-in"]
-    if worst:
-        print(
-            "flywheel on the stand-in: added p50 "
-            + ", ".join(f"{r['added_p50_ms']:+.2f} ms @{r['streams']}" for r in worst)
-            + f"; median {statistics.median(r['added_p50_ms'] for r in worst):+.2f} ms"
-        )
+    for path in ("flywheel", "flywheel+limits"):
+        mine = [r for r in results["rows"] if r["path"] == path and r["server"] == "stand-in"]
+        if mine:
+            print(
+                f"{path} on the stand-in: added p50 "
+                + ", ".join(f"{r['added_p50_ms']:+.2f} ms @{r['streams']}" for r in mine)
+                + f"; median {statistics.median(r['added_p50_ms'] for r in mine):+.2f} ms"
+            )
     print(f"results: {RESULTS / 'gateway_bench.json'}, plot: {RESULTS / 'gateway_overhead.png'}")
 
 
