@@ -74,7 +74,5 @@ async def admit_completion(
 
 async def settle(state: GatewayState, admitted: Admission, finished: FinishedRequest) -> None:
     """Charge the tokens a finished completion used and give back its stream slot."""
-    if admitted.slot is not None:
-        await state.limiter.release(admitted.streams, admitted.slot)
-    if admitted.tokens:
-        await state.limiter.charge(admitted.tokens, used_tokens(finished))
+    amount = used_tokens(finished) if admitted.tokens else 0
+    await state.limiter.settle(admitted.tokens, amount, admitted.streams, admitted.slot)

@@ -173,6 +173,12 @@ class Limiter(Protocol):
         """Give back a stream slot taken by :meth:`admit`."""
         ...
 
+    async def settle(
+        self, tokens: Sequence[Quota], amount: float, streams: Sequence[Quota], slot: str | None
+    ) -> None:
+        """:meth:`charge` and :meth:`release` for one finished completion, together."""
+        ...
+
     async def close(self) -> None:
         """Let go of connections."""
         ...
@@ -264,6 +270,14 @@ class MemoryLimiter:
         for quota in streams:
             self._streams.get(quota.scope, {}).pop(slot, None)
 
+    async def settle(
+        self, tokens: Sequence[Quota], amount: float, streams: Sequence[Quota], slot: str | None
+    ) -> None:
+        """See :meth:`Limiter.settle`."""
+        if slot is not None:
+            await self.release(streams, slot)
+        await self.charge(tokens, amount)
+
     async def close(self) -> None:
         """Nothing to let go of."""
 
@@ -333,15 +347,23 @@ end
 return out
 """
 
+# KEYS: the token counters' prefixes, then the stream sets; ARGV: window_s, amount,
+# how many token counters, the slot to give back ('' for none).
 _CHARGE = """
 local window = tonumber(ARGV[1])
+local n = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local index = math.floor(now / window)
-for i = 1, #KEYS do
+for i = 1, n do
   local cur_key = KEYS[i] .. ':' .. string.format('%d', index)
   redis.call('INCRBYFLOAT', cur_key, ARGV[2])
   redis.call('EXPIRE', cur_key, math.ceil(window * 2) + 1)
+end
+if ARGV[4] ~= '' then
+  for j = n + 1, #KEYS do
+    redis.call('ZREM', KEYS[j], ARGV[4])
+  end
 end
 return 1
 """
@@ -458,7 +480,8 @@ class RedisLimiter:
         import redis.exceptions
 
         try:
-            await self._charge(keys=[self._key(q) for q in quotas], args=[self.window_s, amount])
+            keys = [self._key(q) for q in quotas]
+            await self._charge(keys=keys, args=[self.window_s, amount, len(keys), ""])
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             self._failed(exc)
             await self.fallback.charge(quotas, amount)
@@ -479,6 +502,30 @@ class RedisLimiter:
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             # The slot expires after stream_ttl_s on its own.
             self._failed(exc)
+
+    async def settle(
+        self, tokens: Sequence[Quota], amount: float, streams: Sequence[Quota], slot: str | None
+    ) -> None:
+        """See :meth:`Limiter.settle`: one round trip for both."""
+        if not self.up or (slot is not None and slot in self._local_slots):
+            if slot is not None:
+                await self.release(streams, slot)
+            await self.charge(tokens, amount)
+            return
+        import redis.exceptions
+
+        keys = [self._key(q) for q in tokens] if amount > 0 else []
+        if slot is not None:
+            keys += [f"{self.prefix}:streams:{q.scope}" for q in streams]
+        if not keys:
+            return
+        args = [self.window_s, amount, len(tokens) if amount > 0 else 0, slot or ""]
+        try:
+            await self._charge(keys=keys, args=args)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            # The slot expires after stream_ttl_s on its own; the tokens count here instead.
+            self._failed(exc)
+            await self.fallback.charge(tokens, amount)
 
     async def close(self) -> None:
         """Close the connection pool."""

@@ -166,6 +166,25 @@ def test_redis_stream_slots_and_token_charges(redis_url: str) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.integration
+def test_redis_settles_a_finished_answer_in_one_call(redis_url: str) -> None:
+    scope = f"key:test-{uuid.uuid4().hex}"
+    streams, tokens = Quota(scope, "streams", 1), Quota(scope, "tokens", 100)
+
+    async def run() -> tuple[bool, bool]:
+        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
+        try:
+            first = await limiter.admit([tokens], [0], [streams])
+            await limiter.settle([tokens], 150, [streams], first.stream_slot)
+            after = await limiter.admit([tokens], [0], [streams])
+            # The slot is free again, so only the tokens refuse.
+            return first.allowed, after.refused == tokens
+        finally:
+            await limiter.close()
+
+    assert asyncio.run(run()) == (True, True)
+
+
 def test_an_unreachable_redis_falls_back_to_this_process() -> None:
     limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", window_s=60)
     quota = Quota("line:x", "requests", 2)
