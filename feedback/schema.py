@@ -162,6 +162,10 @@ class Route(Base):
     canary: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     canary_fraction: Mapped[float] = mapped_column(Float)
     previous: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    shadow: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    shadow_fraction: Mapped[float | None] = mapped_column(Float)
+    # The replicas (upstream URLs) that hold the line's adapters; NULL: every replica.
+    replicas: Mapped[list[str] | None] = mapped_column(JsonDocument, nullable=True)
     revision: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -179,11 +183,43 @@ class RouteChange(Base):
     canary: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     canary_fraction: Mapped[float] = mapped_column(Float)
     previous: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    shadow: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    shadow_fraction: Mapped[float | None] = mapped_column(Float)
+    replicas: Mapped[list[str] | None] = mapped_column(JsonDocument, nullable=True)
     actor: Mapped[str] = mapped_column(String(128))
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
     __table_args__ = (Index("ix_route_changes_line_created", "business_line", "created_at"),)
+
+
+class ShadowOutput(Base):
+    """A shadow adapter's answer to a request a user was answered by another adapter:
+    never shown, kept to compare with the answer that was (lineage: ``request_id``)."""
+
+    __tablename__ = "shadow_outputs"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("interactions.request_id", ondelete="CASCADE")
+    )
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    adapter_name: Mapped[str] = mapped_column(String(ID_LENGTH))
+    adapter_version: Mapped[int | None] = mapped_column(Integer)
+    response: Mapped[str] = mapped_column(Text)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JsonDocument, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        Index("ix_shadow_outputs_request", "request_id", "adapter_name", unique=True),
+        Index(
+            "ix_shadow_outputs_line_adapter_created", "business_line", "adapter_name", "created_at"
+        ),
+    )
 
 
 class LineWatermark(Base):
@@ -251,6 +287,7 @@ feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
 routes_table = Route.__table__
 route_changes_table = RouteChange.__table__
+shadow_outputs_table = ShadowOutput.__table__
 watermarks_table = LineWatermark.__table__
 canary_decisions_table = CanaryDecisionRecord.__table__
 signal_rollup_table = SignalRollup.__table__

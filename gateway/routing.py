@@ -33,12 +33,27 @@ class RoutingTable(BaseModel):
     previous: str | None = Field(
         default=None, description="The champion before the last promotion, kept for rollback."
     )
+    shadow: str | None = Field(
+        default=None,
+        description="Adapter that also answers a sampled share of the line's requests after "
+        "the user got the served answer; its answers are stored, never returned.",
+    )
+    shadow_fraction: float = Field(default=0.0, ge=0, le=1)
+    replicas: tuple[str, ...] | None = Field(
+        default=None,
+        description="The replicas (upstream URLs) placed to hold this line's adapters; None: "
+        "every replica. Requests go there first and fail over to the others.",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> RoutingTable:
         if self.canary is not None and self.canary == self.champion:
             raise ValueError("the canary must differ from the champion")
-        for role in ("champion", "canary", "previous"):
+        if self.shadow is not None and self.shadow in (self.champion, self.canary):
+            raise ValueError("the shadow must differ from the champion and the canary")
+        if self.replicas is not None and not self.replicas:
+            raise ValueError("a placement names at least one replica (None: every replica)")
+        for role in ("champion", "canary", "previous", "shadow"):
             adapter = getattr(self, role)
             if adapter is None:
                 continue
@@ -54,11 +69,26 @@ class RoutingTable(BaseModel):
     @property
     def adapters(self) -> frozenset[str]:
         """Every adapter this table may send a request to (a pinned conversation included)."""
-        return frozenset(a for a in (self.champion, self.canary, self.previous) if a)
+        return frozenset(a for a in (self.champion, self.canary, self.previous, self.shadow) if a)
 
     def with_canary(self, adapter: str, fraction: float = DEFAULT_CANARY_FRACTION) -> RoutingTable:
         """This table with ``adapter`` as the canary on ``fraction`` of the users."""
-        return self.model_copy(update={"canary": adapter, "canary_fraction": fraction}).checked()
+        update: dict[str, object] = {"canary": adapter, "canary_fraction": fraction}
+        if self.shadow == adapter:  # out of the shadow stage, onto users
+            update |= {"shadow": None, "shadow_fraction": 0.0}
+        return self.model_copy(update=update).checked()
+
+    def with_shadow(self, adapter: str, fraction: float) -> RoutingTable:
+        """This table with ``adapter`` answering ``fraction`` of the requests in shadow."""
+        return self.model_copy(update={"shadow": adapter, "shadow_fraction": fraction}).checked()
+
+    def without_shadow(self) -> RoutingTable:
+        """This table with no shadow adapter."""
+        return self.model_copy(update={"shadow": None, "shadow_fraction": 0.0})
+
+    def placed_on(self, replicas: tuple[str, ...] | None) -> RoutingTable:
+        """This table with the line's adapters placed on ``replicas`` (None: every replica)."""
+        return self.model_copy(update={"replicas": replicas}).checked()
 
     def without_canary(self) -> RoutingTable:
         """This table with no canary: every user on the champion (a rollback)."""
@@ -70,9 +100,14 @@ class RoutingTable(BaseModel):
         if adapter == self.champion:
             return self
         canary = None if self.canary == adapter else self.canary
-        return self.model_copy(
-            update={"champion": adapter, "canary": canary, "previous": self.champion}
-        )
+        update: dict[str, object] = {
+            "champion": adapter,
+            "canary": canary,
+            "previous": self.champion,
+        }
+        if self.shadow is not None and self.shadow == adapter:
+            update |= {"shadow": None, "shadow_fraction": 0.0}
+        return self.model_copy(update=update)
 
     def checked(self) -> RoutingTable:
         """Validate again (``model_copy`` does not)."""

@@ -54,7 +54,23 @@ def _table_of(row: Any) -> RoutingTable:
         canary=row.canary,
         canary_fraction=row.canary_fraction,
         previous=row.previous,
+        shadow=row.shadow,
+        shadow_fraction=row.shadow_fraction or 0.0,
+        replicas=tuple(row.replicas) if row.replicas else None,
     )
+
+
+def _columns(table: RoutingTable) -> dict[str, Any]:
+    """The stored columns of ``table`` (both in ``routes`` and in ``route_changes``)."""
+    return {
+        "champion": table.champion,
+        "canary": table.canary,
+        "canary_fraction": table.canary_fraction,
+        "previous": table.previous,
+        "shadow": table.shadow,
+        "shadow_fraction": table.shadow_fraction,
+        "replicas": list(table.replicas) if table.replicas is not None else None,
+    }
 
 
 class RouteStore:
@@ -96,10 +112,7 @@ class RouteStore:
                 raise UsageError(f"cannot {action} on {business_line}: {reason}") from None
             now = self._clock()
             values = {
-                "champion": changed.champion,
-                "canary": changed.canary,
-                "canary_fraction": changed.canary_fraction,
-                "previous": changed.previous,
+                **_columns(changed),
                 "revision": revision + 1,
                 "updated_at": now,
             }
@@ -118,10 +131,7 @@ class RouteStore:
                     business_line=business_line,
                     revision=revision + 1,
                     action=action,
-                    champion=changed.champion,
-                    canary=changed.canary,
-                    canary_fraction=changed.canary_fraction,
-                    previous=changed.previous,
+                    **_columns(changed),
                     actor=actor,
                     reason=reason,
                     created_at=now,
