@@ -42,6 +42,7 @@ from feedback.schema import (
     interactions_table,
     quarantine_table,
     rollup_watermarks_table,
+    shadow_outputs_table,
     signal_rollup_table,
 )
 from flywheel.settings import Settings, StoreSettings
@@ -273,6 +274,44 @@ def feedback_row(event: FeedbackEventIn, business_line: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ShadowWrite:
+    """What storing a batch of shadow answers did."""
+
+    added: int = 0
+    duplicates: int = 0
+    missing: int = 0  # their interaction is not stored (dropped)
+    invalid: int = 0  # not a shadow answer record (dropped)
+
+
+SHADOW_STATUSES = frozenset({"ok", "error"})
+
+
+def shadow_output_row(record: dict[str, Any], limits: StoreSettings) -> dict[str, Any]:
+    """The table row of a shadow answer record (``gateway.shadow.shadow_output_event``);
+    ValueError when it is not one."""
+    try:
+        status = record["status"]
+        if status not in SHADOW_STATUSES:
+            raise ValueError(f"status {status!r}")
+        tokens = record.get("output_tokens")
+        return {
+            "request_id": str(record["request_id"]),
+            "business_line": str(record["business_line"]),
+            "adapter_name": str(record["adapter_name"]),
+            "adapter_version": record.get("adapter_version"),
+            "response": str(record.get("response") or "")[: limits.max_text_chars],
+            "latency_ms": record.get("latency_ms"),
+            "ttft_ms": record.get("ttft_ms"),
+            "output_tokens": int(tokens) if tokens is not None else None,
+            "status": status,
+            "metadata": record.get("metadata"),
+            "created_at": datetime.fromisoformat(record["created_at"]),
+        }
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a shadow answer record: {exc!r}") from None
+
+
 def quarantine_row(rejection: Rejection, source: str) -> dict[str, Any]:
     """The quarantine row for a refused record (fingerprinted so replays store it once)."""
     return {
@@ -495,6 +534,42 @@ class FeedbackStore:
             if len(report.rejections) < IngestReport.MAX_MESSAGES:
                 report.rejections.append(rejection.describe(source))
 
+    def add_shadow_outputs(self, records: Iterable[dict[str, Any]]) -> ShadowWrite:
+        """Store shadow answers in one transaction, once per (request, adapter): a replay
+        adds nothing twice. One whose interaction is not stored, or that is no shadow answer
+        record, is dropped and counted (never quarantined: it is no user's data)."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        invalid = duplicates = 0
+        for record in records:
+            try:
+                row = shadow_output_row(record, self.limits)
+            except ValueError:
+                invalid += 1
+                continue
+            key = (row["request_id"], row["adapter_name"])
+            duplicates += key in rows
+            rows[key] = row
+        if not rows:
+            return ShadowWrite(invalid=invalid, duplicates=duplicates)
+        table = shadow_outputs_table
+        with self.engine.begin() as connection:
+            stored = self._business_lines_of(connection, {rid for rid, _ in rows})
+            kept = [row for (rid, _), row in rows.items() if rid in stored]
+            added = 0
+            if kept:
+                statement = (
+                    self._insert(table)
+                    .on_conflict_do_nothing(index_elements=["request_id", "adapter_name"])
+                    .returning(table.c.id)
+                )
+                added = len(connection.execute(statement, kept).all())
+        return ShadowWrite(
+            added=added,
+            duplicates=duplicates + len(kept) - added,
+            missing=len(rows) - len(kept),
+            invalid=invalid,
+        )
+
     def _business_lines_of(self, connection: Connection, request_ids: set[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         ids = sorted(request_ids)
@@ -614,6 +689,11 @@ class FeedbackStore:
         i, f, q = interactions_table.c, feedback_table.c, quarantine_table.c
         with self.engine.begin() as connection:
             owned = select(i.request_id).where(i.user_id == user_id)
+            # Shadow answers to the user's prompts (the foreign key cascades too; explicit,
+            # so nothing depends on SQLite's foreign_keys pragma).
+            shadows = connection.execute(
+                delete(shadow_outputs_table).where(shadow_outputs_table.c.request_id.in_(owned))
+            )
             on_theirs = connection.execute(delete(feedback_table).where(f.request_id.in_(owned)))
             given = connection.execute(delete(feedback_table).where(f.user_id == user_id))
             interactions = connection.execute(
@@ -634,6 +714,7 @@ class FeedbackStore:
             "interactions": interactions.rowcount,
             "feedback_events": on_theirs.rowcount + given.rowcount,
             "quarantined": len(doomed),
+            "shadow_outputs": shadows.rowcount,
         }
 
     def quarantined(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

@@ -560,7 +560,8 @@ def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -
     deleted = _open_store(settings).forget_user(user_id)
     out.print(
         f"deleted {deleted['interactions']} interactions, {deleted['feedback_events']} feedback "
-        f"events and {deleted['quarantined']} quarantined records of the user"
+        f"events, {deleted['quarantined']} quarantined records and "
+        f"{deleted['shadow_outputs']} shadow answers of the user"
     )
     manifests = manifests_with_user(settings.datasets_dir, user_id)
     if manifests:

@@ -51,6 +51,7 @@ from gateway.recorder import (
 from gateway.routing import parse_adapter_name
 from gateway.sessions import SessionPins, route_request
 from gateway.settings import GatewaySettings
+from gateway.shadow import maybe_shadow
 from gateway.state import GatewayState
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from gateway.wire import (
@@ -151,6 +152,9 @@ class _Exchange:
     started: float
     adapter_label: str
     headers: dict[str, str]
+    # The caller's request as sent to vLLM (model = the adapter), before any streaming
+    # change the gateway makes to time it.
+    payload: dict[str, Any]
     admitted: Admission | None = None
 
 
@@ -194,8 +198,8 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
         LINE_HEADER: line,
         **(verdict.headers() if verdict is not None else {}),
     }
-    exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers, admitted)
     payload["model"] = adapter or base_model
+    exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers, payload, admitted)
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
     in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
     in_flight.inc()
@@ -305,6 +309,7 @@ def _finish(
     finished.error = error
     finished.error_kind = kind if status == "error" else None
     state.recorder.record(finished)
+    maybe_shadow(state, finished, exchange.payload)
     line, adapter = finished.business_line, exchange.adapter_label
     metrics = state.metrics
     metrics.requests.labels(line, adapter, finished.arm or "base", status).inc()

@@ -76,6 +76,18 @@ class GatewayMetrics:
             ["business_line", "adapter", "type"],
             registry=self.registry,
         )
+        self.shadow_requests = Counter(
+            "flywheel_gateway_shadow_requests",
+            "Requests mirrored to a line's shadow adapter (never answered to users), by status.",
+            ["business_line", "adapter", "status"],
+            registry=self.registry,
+        )
+        self.shadow_skipped = Counter(
+            "flywheel_gateway_shadow_skipped",
+            "Sampled shadow requests not sent because the process's shadow cap was full.",
+            ["business_line", "adapter"],
+            registry=self.registry,
+        )
         self.rejected = Counter(
             "flywheel_gateway_rejected",
             "Requests refused before reaching vLLM, by HTTP status.",

@@ -39,6 +39,8 @@ from feedback.store import FeedbackStore
 logger = logging.getLogger(__name__)
 
 SOURCE = "gateway"
+# The record type of a shadow adapter's answer (``gateway.shadow``), stored apart from events.
+SHADOW_OUTPUT = "shadow_output"
 # Errors that mean "the store is not there right now", as opposed to a bug.
 STORE_DOWN_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 
@@ -242,6 +244,8 @@ class RecorderStats:
     spooled: int = 0
     replayed: int = 0
     regenerates: int = 0
+    shadows: int = 0  # shadow answers stored
+    shadows_dropped: int = 0  # shadow answers whose interaction is not in the store
     held: int = 0  # feedback held for its interaction (each retry counts again)
     store_failures: int = 0
     store_up: bool = True
@@ -303,6 +307,11 @@ class InteractionRecorder:
     def record_feedback(self, event: dict[str, Any]) -> None:
         """Queue a validated feedback event."""
         self._queue.put(event)
+
+    def record_shadow(self, output: dict[str, Any]) -> None:
+        """Queue a shadow adapter's answer (``gateway.shadow``); it is written after the
+        interaction it shadowed, which was queued first."""
+        self._queue.put(output)
 
     def recent(self, request_id: str) -> RecentRequest | None:
         """A request served lately by this replica, if it is remembered."""
@@ -454,7 +463,16 @@ class InteractionRecorder:
 
     def _ingest(self, events: list[dict[str, Any]]) -> None:
         since = datetime.now(UTC) - self.orphan_grace
+        shadows = [e for e in events if e.get("type") == SHADOW_OUTPUT]
+        if shadows:
+            events = [e for e in events if e.get("type") != SHADOW_OUTPUT]
         report = self.store.ingest(events, source=SOURCE, hold_orphans_since=since)
+        if shadows:
+            # After their interactions (same or an earlier batch). One whose interaction is
+            # not stored is dropped and counted: the user's data is never held up for it.
+            written = self.store.add_shadow_outputs(shadows)
+            self.stats.shadows += written.added
+            self.stats.shadows_dropped += written.missing + written.invalid
         if report.held:
             self.waiting.append(report.held)
             self.stats.held += len(report.held)

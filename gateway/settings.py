@@ -102,6 +102,19 @@ class GatewaySettings(BaseSettings):
         "<FLYWHEEL_HOME>/spool/gateway when unset.",
     )
     spool_retry_s: float = Field(default=2.0, gt=0, le=600)
+    shadow_max_concurrency: int = Field(
+        default=4,
+        ge=0,
+        le=1_024,
+        description="Shadow requests this process keeps in flight at most; a sampled request "
+        "beyond it is skipped (counted), never queued (0: no shadow traffic from here).",
+    )
+    shadow_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3_600,
+        description="A shadow answer not finished by then is stored as an error.",
+    )
     orphan_grace_s: float = Field(
         default=600.0,
         ge=0,

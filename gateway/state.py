@@ -14,6 +14,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.recorder import InteractionRecorder
 from gateway.sessions import SessionPins
 from gateway.settings import GatewaySettings
+from gateway.shadow import ShadowTraffic
 from gateway.upstream import Upstreams
 from registry.routes import RouteSnapshot, RouteStore
 
@@ -40,6 +41,7 @@ class GatewayState:
     routes_started_at: float = 0.0
     base_model: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    shadow_traffic: ShadowTraffic = field(default_factory=ShadowTraffic)
     # Recently accepted caller idempotency keys (line-scoped) and what they were for.
     claimed_keys: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     # Signals (request, type, content) this replica accepted lately: each counts once.

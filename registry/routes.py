@@ -178,6 +178,36 @@ class RouteStore:
             reason=reason,
         )
 
+    def set_shadow(
+        self,
+        business_line: str,
+        adapter: str,
+        fraction: float,
+        *,
+        actor: str,
+        reason: str | None = None,
+    ) -> RoutingTable:
+        """Mirror ``fraction`` of the line's champion requests to ``adapter`` (never shown)."""
+        return self.change(
+            business_line,
+            lambda table: table.with_shadow(adapter, fraction),
+            action="shadow_set",
+            actor=actor,
+            reason=reason,
+        )
+
+    def clear_shadow(
+        self, business_line: str, *, actor: str, reason: str | None = None
+    ) -> RoutingTable:
+        """Stop mirroring the line's requests to its shadow adapter."""
+        return self.change(
+            business_line,
+            lambda table: table.without_shadow(),
+            action="shadow_clear",
+            actor=actor,
+            reason=reason,
+        )
+
     def set_champion(
         self, business_line: str, adapter: str | None, *, actor: str, reason: str | None = None
     ) -> RoutingTable:

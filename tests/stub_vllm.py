@@ -30,6 +30,8 @@ class StubBehaviour:
     break_stream_after: int | None = None
     status: int = 200
     delay_s: float = 0.0
+    # A delay per model name instead of ``delay_s`` (e.g. a slow shadow adapter).
+    delays: dict[str, float] = field(default_factory=dict)
     # A fixed answer per model name (base or adapter), instead of the numbered words.
     answers: dict[str, str] = field(default_factory=dict)
     # The runtime LoRA routes: the folder each adapter was loaded from, and vLLM's rank cap
@@ -78,10 +80,11 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     request.app[RECEIVED].append(body)
     chat = request.path.endswith("/chat/completions")
     model = body.get("model")
-    if behaviour.delay_s:
+    delay_s = behaviour.delays.get(str(model), behaviour.delay_s)
+    if delay_s:
         behaviour.running[str(model)] = behaviour.running.get(str(model), 0) + 1
         try:
-            await asyncio.sleep(behaviour.delay_s)
+            await asyncio.sleep(delay_s)
         finally:
             behaviour.running[str(model)] -= 1
     if behaviour.status != 200:
