@@ -15,8 +15,9 @@ A request the client cancelled before its answer ended counts as an abandon.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +37,61 @@ _NEGATIVE_TYPES = tuple(s.value for s in ONLINE_SIGNALS if s is not Signal.TASK_
 
 
 @dataclass(frozen=True, slots=True)
+class AnswerStats:
+    """What the answers themselves show, over the arm's answered requests: refusals,
+    output length (mean and standard deviation, in tokens), TTFT and time per token."""
+
+    answered: int = 0
+    refusals: int = 0
+    output_tokens_mean: float | None = None
+    output_tokens_sd: float | None = None
+    p99_ttft_ms: float | None = None
+    p50_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def answer_stats(rows: Iterable[Any]) -> AnswerStats:
+    """An arm's :class:`AnswerStats` from its interactions (status, ttft_ms, metadata)."""
+    tokens: list[float] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    refusals = 0
+    for row in rows:
+        if row.status != "ok":
+            continue
+        if row.ttft_ms is not None:
+            ttfts.append(float(row.ttft_ms))
+        meta = row.metadata if isinstance(row.metadata, dict) else {}
+        count = meta.get("output_tokens")
+        if isinstance(count, int):
+            tokens.append(float(count))
+        tpot = meta.get("tpot_ms")
+        if isinstance(tpot, int | float):
+            tpots.append(float(tpot))
+        refusals += bool(meta.get("refusal"))
+    mean = sd = None
+    if tokens:
+        mean = statistics.fmean(tokens)
+        sd = statistics.stdev(tokens) if len(tokens) > 1 else 0.0
+    return AnswerStats(
+        answered=len(tokens),
+        refusals=refusals,
+        output_tokens_mean=mean,
+        output_tokens_sd=sd,
+        p99_ttft_ms=_quantile(ttfts, 0.99),
+        p50_tpot_ms=_quantile(tpots, 0.5),
+        p99_tpot_ms=_quantile(tpots, 0.99),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterWindow:
     """One adapter's online numbers over a window."""
 
@@ -44,6 +100,7 @@ class AdapterWindow:
     errors: int
     p99_latency_ms: float | None
     signals: dict[str, int]
+    answers: AnswerStats = field(default_factory=AnswerStats)
 
 
 def _model_side_error(status: str, metadata: Any) -> bool:
@@ -52,13 +109,6 @@ def _model_side_error(status: str, metadata: Any) -> bool:
         return False
     kind = metadata.get("error_kind") if isinstance(metadata, dict) else None
     return kind not in CLIENT_ERROR_KINDS
-
-
-def _p99(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def adapter_windows(
@@ -91,6 +141,7 @@ def adapter_windows(
                     interactions.c.request_id,
                     interactions.c.status,
                     interactions.c.latency_ms,
+                    interactions.c.ttft_ms,
                     interactions.c.metadata,
                 ).where(in_window, served)
             ).all()
@@ -124,7 +175,7 @@ def adapter_windows(
                 adapter=adapter,
                 requests=len(rows),
                 errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
-                p99_latency_ms=_p99(latencies),
+                p99_latency_ms=_quantile(latencies, 0.99),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}
                 | {
@@ -132,5 +183,6 @@ def adapter_windows(
                     TASK_FAILURE: len(task_failures),
                     DISSATISFIED: len(dissatisfied),
                 },
+                answers=answer_stats(rows),
             )
     return results

@@ -275,7 +275,13 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         abandon=window.signals["abandon"],
         task_failure=window.signals["task_failure"],
         dissatisfied=window.signals["dissatisfied"],
+        refusal=window.answers.refusals,
         p99_latency_ms=window.p99_latency_ms,
+        p99_ttft_ms=window.answers.p99_ttft_ms,
+        p50_tpot_ms=window.answers.p50_tpot_ms,
+        answered=window.answers.answered,
+        output_tokens_mean=window.answers.output_tokens_mean,
+        output_tokens_sd=window.answers.output_tokens_sd,
     )
 
 

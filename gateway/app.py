@@ -53,6 +53,14 @@ from gateway.sessions import SessionPins, route_request
 from gateway.settings import GatewaySettings
 from gateway.shadow import maybe_shadow
 from gateway.state import GatewayState
+from gateway.streaming import (
+    BrokenStreamError,
+    UpstreamMode,
+    UsageStripper,
+    assemble,
+    upstream_mode,
+    upstream_payload,
+)
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from gateway.wire import (
     ADAPTER_HEADER,
@@ -110,9 +118,9 @@ async def _refresh_routes(state: GatewayState) -> None:
 
 async def _watch_replicas(state: GatewayState) -> None:
     """Every ``replica_watch_s``: a replica that lacks an adapter the routing tables name
-    (it restarted, or a load failed there) gets it back from another replica's folder, so
-    a restarted vLLM serves its canary and champion again without waiting for traffic or
-    the canary flow's reconcile."""
+    and place there (it restarted, or a load failed there) gets it back from another
+    replica's folder, so a restarted vLLM serves its canary and champion again without
+    waiting for traffic or the canary flow's reconcile."""
     while True:
         await asyncio.sleep(state.gateway.replica_watch_s)
         listed_at = time.monotonic()
@@ -121,9 +129,11 @@ async def _watch_replicas(state: GatewayState) -> None:
         # away and then unloaded is never loaded back from a stale table.
         while state.routes_started_at <= listed_at:
             await asyncio.sleep(state.gateway.routes_refresh_s)
-        routed = frozenset().union(*(t.adapters for t in state.snapshot.tables.values()))
+        tables = state.snapshot.tables.values()
+        routed = frozenset().union(*(t.adapters for t in tables))
+        placement = {adapter: t.replicas for t in tables for adapter in t.adapters}
         try:
-            await state.upstreams.reconcile(routed, listings)
+            await state.upstreams.reconcile(routed, listings, placement)
         except Exception:  # the watch must outlive one bad round
             logger.exception("gateway: replica watch round failed")
 
@@ -200,13 +210,18 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     }
     payload["model"] = adapter or base_model
     exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers, payload, admitted)
+    mode = upstream_mode(payload, completion_api=completion_api, enabled=state.gateway.time_answers)
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
     in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
     in_flight.inc()
     missing: list[Replica] = []
     try:
         replica, upstream = await state.upstreams.post(
-            path, orjson.dumps(payload), missing=missing if adapter else None
+            path,
+            orjson.dumps(upstream_payload(payload, mode)),
+            missing=missing if adapter else None,
+            placement=table.replicas,
+            adapter=adapter,
         )
     except UpstreamUnavailableError as exc:
         in_flight.dec()
@@ -221,29 +236,81 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     if missing and adapter and upstream.status != 404:
         # Some replica lacks an adapter the routes name (restarted?): load it back there.
         spawn(state.upstreams.heal(adapter, missing, replica), state.tasks)
+    return await _respond(state, exchange, upstream, in_flight, mode, completion_api)
+
+
+async def _respond(
+    state: GatewayState,
+    exchange: _Exchange,
+    upstream: aiohttp.ClientResponse,
+    in_flight: Any,
+    mode: UpstreamMode,
+    completion_api: bool,
+) -> Response:
+    """The caller's answer from vLLM's response: relayed as a stream, rebuilt from one, or
+    as vLLM gave it (a plain answer, or an error)."""
     streaming = upstream.status == 200 and upstream.content_type == "text/event-stream"
     if not streaming:
         try:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             _finish(state, exchange, "error", error=repr(exc), kind="upstream_failed")
-            return GatewayError(502, "the model server failed while answering").response(headers)
+            failure = GatewayError(502, "the model server failed while answering")
+            return failure.response(exchange.headers)
         finally:
             upstream.release()
             in_flight.dec()
         return _answer(state, exchange, upstream.status, body)
+    if mode is UpstreamMode.ASSEMBLE:
+        return await _assembled(state, exchange, upstream, in_flight, completion_api)
     return StreamingResponse(
-        _relay(state, exchange, upstream, in_flight),
+        _relay(state, exchange, upstream, in_flight, strip_usage=mode.strips_usage),
         media_type="text/event-stream",
-        headers=headers,
+        headers=exchange.headers,
     )
 
 
-def _answer(state: GatewayState, exchange: _Exchange, status: int, body: bytes) -> Response:
-    """A non-streamed answer: vLLM's body as is (its 4xx errors too); its 5xx become 502."""
+async def _assembled(
+    state: GatewayState,
+    exchange: _Exchange,
+    upstream: aiohttp.ClientResponse,
+    in_flight: Any,
+    completion_api: bool,
+) -> Response:
+    """A plain answer the gateway asked vLLM to stream (to time its first token), rebuilt."""
+    chunks: list[bytes] = []
+    try:
+        async for chunk in upstream.content.iter_any():
+            if not chunks:
+                exchange.finished.ttft_ms = (time.perf_counter() - exchange.started) * 1000
+            chunks.append(chunk)
+        body = assemble(b"".join(chunks), completion_api=completion_api)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        exchange.finished.chunks = chunks
+        _finish(state, exchange, "error", error=repr(exc), kind="upstream_failed")
+        return GatewayError(502, "the model server failed while answering").response(
+            exchange.headers
+        )
+    except BrokenStreamError as exc:
+        exchange.finished.chunks = chunks
+        _finish(state, exchange, "error", error=str(exc), kind="stream_broken")
+        return GatewayError(502, "the model server failed while answering").response(
+            exchange.headers
+        )
+    finally:
+        upstream.release()
+        in_flight.dec()
+    return _answer(state, exchange, 200, body, timed=True)
+
+
+def _answer(
+    state: GatewayState, exchange: _Exchange, status: int, body: bytes, *, timed: bool = False
+) -> Response:
+    """A non-streamed answer: vLLM's body as is (its 4xx errors too); its 5xx become 502.
+    Its TTFT stays unknown unless it was streamed from vLLM and rebuilt (``timed``)."""
     exchange.finished.body = body
-    elapsed = time.perf_counter() - exchange.started
-    exchange.finished.ttft_ms = elapsed * 1000
+    if not timed:
+        exchange.finished.ttft_ms = None
     if status == 200:
         _finish(state, exchange, "ok")
         return Response(body, status_code=200, media_type=JSON_TYPE, headers=exchange.headers)
@@ -264,16 +331,25 @@ async def _relay(
     exchange: _Exchange,
     upstream: aiohttp.ClientResponse,
     in_flight: Any,
+    *,
+    strip_usage: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Relay an SSE stream chunk by chunk; a broken stream ends with an SSE error event."""
+    """Relay an SSE stream chunk by chunk (without vLLM's usage event when ``strip_usage``:
+    the gateway asked for it, the caller did not); a broken stream ends with an SSE error
+    event."""
     chunks: list[bytes] = []
+    stripper = UsageStripper() if strip_usage else None
     status, error = "ok", None
     try:
         async for chunk in upstream.content.iter_any():
             if not chunks:
                 exchange.finished.ttft_ms = (time.perf_counter() - exchange.started) * 1000
             chunks.append(chunk)
-            yield chunk
+            relayed = stripper.feed(chunk) if stripper is not None else chunk
+            if relayed:
+                yield relayed
+        if stripper is not None and (rest := stripper.flush()):
+            yield rest
         if not chunks or _DONE not in b"".join(chunks[-2:]):
             status, error = "error", "the stream ended before [DONE]"
     except (aiohttp.ClientError, TimeoutError) as exc:

@@ -32,6 +32,7 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from feedback.answers import is_refusal, output_tokens, time_per_output_token_ms
 from feedback.events import prompt_hash
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
@@ -132,6 +133,15 @@ def interaction_event(finished: FinishedRequest) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     if usage:
         metadata["usage"] = usage
+    if finished.status == "ok":
+        # What the canary judges besides the users: length, speed per token, refusals.
+        tokens = output_tokens(usage, text)
+        metadata["output_tokens"] = tokens
+        tpot = time_per_output_token_ms(finished.latency_ms, finished.ttft_ms, tokens)
+        if tpot is not None:
+            metadata["tpot_ms"] = round(tpot, 3)
+        if is_refusal(text):
+            metadata["refusal"] = True
     if finished.error:
         metadata["error"] = finished.error[:500]
     if finished.error_kind:

@@ -84,6 +84,12 @@ class GatewaySettings(BaseSettings):
     session_pin_ttl_s: float = Field(
         default=3_600.0, gt=0, description="How long a conversation stays on its adapter."
     )
+    time_answers: bool = Field(
+        default=True,
+        description="Ask vLLM for token usage on every stream (dropped before a caller that "
+        "did not ask for it) and stream plain answers it can rebuild exactly, so TTFT and "
+        "TPOT are measured for every request the canary judges.",
+    )
     connect_timeout_s: float = Field(default=2.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
     log_batch_size: int = Field(default=500, ge=1, le=50_000)

@@ -2,13 +2,16 @@
 
 Canary and champion are compared on the same window of gateway traffic, arm
 against arm, on rates where higher is worse (thumbs-down, regenerate, edit,
-error, abandon and task-failure rates, and the dissatisfied rate: the share of
-requests that drew any of those user signals) and on p99 latency. Users rarely
-say why they are unhappy, so a canary that is worse all round shows first in
-the dissatisfied rate, which pools the signals and so has the most events.
+error, abandon and task-failure rates, the dissatisfied rate: the share of
+requests that drew any of those user signals, and the refusal rate: answers
+that decline to help), on the mean output length, and on speed (p99 latency,
+p99 time to first token, median time per output token). Users rarely say why
+they are unhappy, so a canary that is worse all round shows first in the
+dissatisfied rate, which pools the signals and so has the most events.
 
-- **Roll back** as soon as one rate is shown *worse* on the canary or its p99
-  latency is over the allowed ratio.
+- **Roll back** as soon as one rate is shown *worse* on the canary, its mean
+  output length is shown outside ``1 ± max_length_change`` times the
+  champion's, or a speed figure is over its allowed ratio.
 - **Promote** (or step up to the next canary share) once every rate is shown
   *non-inferior*: the canary's rate below the champion's plus the rate's margin.
 - Otherwise **wait**; after ``max_looks`` looks without proof, roll back
@@ -30,11 +33,11 @@ a cost. The normal approximation still needs some data: ``min_requests``
 (hundreds per arm in production) keeps rare rates honest
 (``bench/canary_sim_bench.py`` measures the error rates).
 
-The error budget is split over the rates only, never over the looks:
+The error budget is split over the tests only, never over the looks:
 
 - wrongly rolling back (calling the canary worse when no rate is): any one
-  rate can trigger it, so each rate's "worse" test runs at ``alpha / rates``
-  (Bonferroni over the rates);
+  rate, or the length, can trigger it, so each "worse" test runs at
+  ``alpha / (rates + 1)`` (Bonferroni over the rates and the length test);
 - wrongly promoting (when some rate is worse by its margin or more): a
   promotion needs *every* rate shown non-inferior, so it needs the truly
   inferior rate to pass its own test, and each rate's test at ``alpha``
@@ -55,11 +58,15 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# The online signals (feedback.signals.ONLINE_SIGNALS), errors, and requests with any of
-# those signals (feedback.online.DISSATISFIED); a test keeps them equal.
+# The online signals (feedback.signals.ONLINE_SIGNALS), errors, requests with any of
+# those signals (feedback.online.DISSATISFIED), and answers that refused
+# (feedback.answers.is_refusal); a test keeps them equal.
 RATES = (
     "thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure", "dissatisfied",
+    "refusal",
 )  # fmt: skip
+# Tests that can roll a canary back on their own: each rate's, and the output length's.
+WORSE_TESTS = len(RATES) + 1
 DEFAULT_MARGINS: Mapping[str, float] = {
     "thumbs_down": 0.03,
     "regenerate": 0.03,
@@ -68,6 +75,7 @@ DEFAULT_MARGINS: Mapping[str, float] = {
     "abandon": 0.03,
     "task_failure": 0.02,
     "dissatisfied": 0.05,
+    "refusal": 0.02,
 }
 # The mixture's spread (the prior scale of the effect), in margins. Non-inferiority is
 # about effects near the margin; a worse canary is worth catching fast when it is worse by
@@ -104,6 +112,25 @@ class CanaryPolicy(BaseModel):
     )
     max_p99_ratio: float = Field(default=1.5, ge=1.0, description="Canary p99 over champion p99.")
     p99_slack_ms: float = Field(default=50.0, ge=0, description="Latency noise always allowed.")
+    max_ttft_p99_ratio: float = Field(
+        default=1.5, ge=1.0, description="Canary p99 time to first token over the champion's."
+    )
+    ttft_slack_ms: float = Field(default=50.0, ge=0, description="TTFT noise always allowed.")
+    max_tpot_ratio: float = Field(
+        default=1.3,
+        ge=1.0,
+        description="Canary median time per output token over the champion's (a LoRA of "
+        "another rank, or a replica placement that crowds it, shows here).",
+    )
+    tpot_slack_ms: float = Field(default=5.0, ge=0, description="TPOT noise always allowed.")
+    max_length_change: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="Largest relative change of the mean output length (tokens) tolerated: "
+        "a canary shown to answer longer than (1 + c) or shorter than (1 - c) times the "
+        "champion's mean is rolled back (rambling, or cut and vacuous answers).",
+    )
 
     @field_validator("margins")
     @classmethod
@@ -122,8 +149,8 @@ class CanaryPolicy(BaseModel):
 
     @property
     def worse_alpha(self) -> float:
-        """Level of each rate's "worse" test: ``alpha`` split over the rates."""
-        return self.alpha / len(RATES)
+        """Level of each "worse" test: ``alpha`` split over the rates and the output length."""
+        return self.alpha / WORSE_TESTS
 
     @property
     def non_inferior_alpha(self) -> float:
@@ -144,7 +171,14 @@ class ArmStats:
     abandon: int = 0
     task_failure: int = 0
     dissatisfied: int = 0
+    refusal: int = 0
     p99_latency_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    p50_tpot_ms: float | None = None
+    # Output length over the answered requests: count, mean and standard deviation (tokens).
+    answered: int = 0
+    output_tokens_mean: float | None = None
+    output_tokens_sd: float | None = None
 
     def rate(self, name: str) -> float:
         """Events of kind ``name`` per request."""
@@ -294,7 +328,12 @@ def decide_canary(
             action = CanaryAction.ROLLBACK
             reason = f"{reason}; out of looks ({look}/{policy.max_looks})"
         return CanaryDecision(action, (reason,), (), look, *alphas)
-    checks = [*_rate_checks(champion, canary, policy), _latency_check(champion, canary, policy)]
+    checks = [
+        *_rate_checks(champion, canary, policy),
+        _latency_check(champion, canary, policy),
+        *_speed_checks(champion, canary, policy),
+        _length_check(champion, canary, policy),
+    ]
     worse = [c for c in checks if c.verdict == "WORSE"]
     if worse:
         reasons = tuple(_explain(c, policy, requests) for c in worse)
@@ -346,6 +385,11 @@ def _rate_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> 
 
 
 def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
+    if check.metric == "mean_output_tokens" and check.worse_p is not None:
+        return (
+            f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "
+            f"±{check.margin:.0%} of the champion's <= {policy.worse_alpha:.3g}"
+        )
     if check.worse_p is None or check.non_inferior_p is None:
         return str(check)
     if check.verdict == "WORSE":
@@ -366,4 +410,86 @@ def _latency_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -
     verdict = "WORSE" if canary.p99_latency_ms > allowed else "OK"
     return MetricCheck(
         "p99_latency_ms", champion.p99_latency_ms, canary.p99_latency_ms, None, None, verdict
+    )
+
+
+def _speed_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> list[MetricCheck]:
+    """TTFT p99 and median TPOT against their allowed ratios (guardrails: they roll back a
+    slower canary, and never hold a promotion when a side has no timed answers)."""
+    checks = []
+    for metric, ours, theirs, ratio, slack in (
+        (
+            "p99_ttft_ms",
+            canary.p99_ttft_ms,
+            champion.p99_ttft_ms,
+            policy.max_ttft_p99_ratio,
+            policy.ttft_slack_ms,
+        ),
+        (
+            "p50_tpot_ms",
+            canary.p50_tpot_ms,
+            champion.p50_tpot_ms,
+            policy.max_tpot_ratio,
+            policy.tpot_slack_ms,
+        ),
+    ):
+        if ours is None or theirs is None:
+            checks.append(MetricCheck(metric, theirs or 0.0, ours or 0.0, None, None, "OK"))
+            continue
+        verdict = "WORSE" if ours > theirs * ratio + slack else "OK"
+        checks.append(MetricCheck(metric, theirs, ours, None, None, verdict))
+    return checks
+
+
+def length_p_values(
+    champion_mean: float,
+    champion_sd: float,
+    champion_n: int,
+    canary_mean: float,
+    canary_sd: float,
+    canary_n: int,
+    change: float,
+) -> tuple[float, float]:
+    """Always-valid one-sided p-values that the canary's mean output length is above
+    ``(1 + change)`` times the champion's, and below ``(1 - change)`` times it (Welch's z
+    of the difference of means into the same normal-mixture SPRT as the rates, the
+    mixture spread being ``change`` times the champion's mean)."""
+    p_values = []
+    for factor, sign in ((1 + change, 1.0), (1 - change, -1.0)):
+        variance = canary_sd**2 / canary_n + factor**2 * champion_sd**2 / champion_n
+        if variance <= 0:
+            p_values.append(1.0)
+            continue
+        z = sign * (canary_mean - factor * champion_mean) / math.sqrt(variance)
+        scale = max(change * champion_mean, 1.0)
+        p_values.append(float(always_valid_p_value(z, variance, scale)))
+    return p_values[0], p_values[1]
+
+
+def _length_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> MetricCheck:
+    """Mean output length: WORSE when shown outside the tolerated band (a guardrail)."""
+    means = (champion.output_tokens_mean, canary.output_tokens_mean)
+    sds = (champion.output_tokens_sd, canary.output_tokens_sd)
+    if None in means or None in sds or min(champion.answered, canary.answered) < 2:
+        return MetricCheck("mean_output_tokens", means[0] or 0.0, means[1] or 0.0, None, None, "OK")
+    champion_mean, canary_mean = float(means[0] or 0.0), float(means[1] or 0.0)
+    longer_p, shorter_p = length_p_values(
+        champion_mean,
+        float(sds[0] or 0.0),
+        champion.answered,
+        canary_mean,
+        float(sds[1] or 0.0),
+        canary.answered,
+        policy.max_length_change,
+    )
+    worse_p = min(longer_p, shorter_p)
+    verdict = "WORSE" if worse_p <= policy.worse_alpha else "OK"
+    return MetricCheck(
+        "mean_output_tokens",
+        champion_mean,
+        canary_mean,
+        worse_p,
+        None,
+        verdict,
+        policy.max_length_change,
     )

@@ -116,9 +116,14 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             assert request.transport is not None
             request.transport.abort()
             return response
-        delta = {"content": piece} if chat else None
+        # As vLLM: the first delta names the role, the last carries the finish reason.
+        delta = {"content": piece} | ({"role": "assistant"} if index == 0 else {})
         choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
+        choice["finish_reason"] = "stop" if index == len(pieces) - 1 else None
         event = {"id": "cmpl-stub", "model": model, "choices": [choice]}
+        await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+    if (body.get("stream_options") or {}).get("include_usage"):
+        event = {"id": "cmpl-stub", "model": model, "choices": [], "usage": usage}
         await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()

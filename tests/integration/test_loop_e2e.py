@@ -83,9 +83,14 @@ canary:
   alpha: 0.2
   max_looks: 5
   margins: {thumbs_down: 0.5, regenerate: 0.5, edit: 0.5, error: 0.5, abandon: 0.5,
-            task_failure: 0.5, dissatisfied: 0.5}
+            task_failure: 0.5, dissatisfied: 0.5, refusal: 0.5}
   max_p99_ratio: 20.0
   p99_slack_ms: 10000
+  max_ttft_p99_ratio: 20.0
+  ttft_slack_ms: 10000
+  max_tpot_ratio: 20.0
+  tpot_slack_ms: 10000
+  max_length_change: 0.99
 rollout: {soak_s: 0, watch_s: 0}
 """
 

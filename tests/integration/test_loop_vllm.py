@@ -44,6 +44,11 @@ canary:
   max_looks: 2
   max_p99_ratio: 50.0
   p99_slack_ms: 60000
+  max_ttft_p99_ratio: 50.0
+  ttft_slack_ms: 60000
+  max_tpot_ratio: 50.0
+  tpot_slack_ms: 10000
+  max_length_change: 0.99
 """
 
 

@@ -4,6 +4,7 @@ agrees with statsmodels' score test, and keeps its error rates under alpha over 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from flywheel.settings import Settings
 from registry.canary import (
     DEFAULT_MARGINS,
     RATES,
+    WORSE_TESTS,
     ArmStats,
     CanaryAction,
     CanaryPolicy,
@@ -34,7 +36,7 @@ from training.recipes import packaged_recipes_dir, read_recipe
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
 DEMO_RECIPES = sorted((packaged_recipes_dir() / "demo").glob("*.yaml"))
-BASE_RATES = np.array([0.10, 0.05, 0.03, 0.01, 0.05, 0.03, 0.20])  # in the order of RATES
+BASE_RATES = np.array([0.10, 0.05, 0.03, 0.01, 0.05, 0.03, 0.20, 0.02])  # as RATES
 LOOKS = 50
 
 
@@ -67,7 +69,7 @@ def test_a_clearly_worse_canary_is_rolled_back_with_its_numbers() -> None:
     check = next(c for c in decision.checks if c.metric == "thumbs_down_rate")
     assert check.verdict == "WORSE"
     assert check.worse_p is not None
-    assert check.worse_p <= decision.worse_alpha == POLICY.alpha / len(RATES)
+    assert check.worse_p <= decision.worse_alpha == POLICY.alpha / WORSE_TESTS
 
 
 def test_a_slow_canary_is_rolled_back() -> None:
@@ -79,7 +81,8 @@ def test_a_slow_canary_is_rolled_back() -> None:
 def test_an_equal_canary_with_enough_data_is_promoted() -> None:
     decision = decide_canary(_arm(20_000, 0.10), _arm(4_000, 0.09), POLICY, look=3)
     assert decision.action is CanaryAction.PROMOTE, decision.reasons
-    assert {c.metric for c in decision.checks} == {f"{r}_rate" for r in RATES} | {"p99_latency_ms"}
+    speed = {"p99_latency_ms", "p99_ttft_ms", "p50_tpot_ms", "mean_output_tokens"}
+    assert {c.metric for c in decision.checks} == {f"{r}_rate" for r in RATES} | speed
     assert "4000 canary / 20000 champion requests" in decision.reasons[0]
 
 
@@ -454,8 +457,109 @@ def test_errors_are_the_model_sides_and_a_cancel_is_an_abandon(settings: Setting
     assert (window.signals["abandon"], window.signals["dissatisfied"]) == (1, 1)
 
 
-def test_the_canary_rates_are_the_online_signals_and_errors() -> None:
+def test_the_canary_rates_are_the_online_signals_errors_and_refusals() -> None:
     from feedback.online import DISSATISFIED
     from feedback.signals import ONLINE_SIGNALS
 
-    assert set(RATES) == {s.value for s in ONLINE_SIGNALS} | {"error", DISSATISFIED}
+    expected = {s.value for s in ONLINE_SIGNALS} | {"error", DISSATISFIED, "refusal"}
+    assert set(RATES) == expected
+
+
+def _answered(arm: ArmStats, **fields: Any) -> ArmStats:
+    from dataclasses import replace
+
+    return replace(arm, **fields)
+
+
+def test_a_canary_that_refuses_more_is_rolled_back() -> None:
+    champion = _answered(_arm(20_000, 0.10), refusal=200)
+    canary = _answered(_arm(4_000, 0.10), refusal=400)
+    decision = decide_canary(champion, canary, POLICY, look=2)
+    assert decision.action is CanaryAction.ROLLBACK
+    assert any("refusal_rate" in reason for reason in decision.reasons)
+
+
+def _lengths(mean: float, sd: float = 20.0, n: int = 4_000) -> dict[str, Any]:
+    return {"answered": n, "output_tokens_mean": mean, "output_tokens_sd": sd}
+
+
+@pytest.mark.parametrize(("canary_mean", "action"), [(20.0, "rollback"), (260.0, "rollback")])
+def test_a_canary_whose_answers_change_length_is_rolled_back(
+    canary_mean: float, action: str
+) -> None:
+    """Answers cut to a fifth (vacuous) or grown 2.6x (rambling) against a +-50% band."""
+    champion = _answered(_arm(20_000, 0.10), **_lengths(100.0, n=20_000))
+    canary = _answered(_arm(4_000, 0.09), **_lengths(canary_mean))
+    decision = decide_canary(champion, canary, POLICY, look=2)
+    assert decision.action == action, decision.reasons
+    [reason] = [r for r in decision.reasons if "mean_output_tokens" in r]
+    assert "outside ±50%" in reason
+
+
+def test_a_length_inside_the_band_or_unproven_outside_it_does_not_roll_back() -> None:
+    champion = _answered(_arm(20_000, 0.10), **_lengths(100.0, n=20_000))
+    inside = _answered(_arm(4_000, 0.09), **_lengths(120.0))
+    assert decide_canary(champion, inside, POLICY, look=2).action is CanaryAction.PROMOTE
+    # Twice as long on average, but on 5 answers with a wide spread: not shown.
+    few = _answered(_arm(4_000, 0.09), **_lengths(200.0, sd=150.0, n=5))
+    check = next(
+        c for c in decide_canary(champion, few, POLICY, look=2).checks
+        if c.metric == "mean_output_tokens"
+    )  # fmt: skip
+    assert check.verdict == "OK"
+    assert check.worse_p is not None
+    assert check.worse_p > POLICY.worse_alpha
+
+
+def test_the_length_p_values_are_never_below_the_fixed_sample_ones() -> None:
+    from registry.canary import length_p_values
+
+    on_boundary, shorter = length_p_values(100.0, 20.0, 1_000, 150.0, 20.0, 1_000, 0.5)
+    assert on_boundary == shorter == 1.0  # exactly 1.5x: no evidence either way
+    for canary_mean in (155.0, 160.0, 170.0):
+        longer, _ = length_p_values(100.0, 20.0, 1_000, canary_mean, 20.0, 1_000, 0.5)
+        z = (canary_mean - 150.0) / math.sqrt(20.0**2 / 1_000 + 1.5**2 * 20.0**2 / 1_000)
+        assert float(normal_sf(z)) <= longer <= 1.0
+    beyond, _ = length_p_values(100.0, 20.0, 1_000, 170.0, 20.0, 1_000, 0.5)
+    assert beyond < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("fields", "metric"),
+    [
+        ({"p99_ttft_ms": 900.0}, "p99_ttft_ms"),
+        ({"p50_tpot_ms": 90.0}, "p50_tpot_ms"),
+    ],
+)
+def test_a_slower_canary_is_rolled_back(fields: dict[str, float], metric: str) -> None:
+    timed = {"p99_ttft_ms": 300.0, "p50_tpot_ms": 40.0}
+    champion = _answered(_arm(20_000, 0.10), **timed)
+    canary = _answered(_arm(4_000, 0.09), **(timed | fields))
+    decision = decide_canary(champion, canary, POLICY, look=2)
+    assert decision.action is CanaryAction.ROLLBACK
+    assert any(metric in reason for reason in decision.reasons)
+    same = decide_canary(champion, _answered(_arm(4_000, 0.09), **timed), POLICY, look=2)
+    assert same.action is CanaryAction.PROMOTE
+
+
+def test_answer_stats_from_the_gateways_interactions() -> None:
+    from types import SimpleNamespace
+
+    from feedback.online import answer_stats
+
+    def row(status: str, ttft: float | None, **meta: Any) -> SimpleNamespace:
+        return SimpleNamespace(status=status, ttft_ms=ttft, metadata=meta or None)
+
+    stats = answer_stats(
+        [
+            row("ok", 100.0, output_tokens=10, tpot_ms=20.0),
+            row("ok", 300.0, output_tokens=30, tpot_ms=40.0, refusal=True),
+            row("ok", None, output_tokens=20),
+            row("error", 5000.0, output_tokens=999),
+        ]
+    )
+    assert (stats.answered, stats.refusals) == (3, 1)
+    assert stats.output_tokens_mean == pytest.approx(20.0)
+    assert stats.output_tokens_sd == pytest.approx(10.0)
+    assert stats.p99_ttft_ms == 300.0
+    assert stats.p50_tpot_ms == 40.0

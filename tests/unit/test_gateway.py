@@ -593,3 +593,90 @@ def test_a_key_added_while_the_gateway_runs_works_without_a_restart(settings: Se
                 "legal"
             ]
     store.close()
+
+
+def _champion_user(gateway: Running) -> str:
+    return next(
+        f"u{i}" for i in range(1000) if choose_arm(_table(gateway), f"u{i}")[0] == "champion"
+    )
+
+
+def test_a_plain_answer_is_timed_through_a_stream_and_rebuilt(gateway: Running) -> None:
+    """A non-streamed request goes to vLLM as a stream with usage (its first token timed)
+    and comes back as the one JSON answer the caller asked for."""
+    with gateway.client() as client:
+        response = _chat(client, user=_champion_user(gateway))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "chat.completion"
+    [choice] = answer["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"] == "".join(f"w{i}-{CHAMPION} " for i in range(5))
+    assert choice["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 5
+    sent = gateway.stub.received[-1]
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    [row] = gateway.interactions()
+    assert 0 < row.ttft_ms <= row.latency_ms
+    assert row.metadata["output_tokens"] == 5
+    assert row.metadata["tpot_ms"] >= 0
+    assert "refusal" not in row.metadata
+
+
+def test_a_request_whose_answer_cannot_be_rebuilt_goes_as_sent(gateway: Running) -> None:
+    """Log-probabilities are not rebuilt from a stream: sent as is, its TTFT unknown (null),
+    never its total latency."""
+    with gateway.client() as client:
+        response = _chat(client, user=_champion_user(gateway), logprobs=True)
+    assert response.status_code == 200, response.text
+    assert "stream" not in gateway.stub.received[-1]
+    [row] = gateway.interactions()
+    assert row.ttft_ms is None
+    assert row.latency_ms > 0
+    assert row.metadata["output_tokens"] == 5
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_stream_carries_usage_only_when_the_caller_asked(gateway: Running, asked: bool) -> None:
+    body: dict[str, Any] = {
+        "model": "customer_service",
+        "messages": [{"role": "user", "content": "stream please"}],
+        "stream": True,
+        "user": _champion_user(gateway),
+    }
+    if asked:
+        body["stream_options"] = {"include_usage": True}
+    with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        raw = b"".join(r.iter_bytes())
+    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    usage = [e for e in events if e.get("usage")]
+    assert len(usage) == (1 if asked else 0)
+    assert gateway.stub.received[-1]["stream_options"] == {"include_usage": True}
+    [row] = gateway.interactions()
+    assert row.metadata["output_tokens"] == 5  # vLLM's count, kept whether or not relayed
+    assert row.metadata["tpot_ms"] >= 0
+
+
+def test_a_refusal_is_marked_on_the_interaction(gateway: Running) -> None:
+    gateway.stub.behaviour.answers[CHAMPION] = "I'm sorry, but I can't help with that."
+    with gateway.client() as client:
+        assert _chat(client, user=_champion_user(gateway)).status_code == 200
+    [row] = gateway.interactions()
+    assert row.metadata["refusal"] is True
+
+
+def test_answer_timing_can_be_turned_off(settings: Settings) -> None:
+    store = FeedbackStore.open(settings)
+    with running_stub(StubBehaviour()) as stub:
+        config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.02, time_answers=False)
+        app = create_app(settings, config, store=store, keys=_keys())
+        with serving(app, free_port()) as url, httpx.Client(base_url=url, timeout=10) as client:
+            client.headers["Authorization"] = f"Bearer {CS_KEY}"
+            assert _chat(client).status_code == 200
+            assert app.state.gateway.recorder.flush(10)
+        assert "stream" not in stub.received[-1]
+    with store.engine.connect() as connection:
+        [row] = connection.execute(select(interactions_table)).all()
+    assert row.ttft_ms is None
+    store.close()

@@ -1,0 +1,112 @@
+"""How the gateway asks vLLM for answers it can time (pure parts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.streaming import (
+    BrokenStreamError,
+    UpstreamMode,
+    UsageStripper,
+    assemble,
+    upstream_mode,
+    upstream_payload,
+)
+
+CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "completion_api", "mode"),
+    [
+        ({}, False, UpstreamMode.ASSEMBLE),
+        ({"stream": False, "max_tokens": 9, "temperature": 0.7}, False, UpstreamMode.ASSEMBLE),
+        ({"stream": True}, False, UpstreamMode.STREAM_STRIP_USAGE),
+        ({"stream": True, "stream_options": {"include_usage": True}}, False, UpstreamMode.STREAM),
+        ({"n": 2}, False, UpstreamMode.AS_SENT),
+        ({"logprobs": True}, False, UpstreamMode.AS_SENT),
+        ({"tools": []}, False, UpstreamMode.AS_SENT),
+        ({"prompt": ["a", "b"]}, True, UpstreamMode.AS_SENT),
+        ({"prompt": "a"}, True, UpstreamMode.ASSEMBLE),
+    ],
+)
+def test_modes(extra: dict[str, Any], completion_api: bool, mode: UpstreamMode) -> None:
+    payload = {**CHAT, **extra}
+    assert upstream_mode(payload, completion_api=completion_api, enabled=True) is mode
+    assert upstream_mode(payload, completion_api=completion_api, enabled=False) is (
+        UpstreamMode.AS_SENT
+    )
+
+
+def test_payloads_ask_for_usage_without_touching_the_callers() -> None:
+    caller = {**CHAT, "stream_options": {"continuous_usage_stats": False}, "stream": True}
+    sent = upstream_payload(caller, UpstreamMode.STREAM_STRIP_USAGE)
+    assert sent["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert caller["stream_options"] == {"continuous_usage_stats": False}
+    assert upstream_payload(CHAT, UpstreamMode.ASSEMBLE)["stream"] is True
+    assert upstream_payload(CHAT, UpstreamMode.AS_SENT) is CHAT
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DELTAS = [
+    _event({"id": "c1", "created": 5, "model": "m", "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}),
+    _event({"id": "c1", "created": 5, "model": "m", "choices": [
+        {"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}]}),
+    _event({"id": "c1", "created": 5, "model": "m", "choices": [
+        {"index": 0, "delta": {"content": " there"}, "finish_reason": "stop",
+         "stop_reason": None}]}),
+]  # fmt: skip
+USAGE = _event({"id": "c1", "choices": [], "usage": {"completion_tokens": 2, "total_tokens": 9}})
+STREAM = b"".join(DELTAS) + USAGE + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, len(STREAM)])
+def test_the_usage_event_is_dropped_however_the_stream_is_cut(size: int) -> None:
+    stripper = UsageStripper()
+    out = b"".join(stripper.feed(STREAM[i : i + size]) for i in range(0, len(STREAM), size))
+    out += stripper.flush()
+    assert out == b"".join(DELTAS) + b"data: [DONE]\n\n"
+
+
+def test_a_chat_answer_is_rebuilt_from_its_events() -> None:
+    document = orjson.loads(assemble(STREAM, completion_api=False))
+    assert document["object"] == "chat.completion"
+    assert (document["id"], document["created"], document["model"]) == ("c1", 5, "m")
+    [choice] = document["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hello there", "tool_calls": []}
+    assert choice["finish_reason"] == "stop"
+    assert document["usage"] == {"completion_tokens": 2, "total_tokens": 9}
+
+
+def test_a_text_completion_is_rebuilt() -> None:
+    last = {"index": 0, "text": "b", "finish_reason": "length"}
+    stream = (
+        _event({"id": "t", "model": "m", "choices": [{"index": 0, "text": "a"}]})
+        + _event({"id": "t", "model": "m", "choices": [last]})
+        + b"data: [DONE]\n\n"
+    )
+    document = orjson.loads(assemble(stream, completion_api=True))
+    assert document["object"] == "text_completion"
+    assert document["choices"][0]["text"] == "ab"
+    assert document["choices"][0]["finish_reason"] == "length"
+    assert document["usage"] is None
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"".join(DELTAS),  # no [DONE]
+        DELTAS[0] + _event({"error": {"message": "boom"}}) + b"data: [DONE]\n\n",
+        b"data: [DONE]\n\n",
+    ],
+)
+def test_a_broken_stream_is_not_rebuilt(stream: bytes) -> None:
+    with pytest.raises(BrokenStreamError):
+        assemble(stream, completion_api=False)
