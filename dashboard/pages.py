@@ -53,6 +53,19 @@ class CanaryView:
     rows: list[ArmComparison]
     decisions: list[dict[str, Any]]
 
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        """Every metric of the canary flow's latest look at this canary (rates, refusals,
+        output length, TTFT, TPOT, latency), with its verdict and always-valid p-values."""
+        for decision in self.decisions:
+            if decision.get("adapter") != self.canary:
+                continue
+            numbers = decision.get("numbers")
+            if isinstance(numbers, dict) and isinstance(numbers.get("checks"), list):
+                return [c for c in numbers["checks"] if isinstance(c, dict)]
+            return []
+        return []
+
 
 @dataclass(slots=True)
 class Overview:
@@ -116,6 +129,7 @@ class Overview:
                     }
                     for r in self.canary.rows
                 ],
+                "checks": self.canary.checks,
             },
             "funnel": None if self.latest_build is None else funnel_dict(self.latest_build),
         }

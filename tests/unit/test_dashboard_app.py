@@ -153,6 +153,44 @@ def test_overview_plots_signals_per_adapter_and_shows_routing(client: TestClient
     assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_overview_shows_the_canary_flows_latest_checks(home: PageHome) -> None:
+    """Refusals, output length, TTFT and TPOT of the latest look are on the page and in
+    the JSON; a look at another adapter is not shown as this canary's."""
+    from datetime import UTC, datetime
+
+    from registry.canary import ArmStats, CanaryPolicy, decide_canary
+    from registry.decisions import record_decision
+
+    line = "legal"
+    canary = f"{line}-v3"
+    champion = ArmStats(None, 400, refusal=4, p99_ttft_ms=200.0, p50_tpot_ms=30.0,
+                        answered=400, output_tokens_mean=80.0, output_tokens_sd=20.0)  # fmt: skip
+    slow = ArmStats(None, 400, refusal=40, p99_ttft_ms=900.0, p50_tpot_ms=31.0,
+                    answered=400, output_tokens_mean=82.0, output_tokens_sd=20.0)  # fmt: skip
+    decision = decide_canary(champion, slow, CanaryPolicy(), look=1)
+    checks = [
+        {"metric": c.metric, "champion": c.champion, "canary": c.canary, "verdict": c.verdict,
+         "worse_p": c.worse_p, "non_inferior_p": c.non_inferior_p}
+        for c in decision.checks
+    ]  # fmt: skip
+    for adapter, rows in ((f"{line}-v9", [{"metric": "other_adapter_metric"}]), (canary, checks)):
+        record_decision(
+            home.store.engine, business_line=line, adapter=adapter, fraction=0.2, look=1,
+            action=decision.action.value, reasons="; ".join(decision.reasons),
+            numbers={"checks": rows}, actor="test", when=datetime.now(UTC),
+        )  # fmt: skip
+    with TestClient(home.app(), client=REMOTE, headers=home.bearer("admin")) as session:
+        text = session.get(f"/lines/{line}").text
+        data = session.get(f"/api/lines/{line}/overview").json()
+    assert 'id="canary-checks"' in text
+    for metric in ("refusal_rate", "p99_ttft_ms", "p50_tpot_ms", "mean_output_tokens"):
+        assert metric in text
+    assert "other_adapter_metric" not in text
+    shown = {c["metric"]: c["verdict"] for c in data["canary"]["checks"]}
+    assert shown["refusal_rate"] == "WORSE"
+    assert shown["p99_ttft_ms"] == "WORSE"
+
+
 def test_overview_api_counts_match_the_store(home: PageHome, client: TestClient) -> None:
     body = client.get("/api/lines/legal/overview").json()
     totals = {row["adapter"]: row for row in body["totals"]}
@@ -169,6 +207,9 @@ def test_overview_api_counts_match_the_store(home: PageHome, client: TestClient)
         "canary": "legal-v3",
         "canary_fraction": 0.2,
         "previous": "legal-v1",
+        "shadow": None,
+        "shadow_fraction": 0.0,
+        "replicas": None,
     }
     assert body["canary"]["canary_requests"] == totals["legal-v3"]["requests"]
     assert body["funnel"]["steps"][0]["step"] == "raw"
