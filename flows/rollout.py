@@ -5,15 +5,16 @@ what an event leads to, and applies the effects in order: loads on the vLLM
 replicas, the routing table (checked unchanged since it was read), the MLflow
 aliases and tags, then drained unloads. Nothing here decides.
 
-- ``deploy_canary``: a gated version is loaded and probed on every replica,
-  then gets the recipe's first canary share (or waits behind a live canary,
-  or is refused by the LoRA budget, with the reason).
+- ``deploy_canary``: a gated version is loaded and probed on every replica the
+  line is placed on (``registry.placement``; every replica without one), then
+  gets the recipe's first canary share (or waits behind a live canary, or is
+  refused by the LoRA budget, with the reason).
 - ``judge_canary``: the canary flow's look (anytime-valid test, soak time):
   wait, step up, promote or roll back; every look is logged with its numbers.
 - ``watch_champion``: a promoted champion against ``previous`` for the
   recipe's ``watch_s``; a regression reverts routing and alias together.
 - ``set_champion``: the champion by hand, routing and alias together.
-- ``sync_adapters``: every replica serves exactly what the tables name.
+- ``sync_adapters``: every replica serves exactly what the tables name and place there.
 - ``lifecycle_check``: routing vs aliases vs loaded adapters vs budget.
 """
 
@@ -56,6 +57,7 @@ from registry.lifecycle import (
     watching,
 )
 from registry.names import adapter_name, version_of
+from registry.placement import placed
 from registry.routes import RouteStore
 
 ACTOR = "flywheel:canary"
@@ -115,8 +117,9 @@ class Rollout:
         return LineState.of(self.routes.table(self.line), self.routes.history(self.line, limit=500))
 
     def budget(self) -> LoraBudget:
-        """Every line's routed adapters against the server's ``--max-loras``."""
-        return LoraBudget(self.settings.vllm_max_loras, self.routes.snapshot().tables)
+        """Every line's routed adapters against the server's ``--max-loras``, per replica."""
+        tables = self.routes.snapshot().tables
+        return LoraBudget(self.settings.vllm_max_loras, tables, self.upstreams)
 
     def advance(self, state: LineState, event: Event) -> Transition:
         """What ``event`` leads to under the line's recipe."""
@@ -134,7 +137,7 @@ class Rollout:
         for effect in transition.effects:
             match effect:
                 case Load(adapter, replicas):
-                    self._load(adapter, replicas or tuple(self.upstreams))
+                    self._load(adapter, replicas or placed(state.table, self.upstreams))
                 case Route(table, action):
                     self._route(state.table, table, action, reason)
                 case Promote(version):
@@ -223,9 +226,10 @@ def deploy_canary(
     *,
     actor: str = ACTOR,
 ) -> DeployOutcome:
-    """Load ``<line>-v<version>`` on every replica, probe it, then route the recipe's first
-    canary share to it; or say why not (a live canary kept, the LoRA budget, a failed probe,
-    which rejects the version and unloads it from every replica it reached). Safe to rerun:
+    """Load ``<line>-v<version>`` on every replica the line is placed on, probe it, then
+    route the recipe's first canary share to it; or say why not (a live canary kept, the
+    LoRA budget, a failed probe, which rejects the version and unloads it from every
+    replica it reached). Safe to rerun:
     a version that already serves changes nothing."""
     from registry.vllm_admin import VllmAdminClient, VllmAdminError, VllmUnavailableError
 
@@ -238,7 +242,7 @@ def deploy_canary(
     path = parts.adapter_path(adapter)
     passed: list[str] = []
     failed: dict[str, str] = {}
-    for upstream in upstreams:
+    for upstream in placed(state.table, upstreams):
         try:
             with VllmAdminClient(upstream) as client:
                 client.ensure_loaded(adapter, path)
@@ -469,21 +473,30 @@ def sync_adapters(
     *,
     in_flight: Callable[[str], int] | None = None,
 ) -> dict[str, Any]:
-    """Load on every replica each adapter a routing table names (champion, canary, previous),
-    e.g. after a replica restarted; unload (drained) flywheel adapters no table names.
-    Returns what changed per replica."""
+    """Load on every replica each adapter a routing table names (champion, canary, previous)
+    and places there, e.g. after a replica restarted; unload (drained) flywheel adapters no
+    table names, and a placed line's adapters from the replicas it is not placed on
+    (drained on that replica alone). Returns what changed per replica."""
     from registry.vllm_admin import VllmAdminClient, reconcile
 
     desired, candidates = desired_adapters(settings, store)
+    homes = {
+        adapter: placed(table, upstreams)
+        for table in RouteStore(store.engine).snapshot().tables.values()
+        for adapter in table.adapters
+    }
     clients = {url: VllmAdminClient(url) for url in upstreams}
+    summary: dict[str, Any] = {}
     try:
-        report = reconcile(clients.values(), desired, in_flight=in_flight, keep=candidates)
-        summary: dict[str, Any] = {}
-        for replica in report.replicas:
+        for url, client in clients.items():
+            here = {a: path for a, path in desired.items() if client.base_url in homes[a]}
+            counter = _drain_counter(url, set(desired) - set(here), in_flight)
+            report = reconcile([client], here, in_flight=counter, keep=candidates)
+            [replica] = report.replicas
             # A load is not done until the probe shows the adapter answers and differs.
             failed = [str(f) for f in replica.failures]
             for adapter in replica.loaded:
-                probe = clients[replica.replica].probe_adapter(adapter)
+                probe = client.probe_adapter(adapter)
                 if not probe.passed:
                     failed.append(f"{adapter}: probe failed: {'; '.join(probe.reasons)}")
             summary[replica.replica] = {
@@ -496,6 +509,19 @@ def sync_adapters(
         for client in clients.values():
             client.close()
     return summary
+
+
+def _drain_counter(
+    url: str, placed_elsewhere: set[str], in_flight: Callable[[str], int] | None
+) -> Callable[[str], int] | None:
+    """What an unload from ``url`` waits on: ``in_flight``, except for adapters still routed
+    but placed on other replicas, whose requests there do not hold this one."""
+    if in_flight is None or not placed_elsewhere:
+        return in_flight
+    from registry.vllm_admin import vllm_in_flight
+
+    here = vllm_in_flight([url])
+    return lambda adapter: (here if adapter in placed_elsewhere else in_flight)(adapter)
 
 
 def loaded_adapters(upstreams: Sequence[str]) -> dict[str, list[str] | None]:
@@ -538,12 +564,12 @@ def lifecycle_check(
             },
             "drift": found,
         }
-    budget = LoraBudget(settings.vllm_max_loras, snapshot.tables)
-    served = len(budget.served())
+    budget = LoraBudget(settings.vllm_max_loras, snapshot.tables, tuple(upstreams))
+    served = budget.most_on_one_replica()
     if served > budget.max_loras:
         problems.append(
-            f"{served} adapters are routed, over --max-loras {budget.max_loras}: "
-            + budget.describe()
+            f"{served} adapters are routed to one replica, over --max-loras "
+            f"{budget.max_loras}: " + budget.describe()
         )
     for url, names in loaded.items():
         others = [n for n in names or [] if not any(n.startswith(f"{line}-v") for line in lines)]

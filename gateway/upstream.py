@@ -165,7 +165,7 @@ class Upstreams:
                 target = missing[0] if missing else replica
                 if await self._load_on_demand(adapter, target):
                     response.release()
-                    if target in missing:
+                    if missing is not None and target in missing:
                         missing.remove(target)
                     return await self._post_again(target, path, body, headers)
             return replica, response

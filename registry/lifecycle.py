@@ -26,7 +26,9 @@ Rules worth knowing:
 - a promotion unloads the adapter that drops out of ``previous``; the new
   champion is then watched against ``previous`` for ``watch_s`` and reverted
   when it regresses;
-- every plan must fit the server's LoRA budget (``--max-loras``) over all lines.
+- every plan must fit the server's LoRA budget (``--max-loras``) over all lines,
+  counted per replica when lines are placed on some replicas only
+  (``registry.placement``); a line's adapters are loaded where it is placed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.routing import RoutingTable
 from registry.canary import CanaryAction
 from registry.names import adapter_name, version_of
+from registry.placement import adapters_by_replica, placed
 
 
 class RolloutPolicy(BaseModel):
@@ -467,6 +470,7 @@ def _champion_judged(state: LineState, event: ChampionJudged, policy: RolloutPol
         canary=canary,
         canary_fraction=table.canary_fraction,
         previous=None,
+        replicas=table.replicas,
     )
     reasons = (f"champion {regressed} regressed against {restored}", *event.reasons)
     return Transition(
@@ -508,21 +512,42 @@ def _champion_by_hand(table: RoutingTable, adapter: str | None, reason: str) -> 
 
 @dataclass(frozen=True, slots=True)
 class LoraBudget:
-    """The adapters every line's table names, against the server's ``--max-loras``."""
+    """The adapters every line's table names, against the server's ``--max-loras``: over
+    all lines, or per replica when ``replicas`` are given (a placed line counts only on the
+    replicas it is placed on)."""
 
     max_loras: int
     tables: Mapping[str, RoutingTable]
+    replicas: Sequence[str] = ()
 
     def served(self) -> set[str]:
         """Every adapter some table names (each may be requested at any time)."""
         return {a for table in self.tables.values() for a in table.adapters}
 
+    def most_on_one_replica(self) -> int:
+        """The adapters served at once by the fullest replica (all of them without replicas)."""
+        if not self.replicas:
+            return len(self.served())
+        held = adapters_by_replica(self.tables.values(), self.replicas)
+        return max(len(adapters) for adapters in held.values())
+
     def needed_with(self, line: str, adapter: str, *, replacing: str | None = None) -> int:
-        """Adapters served at once once ``adapter`` joins ``line`` (``replacing`` leaves)."""
-        served = self.served() | {adapter}
-        if replacing is not None:
-            served.discard(replacing)
-        return len(served)
+        """Adapters served at once (by the fullest replica the line is on, when ``replicas``
+        are given) once ``adapter`` joins ``line`` (``replacing`` leaves)."""
+        if not self.replicas:
+            held = {"": self.served()}
+        else:
+            table = self.tables.get(line) or RoutingTable(business_line=line)
+            home = placed(table, self.replicas)
+            held = {
+                url: adapters
+                for url, adapters in adapters_by_replica(
+                    self.tables.values(), self.replicas
+                ).items()
+                if url in home
+            }
+        counts = [len((adapters | {adapter}) - {replacing}) for adapters in held.values()]
+        return max(counts)
 
     def describe(self) -> str:
         """Per line, what it serves."""
@@ -537,7 +562,8 @@ def drift(
     loaded: Mapping[str, Iterable[str] | None],
 ) -> list[str]:
     """What differs for one line between its routing table, its MLflow aliases and the
-    adapters each replica serves (``loaded[replica]`` None: the replica did not answer)."""
+    adapters each replica serves (``loaded[replica]`` None: the replica did not answer); a
+    placed line's adapters are expected on its replicas only."""
     line = table.business_line
     problems = []
     for alias, role in (("champion", table.champion), ("canary", table.canary)):
@@ -551,13 +577,21 @@ def drift(
     own = f"{line}-v"
     # A gated candidate is loaded for its probe before any route names it.
     probing = {adapter_name(line, aliases["candidate"])} if "candidate" in aliases else set()
+    home = placed(table, list(loaded))
     for replica, names in sorted(loaded.items()):
         if names is None:
             problems.append(f"{line}: replica {replica} did not answer")
             continue
         served = {n for n in names if n.startswith(own)}
-        for missing in sorted(table.adapters - served):
-            problems.append(f"{line}: {missing} is routed but not loaded on {replica}")
+        if replica.rstrip("/") not in home:
+            for stray in sorted(served & table.adapters):
+                problems.append(
+                    f"{line}: {stray} is loaded on {replica}, where {line} is not placed"
+                )
+            served -= table.adapters
+        else:
+            for missing in sorted(table.adapters - served):
+                problems.append(f"{line}: {missing} is routed but not loaded on {replica}")
         for leaked in sorted(served - table.adapters - probing):
             problems.append(f"{line}: {leaked} is loaded on {replica} but no route names it")
     return problems

@@ -222,3 +222,49 @@ def test_drift_names_what_differs() -> None:
     # The candidate loaded for its probe and another line's adapter are not this line's drift.
     assert not [p for p in problems if "legal-v4" in p or "medical" in p]
     assert drift(routed, {"champion": 2, "canary": 3}, {"http://a": sorted(routed.adapters)}) == []
+
+
+def test_placed_lines_count_against_the_budget_of_their_replicas_only() -> None:
+    tables = {
+        "legal": table(champion="legal-v2", previous="legal-v1", replicas=("http://a",)),
+        "medical": RoutingTable(
+            business_line="medical",
+            champion="medical-v1",
+            previous="medical-v0",
+            replicas=("http://b",),
+        ),
+    }
+    state = LineState(tables["legal"])
+    # Over all lines 5 adapters; on http://a only legal's 3.
+    assert step(state, CandidateReady("legal-v3"), budget=LoraBudget(4, tables)).action == (
+        "refused"
+    )
+    per_replica = LoraBudget(3, tables, ("http://a", "http://b"))
+    assert per_replica.most_on_one_replica() == 2
+    assert step(state, CandidateReady("legal-v3"), budget=per_replica).action == "load"
+    spread = {**tables, "medical": tables["medical"].placed_on(None)}
+    crowded = LoraBudget(3, spread, ("http://a", "http://b"))
+    assert crowded.most_on_one_replica() == 4
+    assert step(state, CandidateReady("legal-v3"), budget=crowded).action == "refused"
+
+
+def test_a_placed_lines_adapters_are_expected_on_its_replicas_only() -> None:
+    routed = table(champion="legal-v2", replicas=("http://a",))
+    aliases = {"champion": 2}
+    assert drift(routed, aliases, {"http://a": ["legal-v2"], "http://b": []}) == []
+    problems = drift(routed, aliases, {"http://a": [], "http://b": ["legal-v2"]})
+    assert problems == [
+        "legal: legal-v2 is routed but not loaded on http://a",
+        "legal: legal-v2 is loaded on http://b, where legal is not placed",
+    ]
+    # A placement naming no replica there is treated as none: every replica holds the line.
+    stale = routed.placed_on(("http://gone",))
+    assert drift(stale, aliases, {"http://a": ["legal-v2"], "http://b": ["legal-v2"]}) == []
+
+
+def test_a_revert_keeps_the_lines_placement() -> None:
+    placed = table(champion="legal-v2", previous="legal-v1", replicas=("http://a",))
+    state = LineState(placed, None, T0)
+    judged = step(state, ChampionJudged(True, ("worse",), T0 + timedelta(minutes=5)))
+    assert judged.action == "revert"
+    assert judged.table.replicas == ("http://a",)

@@ -285,3 +285,31 @@ def test_the_gateways_replica_watch_reloads_routed_adapters_without_traffic(worl
     # Everything routed is back; what the rollout unloaded stays unloaded.
     assert world.loaded()[0] == world.loaded()[1] == set(routed)
     assert world.check() == []
+
+
+def test_a_placed_line_is_loaded_only_on_its_replica_and_checked_there(world: World) -> None:
+    home, other = world.urls
+    routes = RouteStore(world.store.engine)
+    routes.change(LINE, lambda t: t.placed_on((home,)), action="placement_set", actor="t")
+    v1, v2 = world.register(), world.register()
+    for version in (v1, v2):
+        assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == (
+            "canary"
+        )
+        judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                     upstreams=world.urls)  # fmt: skip
+    routed = {f"{LINE}-v{v1}", f"{LINE}-v{v2}"}
+    assert world.loaded() == [routed, set()]
+    assert world.table().replicas == (home,)
+    assert world.check() == []
+    # An adapter where the line is not placed is drift, and the reconciler unloads it.
+    world.replicas[1].behaviour.adapters.add(f"{LINE}-v{v2}")
+    assert any("not placed" in p for p in world.check())
+    summary = sync_adapters(world.settings, world.store, world.urls)
+    assert summary[other]["unloaded"] == [f"{LINE}-v{v2}"]
+    assert world.loaded() == [routed, set()]
+    # Placed elsewhere: the reconciler loads it there and takes it off the first.
+    routes.change(LINE, lambda t: t.placed_on((other,)), action="placement_set", actor="t")
+    sync_adapters(world.settings, world.store, world.urls)
+    assert world.loaded() == [set(), routed]
+    assert world.check() == []
