@@ -118,7 +118,8 @@ def maybe_shadow(state: GatewayState, finished: FinishedRequest, payload: dict[s
     sampled and the cap allows; True when a mirror was started. No I/O here."""
     if not payload:
         return False
-    adapter = shadow_for(state.snapshot.table(finished.business_line), finished)
+    table = state.snapshot.table(finished.business_line)
+    adapter = shadow_for(table, finished)
     if adapter is None:
         return False
     traffic = state.shadow_traffic
@@ -127,12 +128,18 @@ def maybe_shadow(state: GatewayState, finished: FinishedRequest, payload: dict[s
         return False
     traffic.in_flight += 1
     path = "/v1/completions" if finished.completion_api else "/v1/chat/completions"
-    spawn(_mirror(state, finished, adapter, path, shadow_body(payload, adapter)), state.tasks)
+    body = shadow_body(payload, adapter)
+    spawn(_mirror(state, finished, adapter, path, body, table.replicas), state.tasks)
     return True
 
 
 async def _mirror(
-    state: GatewayState, finished: FinishedRequest, adapter: str, path: str, body: bytes
+    state: GatewayState,
+    finished: FinishedRequest,
+    adapter: str,
+    path: str,
+    body: bytes,
+    placement: tuple[str, ...] | None,
 ) -> None:
     """Ask the shadow adapter, then hand its answer (or its failure) to the recorder."""
     started = time.perf_counter()
@@ -140,7 +147,9 @@ async def _mirror(
     try:
         async with asyncio.timeout(state.gateway.shadow_timeout_s):
             missing: list[Replica] = []
-            replica, response = await state.upstreams.post(path, body, missing=missing)
+            replica, response = await state.upstreams.post(
+                path, body, missing=missing, placement=placement, adapter=adapter
+            )
             try:
                 answer = await response.read()
             finally:
