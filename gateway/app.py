@@ -42,6 +42,7 @@ from gateway.limiting import (
     too_many,
 )
 from gateway.limits import build_limiter
+from gateway.logs import REQUEST_CONTEXT, RequestContext, configure_gateway_logging
 from gateway.metrics import CONTENT_TYPE_LATEST, NO_ADAPTER, GatewayMetrics
 from gateway.recorder import (
     STORE_DOWN_ERRORS,
@@ -186,6 +187,7 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     arm, adapter = await route_request(
         state, table, user or session or request_id, session, messages
     )
+    REQUEST_CONTEXT.set(RequestContext(line, adapter, request_id))
     base_model = await _discover_base_model(state)
     parsed = parse_adapter_name(adapter) if adapter else None
     finished = FinishedRequest(
@@ -407,6 +409,7 @@ def create_app(
 ) -> FastAPI:
     """The gateway application (one replica); resources open on startup, close on shutdown."""
     withhold_tracebacks()
+    configure_gateway_logging()
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
     keys_watch: KeyFileWatch | None = None

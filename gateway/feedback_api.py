@@ -26,6 +26,7 @@ from gateway.limiting import (
     too_many,
 )
 from gateway.limits import quotas_for
+from gateway.logs import REQUEST_CONTEXT, RequestContext
 from gateway.metrics import NO_ADAPTER
 from gateway.recorder import STORE_DOWN_ERRORS
 from gateway.state import GatewayState
@@ -77,6 +78,7 @@ async def receive_feedback(state: GatewayState, request: Request) -> Response:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
     line, user, adapter = await _owner_of(state, feedback.request_id)
+    REQUEST_CONTEXT.set(RequestContext(line, adapter, feedback.request_id))
     if not key.may_use(line):
         raise GatewayError(403, "this key may not give feedback on that business line")
     quotas = quotas_for("feedback", limit_scopes(state, key, line))

@@ -680,3 +680,37 @@ def test_answer_timing_can_be_turned_off(settings: Settings) -> None:
         [row] = connection.execute(select(interactions_table)).all()
     assert row.ttft_ms is None
     store.close()
+
+
+def test_log_lines_name_the_line_adapter_and_request(
+    gateway: Running, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line logged while serving a request, or by a task it spawned, carries the request's
+    line, adapter and id; a background line carries dashes."""
+    import asyncio
+    import logging
+
+    import gateway.app as app_module
+
+    original = app_module._discover_base_model
+    log = logging.getLogger("gateway.test")
+
+    async def spawned() -> None:
+        log.warning("from a spawned task")
+
+    async def logging_discovery(state: Any) -> str:
+        log.warning("looking up the base model")
+        await asyncio.create_task(spawned())
+        return await original(state)
+
+    monkeypatch.setattr(app_module, "_discover_base_model", logging_discovery)
+    user = _champion_user(gateway)
+    with gateway.client() as client:
+        response = _chat(client, user=user)
+    log.warning("not about a request")
+    request_id = response.headers["x-request-id"]
+    lines = capsys.readouterr().err.splitlines()
+    ids = f"line=customer_service adapter={CHAMPION} request={request_id}"
+    assert any(ids in line and "looking up the base model" in line for line in lines)
+    assert any(ids in line and "from a spawned task" in line for line in lines)
+    assert any("line=- adapter=- request=- not about a request" in line for line in lines)
