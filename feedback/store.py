@@ -680,6 +680,17 @@ class FeedbackStore:
         with self.engine.connect() as connection:
             return list(connection.execute(select(line).distinct().order_by(line)).scalars())
 
+    def requests_per_line(self, since: datetime) -> dict[str, int]:
+        """Interactions logged per business line since ``since`` (lines without any absent)."""
+        table = interactions_table
+        query = (
+            select(table.c.business_line, func.count())
+            .where(table.c.created_at >= since)
+            .group_by(table.c.business_line)
+        )
+        with self.engine.connect() as connection:
+            return {line: int(count) for line, count in connection.execute(query)}
+
     def forget_user(self, user_id: str) -> dict[str, int]:
         """Delete every interaction and feedback event of a user, in one transaction.
 

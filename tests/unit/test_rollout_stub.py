@@ -4,6 +4,7 @@ champion on main; the slow tier repeats the replica cases on real vLLM."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -313,3 +314,57 @@ def test_a_placed_line_is_loaded_only_on_its_replica_and_checked_there(world: Wo
     sync_adapters(world.settings, world.store, world.urls)
     assert world.loaded() == [set(), routed]
     assert world.check() == []
+
+
+def test_placement_plan_packs_a_cold_line_and_moves_its_adapters(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from flywheel.cli import app
+    from flywheel.errors import UsageError
+
+    runner = CliRunner()
+    version = world.register()
+    adapter = f"{LINE}-v{version}"
+    deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+                 upstreams=world.urls)  # fmt: skip
+    assert world.loaded() == [{adapter}] * 2
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    _traffic(world, adapter, 10, 0, hour_ago)
+    report = world.store.ingest(arm_events("medical", None, 90, 0, hour_ago), source="t")
+    assert report.quarantined == 0
+    monkeypatch.setenv("FLYWHEEL_GATEWAY_UPSTREAMS", ",".join(world.urls))
+    shown = runner.invoke(app, ["placement", "plan", "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = {row["business_line"]: row for row in json.loads(shown.stdout)}
+    assert (rows[LINE]["requests"], rows[LINE]["share"]) == (10, 0.1)
+    assert rows["medical"]["planned"] is None  # 90%: hot, on every replica
+    recent = runner.invoke(app, ["placement", "plan", "--hours", "0.5", "--json"])
+    assert {row["requests"] for row in json.loads(recent.stdout)} == {0}  # all an hour ago
+    [home] = rows[LINE]["planned"]
+    other = next(url for url in world.urls if url != home)
+    applied = runner.invoke(app, ["placement", "plan", "--apply"])
+    assert applied.exit_code == 0, applied.output
+    assert f"unloaded from {other}" in applied.output
+    assert world.table().replicas == (home,)
+    assert world.loaded()[world.urls.index(home)] == {adapter}
+    assert world.loaded()[world.urls.index(other)] == set()
+    assert world.check() == []
+    # By hand: onto the other replica (loaded there before it leaves the first), then back
+    # on every replica.
+    moved = runner.invoke(app, ["placement", "set", LINE, other + "/"])
+    assert moved.exit_code == 0, moved.output
+    assert world.table().replicas == (other,)
+    assert world.loaded()[world.urls.index(other)] == {adapter}
+    assert world.loaded()[world.urls.index(home)] == set()
+    unknown = runner.invoke(app, ["placement", "set", LINE, "http://127.0.0.1:9"])
+    assert isinstance(unknown.exception, UsageError)
+    assert "not a configured replica" in str(unknown.exception)
+    assert runner.invoke(app, ["placement", "clear", LINE]).exit_code == 0
+    assert world.table().replicas is None
+    assert world.loaded() == [{adapter}] * 2
+    assert world.check() == []
+    history = [c.action for c in RouteStore(world.store.engine).history(LINE, limit=3)]
+    assert history == ["placement_set"] * 3
