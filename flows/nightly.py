@@ -396,10 +396,11 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
 @flow(name="flywheel-canary")
 def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
     """Every replica brought to the adapters the routing tables name (a restarted one gets
-    them back); then for each line: the canary against the champion (promote, step up, roll
+    them back); then for each line: a shadow's answers against the champion's (on to the
+    canary, rolled back, or wait), the canary against the champion (promote, step up, roll
     back or wait, after its soak time), and a newly promoted champion against ``previous``
     (reverted when it regresses). Each decision is recorded with its numbers."""
-    from flows.rollout import judge_canary, sync_adapters, watch_champion
+    from flows.rollout import judge_canary, judge_shadow_stage, sync_adapters, watch_champion
     from gateway.settings import GatewaySettings
 
     settings = load_settings()
@@ -419,6 +420,13 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                 if changes["loaded"] or changes["unloaded"] or changes["failed"]:
                     get_run_logger().info("reconciled %s: %s", replica, changes)
         for line in chosen:
+            shadow = judge_shadow_stage(
+                settings,
+                store,
+                line,
+                upstreams=gateway.upstreams,
+                in_flight=gateway.in_flight(),
+            )
             outcome = judge_canary(
                 settings,
                 store,
@@ -440,6 +448,8 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                     "reason": outcome.reason,
                     "champion_watch": watched.action,
                     "champion_watch_reason": watched.reason,
+                    "shadow": shadow.action,
+                    "shadow_reason": shadow.reason,
                 }
             )
     finally:

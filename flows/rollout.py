@@ -11,6 +11,9 @@ aliases and tags, then drained unloads. Nothing here decides.
   refused by the LoRA budget, with the reason).
 - ``judge_canary``: the canary flow's look (anytime-valid test, soak time):
   wait, step up, promote or roll back; every look is logged with its numbers.
+- ``judge_shadow_stage``: the canary flow's look at a shadow (a recipe's shadow
+  stage): its answers against the champion's on the same requests; on to the
+  first canary share, rolled back, or left to answer more.
 - ``watch_champion``: a promoted champion against ``previous`` for the
   recipe's ``watch_s``; a regression reverts routing and alias together.
 - ``set_champion``: the champion by hand, routing and alias together.
@@ -50,15 +53,18 @@ from registry.lifecycle import (
     Revert,
     Route,
     SetAlias,
+    ShadowLooked,
     Transition,
     Unload,
     advance,
     drift,
+    shadow_since,
     watching,
 )
 from registry.names import adapter_name, version_of
 from registry.placement import placed
 from registry.routes import RouteStore
+from registry.shadow import ShadowReport, compare_shadow, judge_shadow
 
 ACTOR = "flywheel:canary"
 DRAIN_TIMEOUT_S = 120.0
@@ -75,7 +81,7 @@ class DeployOutcome:
 
     business_line: str
     adapter: str
-    status: str  # canary | failed | kept_canary | refused | none
+    status: str  # canary | shadow | failed | kept_canary | kept_shadow | refused | none
     reason: str
     loaded_on: list[str] = field(default_factory=list)
 
@@ -260,8 +266,8 @@ def deploy_canary(
             failed[upstream] = "; ".join(probe.reasons)
     done = parts.advance(state, ProbesDone(adapter, tuple(passed), failed))
     parts.apply(state, done)
-    status = "canary" if done.action == "canary" else "failed"
-    return DeployOutcome(line, adapter, status, done.reason, passed if status == "canary" else [])
+    status = done.action if done.action in ("canary", "shadow") else "failed"
+    return DeployOutcome(line, adapter, status, done.reason, passed if status != "failed" else [])
 
 
 # --------------------------------------------------------------------------- canary looks
@@ -354,6 +360,69 @@ def judge_canary(
         when=until,
     )
     return outcome
+
+
+# --------------------------------------------------------------------------- shadow looks
+
+
+def shadow_report(
+    store: FeedbackStore, table: RoutingTable, history: Sequence[Any], until: datetime
+) -> ShadowReport:
+    """The line's shadow against its champion since the shadow started answering."""
+    from feedback.shadow import shadow_pairs
+
+    assert table.shadow is not None
+    since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
+    pairs = shadow_pairs(store.engine, table.business_line, table.shadow, since, until)
+    return compare_shadow(table.shadow, pairs)
+
+
+def judge_shadow_stage(
+    settings: Settings,
+    store: FeedbackStore,
+    line: str,
+    *,
+    upstreams: Sequence[str] = (),
+    in_flight: Callable[[str], int] | None = None,
+    now: datetime | None = None,
+    actor: str = ACTOR,
+) -> CanaryOutcome:
+    """Judge the line's shadow on its answers so far (``registry.shadow``) and apply it: on to
+    the recipe's first canary share, rolled back (unloaded, the version rejected), or left
+    to answer more. Recorded with the canary's decisions, with its numbers."""
+    until = now or datetime.now(UTC)
+    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    history = parts.routes.history(line, limit=500)
+    state = LineState.of(parts.routes.table(line), history)
+    table = state.table
+    if table.shadow is None:
+        return CanaryOutcome(line, "none", "no shadow on this line", table)
+    report = shadow_report(store, table, history, until)
+    decision = judge_shadow(report, parts.recipe.rollout.shadow)
+    transition = parts.advance(state, ShadowLooked(decision.action, decision.reasons, until))
+    parts.apply(state, transition)
+    since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
+    numbers = {
+        "window_start": since.isoformat(),
+        "window_end": until.isoformat(),
+        "shadow": report.as_dict(),
+        "checks": [asdict(check) for check in decision.checks],
+    }
+    record_decision(
+        store.engine,
+        business_line=line,
+        adapter=table.shadow,
+        fraction=table.shadow_fraction,
+        look=looks_since(store.engine, line, table.shadow, since) + 1,
+        action=transition.action,
+        reasons=transition.reason,
+        numbers=numbers,
+        actor=actor,
+        when=until,
+    )
+    return CanaryOutcome(
+        line, transition.action, transition.reason, transition.table, None, numbers
+    )
 
 
 def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ from gateway.routing import RoutingTable
 from registry.canary import CanaryAction
 from registry.names import adapter_name, version_of
 from registry.placement import adapters_by_replica, placed
+from registry.shadow import ShadowAction, ShadowPolicy
 
 
 class RolloutPolicy(BaseModel):
@@ -65,8 +66,14 @@ class RolloutPolicy(BaseModel):
     )
     on_live_canary: Literal["keep", "replace"] = Field(
         default="keep",
-        description="A candidate arriving while a canary is live: keep the canary (the "
+        description="A candidate arriving while a canary (or a shadow) is live: keep it (the "
         "candidate waits for a later night) or replace it with a recorded rollback.",
+    )
+    shadow: ShadowPolicy = Field(
+        default_factory=ShadowPolicy,
+        description="With a fraction above 0, a new candidate first answers that share of the "
+        "champion's requests in shadow (never shown) and goes on the canary once its answers "
+        "are judged no worse (registry.shadow).",
     )
 
 
@@ -96,6 +103,19 @@ def step_started(history: Sequence[ChangeRecord], table: RoutingTable) -> dateti
             and abs(change.table.canary_fraction - table.canary_fraction) < 1e-9
         )
         if not same:
+            break
+        start = change.created_at
+    return start
+
+
+def shadow_since(history: Sequence[ChangeRecord], table: RoutingTable) -> datetime | None:
+    """When ``table``'s shadow started answering (``history`` newest first); None when there
+    is no shadow or the history does not reach back to it."""
+    if table.shadow is None:
+        return None
+    start = None
+    for change in history:
+        if change.table.shadow != table.shadow:
             break
         start = change.created_at
     return start
@@ -234,6 +254,15 @@ class CanaryLooked:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowLooked:
+    """The canary flow's comparison of the shadow's answers with the champion's."""
+
+    action: ShadowAction
+    reasons: tuple[str, ...]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ChampionJudged:
     """The watched champion against ``previous``: ``regressed`` when shown worse."""
 
@@ -268,6 +297,7 @@ Event = (
     CandidateReady
     | ProbesDone
     | CanaryLooked
+    | ShadowLooked
     | ChampionJudged
     | ChampionSetByHand
     | CanaryStoppedByHand
@@ -292,9 +322,11 @@ def advance(
         case CandidateReady(adapter):
             transition = _candidate(state, adapter, policy, budget)
         case ProbesDone():
-            transition = _probed(state, event, steps)
+            transition = _probed(state, event, steps, policy)
         case CanaryLooked():
             transition = _canary_looked(state, event, steps, policy)
+        case ShadowLooked():
+            transition = _shadow_looked(state.table, event, steps)
         case ChampionJudged():
             transition = _champion_judged(state, event, policy)
         case ChampionSetByHand(adapter, reason):
@@ -320,10 +352,9 @@ def _replica_appeared(table: RoutingTable, replica: str) -> Transition:
     return Transition("reload", (why,), table, loads)
 
 
-def _candidate(
-    state: LineState, adapter: str, policy: RolloutPolicy, budget: LoraBudget | None
-) -> Transition:
-    table = state.table
+def _not_now(table: RoutingTable, adapter: str, policy: RolloutPolicy) -> Transition | None:
+    """Why a candidate does not start its rollout now: it already serves, or a canary or a
+    shadow is live and the recipe keeps it."""
     if adapter == table.champion:
         return Transition("none", (f"{adapter} is already the champion",), table)
     if adapter == table.canary:
@@ -339,6 +370,27 @@ def _candidate(
             ),
             table,
         )
+    if adapter == table.shadow:
+        return Transition("none", (f"{adapter} is already the shadow",), table)
+    if table.shadow is not None and policy.on_live_canary == "keep":
+        return Transition(
+            "kept_shadow",
+            (
+                f"shadow {table.shadow} is still being judged: {adapter} waits "
+                "(rollout.on_live_canary: keep)",
+            ),
+            table,
+        )
+    return None
+
+
+def _candidate(
+    state: LineState, adapter: str, policy: RolloutPolicy, budget: LoraBudget | None
+) -> Transition:
+    table = state.table
+    waits = _not_now(table, adapter, policy)
+    if waits is not None:
+        return waits
     if budget is not None:
         # A replaced canary goes, so it does not count against the new one.
         needed = budget.needed_with(table.business_line, adapter, replacing=table.canary)
@@ -355,7 +407,9 @@ def _candidate(
     return Transition("load", why, table, (Load(adapter),))
 
 
-def _probed(state: LineState, event: ProbesDone, steps: Sequence[float]) -> Transition:
+def _probed(
+    state: LineState, event: ProbesDone, steps: Sequence[float], policy: RolloutPolicy
+) -> Transition:
     table, adapter = state.table, event.adapter
     if event.failed:
         reached = tuple(sorted({*event.passed, *event.failed}))
@@ -366,6 +420,8 @@ def _probed(state: LineState, event: ProbesDone, steps: Sequence[float]) -> Tran
             table,
             (Reject(version_of(adapter)), Unload(adapter, reached)),
         )
+    if policy.shadow.fraction > 0:
+        return _shadowed(table, event, policy.shadow.fraction)
     fraction = steps[0]
     effects: list[Effect] = []
     reasons = [f"{adapter} probed on {len(event.passed)} replica(s); {fraction:.0%} of users"]
@@ -380,6 +436,45 @@ def _probed(state: LineState, event: ProbesDone, steps: Sequence[float]) -> Tran
         effects.append(Unload(replaced))
     effects.append(SetAlias("canary", version_of(adapter)))
     return Transition("canary", tuple(reasons), after, tuple(effects))
+
+
+def _shadowed(table: RoutingTable, event: ProbesDone, fraction: float) -> Transition:
+    """The probed candidate as the line's shadow (the recipe's shadow stage); a canary or
+    shadow it replaces (only with on_live_canary: replace) is rolled back."""
+    adapter = event.adapter
+    reasons = [
+        f"{adapter} probed on {len(event.passed)} replica(s); answers {fraction:.0%} of the "
+        "champion's requests in shadow before any user sees it"
+    ]
+    replaced = [a for a in (table.canary, table.shadow) if a is not None and a != adapter]
+    reasons += [f"replaces {a} (rolled back: a newer candidate)" for a in replaced]
+    after = table.without_canary().with_shadow(adapter, fraction)
+    effects: list[Effect] = [Route(after, "shadow_set")]
+    for gone in replaced:
+        effects += [Reject(version_of(gone)), Unload(gone)]
+    if table.canary is not None:
+        effects.append(SetAlias("canary", None))
+    return Transition("shadow", tuple(reasons), after, tuple(effects))
+
+
+def _shadow_looked(table: RoutingTable, event: ShadowLooked, steps: Sequence[float]) -> Transition:
+    """The shadow judged: on the first canary share, rolled back, or left to answer more."""
+    shadow = table.shadow
+    if shadow is None:
+        return Transition("none", ("no shadow on this line",), table)
+    if event.action is ShadowAction.REJECT:
+        after = table.without_shadow()
+        clear = (Route(after, "shadow_clear"), Reject(version_of(shadow)), Unload(shadow))
+        return Transition("shadow_reject", event.reasons, after, clear)
+    if event.action is ShadowAction.ADVANCE and table.canary is not None:
+        why = f"canary {table.canary} is live: {shadow} stays in shadow until it is decided"
+        return Transition("shadow_wait", (*event.reasons, why), table)
+    if event.action is ShadowAction.WAIT:
+        return Transition("shadow_wait", event.reasons, table)
+    after = table.with_canary(shadow, steps[0])
+    reasons = (*event.reasons, f"{shadow} on {steps[0]:.0%} of users")
+    effects = (Route(after, "canary_set"), SetAlias("canary", version_of(shadow)))
+    return Transition("shadow_advance", reasons, after, effects)
 
 
 def _soaked(state: LineState, now: datetime, policy: RolloutPolicy) -> float | None:
@@ -464,12 +559,15 @@ def _champion_judged(state: LineState, event: ChampionJudged, policy: RolloutPol
     assert table.previous is not None
     regressed, restored = table.champion, table.previous
     canary = table.canary if table.canary != restored else None
+    shadow = table.shadow if table.shadow != restored else None
     after = RoutingTable(
         business_line=table.business_line,
         champion=restored,
         canary=canary,
         canary_fraction=table.canary_fraction,
         previous=None,
+        shadow=shadow,
+        shadow_fraction=table.shadow_fraction if shadow else 0.0,
         replicas=table.replicas,
     )
     reasons = (f"champion {regressed} regressed against {restored}", *event.reasons)
