@@ -19,6 +19,11 @@ canary_app = typer.Typer(
     help="Send a share of a line's users to a new adapter.", no_args_is_help=True
 )
 routes_app = typer.Typer(help="Where each business line's traffic goes.")
+shadow_app = typer.Typer(
+    help="Mirror a share of a line's champion requests to an adapter users never see.",
+    no_args_is_help=True,
+)
+canary_app.add_typer(shadow_app, name="shadow")
 gateway_app = typer.Typer(help="The gateway's API keys.", no_args_is_help=True)
 lifecycle_app = typer.Typer(
     help="Whether routing, MLflow aliases and the loaded adapters agree.", no_args_is_help=True
@@ -365,10 +370,115 @@ def canary_status(
             f"{decision['canary_fraction']:.0%}",
             str(decision["look"]),
             decision["action"],
-            f"{numbers['canary']['requests']}/{numbers['champion']['requests']}",
+            _requests(numbers),
             decision["reasons"][:120],
         )
     out.print(shown)
+
+
+def _requests(numbers: dict[str, object]) -> str:
+    """Requests per arm of a decision (a shadow's: its pairs; a watched champion's: both)."""
+    shadow = numbers.get("shadow")
+    if isinstance(shadow, dict):
+        return f"{shadow['pairs']} pairs"
+    names = ("champion", "previous") if "previous" in numbers else ("canary", "champion")
+    arms = [numbers.get(name) for name in names]
+    return "/".join(str(a.get("requests", "-")) if isinstance(a, dict) else "-" for a in arms)
+
+
+@shadow_app.command("set")
+def shadow_set(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    adapter: Annotated[str, typer.Argument(help="The shadow adapter, <line>-v<version>.")],
+    share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of the champion's requests mirrored.")
+    ] = 0.1,
+    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
+    ] = True,
+) -> None:
+    """Mirror ``share`` of the line's champion requests to ``adapter`` after each user's
+    answer; its answers are stored, never returned (``flywheel canary shadow report``)."""
+    from registry.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    if check:
+        _check_loaded(adapter)
+    store = open_store(settings)
+    table = RouteStore(store.engine).set_shadow(
+        business_line, adapter, share, actor=_actor(), reason=reason
+    )
+    out.print(
+        f"{business_line}: {table.shadow} answers {table.shadow_fraction:.1%} of the requests "
+        f"{table.champion or 'the base model'} serves, in shadow"
+    )
+
+
+@shadow_app.command("clear")
+def shadow_clear(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+) -> None:
+    """Stop mirroring the line's requests (the adapter stays loaded until the next sync)."""
+    from registry.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    store = open_store(settings)
+    RouteStore(store.engine).clear_shadow(business_line, actor=_actor(), reason=reason)
+    out.print(f"{business_line}: no shadow")
+
+
+@shadow_app.command("report")
+def shadow_report_command(
+    business_line: Annotated[str, typer.Argument(help="The business line.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """The line's shadow against its champion on the same requests since it started: pairs,
+    errors, output length, refusals, PII, how alike the answers are, and the decision the
+    canary flow would take now (nothing is applied)."""
+    from datetime import UTC, datetime
+
+    from flows.rollout import shadow_report
+    from flows.stages import recipe_for
+    from registry.routes import RouteStore
+    from registry.shadow import judge_shadow
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    store = open_store(settings)
+    routes = RouteStore(store.engine)
+    table = routes.table(business_line)
+    if table.shadow is None:
+        raise UsageError(f"{business_line} has no shadow (flywheel canary shadow set)")
+    report = shadow_report(
+        store, table, routes.history(business_line, limit=500), datetime.now(UTC)
+    )
+    decision = judge_shadow(report, recipe_for(settings, business_line).rollout.shadow)
+    if as_json:
+        body = {
+            "shadow": table.shadow,
+            "share": table.shadow_fraction,
+            "report": report.as_dict(),
+            "decision": decision.action.value,
+            "reasons": list(decision.reasons),
+        }
+        out.print_json(orjson.dumps(body).decode())
+        return
+    out.print(
+        f"{business_line}: {table.shadow} on {table.shadow_fraction:.1%} of the requests of "
+        f"{table.champion or 'the base model'}; {report.pairs} pairs, {report.errors} errors"
+    )
+    for check in decision.checks:
+        out.print(f"  {check.verdict:<8} {check.why}")
+    if report.similarity_mean is not None:
+        out.print(
+            f"  answers alike: mean word overlap {report.similarity_mean:.2f}, "
+            f"{report.identical} with the same words"
+        )
+    out.print(f"decision now: {decision.action.value}: {'; '.join(decision.reasons)}")
 
 
 def _judge(business_line: str, action: str | None, reason: str | None) -> None:

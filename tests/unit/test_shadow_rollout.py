@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -254,3 +255,33 @@ def test_a_candidate_goes_shadow_then_canary_and_a_bad_one_is_rejected(world: Wo
     none = judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
     assert none.action == "none"
     assert lifecycle_check(world.settings, world.store, world.urls)["problems"] == []
+
+
+def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
+    from typer.testing import CliRunner
+
+    from flywheel.cli import app
+
+    runner = CliRunner()
+    version = world.register()
+    adapter = f"{LINE}-v{version}"
+    assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == "shadow"
+    world.pairs(adapter, 35, shadow_answer="Here is the answer to question {i}, in a few words.")
+    shown = runner.invoke(app, ["canary", "shadow", "report", LINE, "--json"])
+    assert shown.exit_code == 0, shown.output
+    body = json.loads(shown.output)
+    assert (body["shadow"], body["share"], body["decision"]) == (adapter, 0.2, "advance")
+    assert (body["report"]["pairs"], body["report"]["identical"]) == (35, 35)
+    assert world.table().shadow == adapter  # a report applies nothing
+    judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    status = runner.invoke(app, ["canary", "status", LINE])
+    assert status.exit_code == 0, status.output
+    assert "35 pairs" in status.output
+    cleared = runner.invoke(app, ["canary", "shadow", "clear", LINE])
+    assert cleared.exit_code == 0, cleared.output
+    assert runner.invoke(app, ["canary", "shadow", "report", LINE]).exit_code != 0
+    hand = runner.invoke(
+        app, ["canary", "shadow", "set", LINE, f"{LINE}-v9", "--share", "0.3", "--no-check"]
+    )
+    assert hand.exit_code == 0, hand.output
+    assert (world.table().shadow, world.table().shadow_fraction) == (f"{LINE}-v9", 0.3)
