@@ -6,11 +6,13 @@ Four ways to the same server, measured in interleaved rounds so machine noise
 hits them alike: **direct** (the client calls the server), **flywheel** (through
 the gateway as ``flywheel serve gateway`` runs it: header guards, key check,
 request checks, routing, SSE relay, logging to its SQLite store in the
-background), **flywheel+limits** (the same with rate limits on the key and the
-line — requests, tokens, concurrent streams — counted in Redis when one answers
-at 127.0.0.1:6379, set high enough that nothing is refused, so every request
-pays for the checks) and **litellm** (LiteLLM's proxy, in its own virtualenv
-built from PyPI on first use). Every request is a streamed chat completion; latency is to
+background), **flywheel+limits+shadow** (the same with rate limits on the key
+and the line — requests, tokens, concurrent streams — counted in Redis when one
+answers at 127.0.0.1:6379, set high enough that nothing is refused, so every
+request pays for the checks — and a shadow adapter answering ``--shadow`` (10%)
+of the requests again after the user's answer, stored beside them) and
+**litellm** (LiteLLM's proxy, in its own virtualenv built from PyPI on first
+use). Every request is a streamed chat completion; latency is to
 the last byte, TTFT to the first. For each of 1, 16 and 64 concurrent streams
 it prints p50/p99 and throughput per path, and the added p50/p99 and the
 throughput ratio against direct.
@@ -48,6 +50,8 @@ CONCURRENCY = (1, 16, 64)
 LINE = "customer_service"
 API_KEY = "fw-bench-key"
 PROMPT = "Name three colours."
+SHADOW_ADAPTER = f"{LINE}-v1"
+LIMITED = "flywheel+limits+shadow"
 
 
 @dataclass
@@ -144,6 +148,7 @@ def stub_server(work: Path) -> Iterator[tuple[str, str]]:
 
     port = free_port()
     argv = [sys.executable, "-m", "tests.stub_vllm", "--port", str(port), "--words", "8"]
+    argv += ["--adapter", SHADOW_ADAPTER]
     ready = f"http://127.0.0.1:{port}/v1/models"
     with service_process(
         argv, name="the stand-in", ready_url=ready, log_path=work / "stub.log", cwd=REPO
@@ -165,7 +170,23 @@ def vllm_server(work: Path) -> Iterator[tuple[str, str]]:
     python = VllmEnvironment(REPO / ".venv-vllm", torch_index=index, report=print).ensure()
     settings = VllmServerSettings(model=base, port=free_port(), served_model_name="base")
     with VllmServer(settings, python=python, log_path=work / "vllm.log", report=print) as server:
+        _load_shadow_adapter(server.base_url, base, work)
         yield server.base_url, "base"
+
+
+def _load_shadow_adapter(url: str, base: Path, work: Path) -> None:
+    """An untrained rank-8 LoRA of the base model, loaded as the shadow adapter (its answers
+    cost what a trained one's do)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from registry.vllm_admin import VllmAdminClient
+
+    folder = work / "shadow-adapter"
+    config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(folder)
+    with VllmAdminClient(url) as admin:
+        admin.load_adapter(SHADOW_ADAPTER, folder)
 
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -183,11 +204,60 @@ def redis_answers(url: str = REDIS_URL) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Gateway:
+    """A running gateway: its URL and home (the store with its shadow outputs)."""
+
+    url: str
+    home: Path
+
+    def shadowed(self) -> tuple[int, int]:
+        """(shadow answers stored, requests answered) so far."""
+        from sqlalchemy import func, select
+
+        from feedback.schema import interactions_table, shadow_outputs_table
+        from feedback.store import FeedbackStore
+        from flywheel.settings import Settings
+
+        store = FeedbackStore.open(Settings(home=self.home, database_url=None))
+        try:
+            with store.engine.connect() as connection:
+                shadows = connection.execute(
+                    select(func.count()).select_from(shadow_outputs_table)
+                ).scalar_one()
+                answered = connection.execute(
+                    select(func.count()).select_from(interactions_table)
+                ).scalar_one()
+        finally:
+            store.close()
+        return int(shadows), int(answered)
+
+
+def _route_shadow(home: Path, share: float) -> None:
+    from feedback.store import FeedbackStore
+    from flywheel.settings import Settings
+    from registry.routes import RouteStore
+
+    store = FeedbackStore.open(Settings(home=home, database_url=None))
+    try:
+        RouteStore(store.engine).change(
+            LINE,
+            lambda table: table.with_shadow(SHADOW_ADAPTER, share),
+            action="shadow_set",
+            actor="gateway-bench",
+        )
+    finally:
+        store.close()
+
+
 @contextmanager
-def gateway(upstream: str, work: Path, *, limits: bool = False) -> Iterator[str]:
+def gateway(
+    upstream: str, work: Path, *, limits: bool = False, shadow: float = 0.0
+) -> Iterator[Gateway]:
     """flywheel's gateway (``flywheel serve gateway``, one process, SQLite store) in front of
     ``upstream``; with ``limits``, rate limits on its key and line, in Redis when one
-    answers."""
+    answers; with ``shadow``, that share of the requests answered again by a shadow
+    adapter."""
     import uuid
 
     from gateway.keys import key_digest
@@ -200,6 +270,8 @@ def gateway(upstream: str, work: Path, *, limits: bool = False) -> Iterator[str]
         key["limits"] = {**NEVER_REACHED, "concurrent_streams": 10_000}
         keys["lines"] = {LINE: NEVER_REACHED}
     (home / "gateway-keys.yaml").write_text(json.dumps(keys), encoding="utf-8")
+    if shadow:
+        _route_shadow(home, shadow)
     port = free_port()
     env = {
         **os.environ,
@@ -218,7 +290,7 @@ def gateway(upstream: str, work: Path, *, limits: bool = False) -> Iterator[str]
     with service_process(
         argv, name="the gateway", ready_url=ready, log_path=log, env=env, cwd=REPO
     ):
-        yield f"http://127.0.0.1:{port}"
+        yield Gateway(f"http://127.0.0.1:{port}", home)
 
 
 @contextmanager
@@ -373,6 +445,9 @@ def main() -> None:
     parser.add_argument("--no-litellm", action="store_true", help="Skip LiteLLM's proxy.")
     parser.add_argument("--no-vllm", action="store_true", help="Only the instant stand-in.")
     parser.add_argument("--no-stand-in", action="store_true", help="Only the real vLLM.")
+    parser.add_argument(
+        "--shadow", type=float, default=0.1, help="Share of requests the shadow answers again."
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
@@ -380,7 +455,8 @@ def main() -> None:
         "rows": [],
         "limits_in": "redis" if redis_answers() else "process",
     }
-    print(f"flywheel+limits counts in {results['limits_in']}")
+    results["shadow_share"] = args.shadow
+    print(f"{LIMITED}: limits counted in {results['limits_in']}, shadow on {args.shadow:.0%}")
     servers = [] if args.no_stand_in else [("stand-in", stub_server)]
     servers += [] if args.no_vllm else [("vLLM CPU", vllm_server)]
     gateway_headers = {"Authorization": f"Bearer {API_KEY}", "x-user-id": "bench-user"}
@@ -389,17 +465,13 @@ def main() -> None:
         for server_name, start in servers:
             with (
                 start(work) as (upstream, model),
-                gateway(upstream, work) as gateway_url,
-                gateway(upstream, work, limits=True) as limited_url,
+                gateway(upstream, work) as plain,
+                gateway(upstream, work, limits=True, shadow=args.shadow) as limited,
             ):
                 targets = {
                     "direct": (f"{upstream}/v1/chat/completions", model, {}),
-                    "flywheel": (f"{gateway_url}/v1/chat/completions", LINE, gateway_headers),
-                    "flywheel+limits": (
-                        f"{limited_url}/v1/chat/completions",
-                        LINE,
-                        gateway_headers,
-                    ),
+                    "flywheel": (f"{plain.url}/v1/chat/completions", LINE, gateway_headers),
+                    LIMITED: (f"{limited.url}/v1/chat/completions", LINE, gateway_headers),
                 }
                 if args.no_litellm:
                     cells = measure(targets, args.seconds, args.rounds, args.tokens)
@@ -410,9 +482,13 @@ def main() -> None:
                         )  # fmt: skip
                         cells = measure(targets, args.seconds, args.rounds, args.tokens)
                 results["rows"] += report(server_name, cells)
+                shadows, answered = limited.shadowed()
+                results.setdefault("shadowed", {})[server_name] = [shadows, answered]
+                print(f"{LIMITED} on {server_name}: {shadows:,} shadow answers stored for "
+                      f"{answered:,} requests ({shadows / max(answered, 1):.1%})")  # fmt: skip
     (RESULTS / "gateway_bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     plot(results["rows"], RESULTS / "gateway_overhead.png")
-    for path in ("flywheel", "flywheel+limits"):
+    for path in ("flywheel", LIMITED):
         mine = [r for r in results["rows"] if r["path"] == path and r["server"] == "stand-in"]
         if mine:
             print(
