@@ -43,12 +43,20 @@ def _check_line(settings: Settings, line: str) -> None:
         raise UsageError(f"unknown business line {line!r} (configured: {known})")
 
 
-def _check_loaded(adapter: str) -> None:
-    """Refuse to route users to an adapter some vLLM replica does not serve."""
+def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
+    """Refuse to route users to an adapter some vLLM replica the line is placed on (every
+    replica, for a line without a placement) does not serve."""
     from gateway.settings import GatewaySettings
+    from registry.placement import placed
+    from registry.routes import RouteStore
     from registry.vllm_admin import VllmAdminClient, VllmAdminError
 
-    for upstream in GatewaySettings().upstreams:
+    store = open_store(settings)
+    try:
+        table = RouteStore(store.engine).table(business_line)
+    finally:
+        store.close()
+    for upstream in placed(table, GatewaySettings().upstreams):
         try:
             with VllmAdminClient(upstream) as client:
                 served = client.served_adapter(adapter)
@@ -80,7 +88,7 @@ def canary_set(
     settings = load_settings()
     _check_line(settings, business_line)
     if check:
-        _check_loaded(adapter)
+        _check_loaded(settings, business_line, adapter)
     store = open_store(settings)
     table = RouteStore(store.engine).set_canary(
         business_line, adapter, fraction, actor=_actor(), reason=reason
@@ -405,7 +413,7 @@ def shadow_set(
     settings = load_settings()
     _check_line(settings, business_line)
     if check:
-        _check_loaded(adapter)
+        _check_loaded(settings, business_line, adapter)
     store = open_store(settings)
     table = RouteStore(store.engine).set_shadow(
         business_line, adapter, share, actor=_actor(), reason=reason

@@ -280,6 +280,27 @@ def test_canary_set_checks_the_adapter_is_served(
     assert "--no-check" in str(refused.exception)
 
 
+def test_canary_set_checks_only_the_replicas_the_line_is_placed_on(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica the line is not placed on (here one that does not even answer) is not
+    asked; the placed one must serve the adapter."""
+    from tests.stub_vllm import StubBehaviour, running_stub
+
+    with running_stub(StubBehaviour(adapters={"legal-v2"})) as home:
+        monkeypatch.setenv("FLYWHEEL_GATEWAY_UPSTREAMS", f"http://127.0.0.1:9,{home.base_url}")
+        routes = RouteStore(FeedbackStore.open(settings).engine)
+        routes.change(
+            "legal", lambda t: t.placed_on((home.base_url,)), action="placement_set", actor="t"
+        )
+        result = runner.invoke(app, ["canary", "set", "legal", "legal-v2"])
+        assert result.exit_code == 0, result.output
+        home.behaviour.adapters.clear()
+        missing = runner.invoke(app, ["canary", "set", "legal", "legal-v2"])
+    assert isinstance(missing.exception, UsageError)
+    assert f"not loaded on {home.base_url}" in str(missing.exception)
+
+
 def test_gateway_add_key_prints_the_key_once(settings: Settings) -> None:
     result = runner.invoke(app, ["gateway", "add-key", "support", "--lines", "legal,medical"])
     assert result.exit_code == 0, result.output
