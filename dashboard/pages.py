@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -32,9 +32,10 @@ from dashboard.shaping import (
     time_series,
 )
 from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
+from feedback.shadow import shadow_counts
 from gateway.routing import RoutingTable
 from registry.decisions import latest_decisions
-from registry.lifecycle import step_started
+from registry.lifecycle import shadow_since, step_started
 from registry.routes import RouteChangeRecord, RouteStore
 
 DEFAULT_RANGE = timedelta(days=14)
@@ -68,6 +69,56 @@ class CanaryView:
 
 
 @dataclass(slots=True)
+class ShadowView:
+    """The line's shadow: the requests it answered again so far (numbers only, never its
+    texts) and the canary flow's latest look at it (the comparison and the decision)."""
+
+    shadow: str
+    champion: str
+    fraction: float
+    since: datetime | None
+    answered: int
+    errors: int
+    look: dict[str, Any] | None
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        """Each count of the latest look (errors, refusal, PII, length) with its verdict."""
+        numbers = (self.look or {}).get("numbers")
+        if isinstance(numbers, dict) and isinstance(numbers.get("checks"), list):
+            return [c for c in numbers["checks"] if isinstance(c, dict)]
+        return []
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The latest look's comparison (``registry.shadow.ShadowReport.as_dict``)."""
+        numbers = (self.look or {}).get("numbers")
+        report = numbers.get("shadow") if isinstance(numbers, dict) else None
+        return report if isinstance(report, dict) else {}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        look = self.look
+        return {
+            "shadow": self.shadow,
+            "champion": self.champion,
+            "fraction": self.fraction,
+            "since": self.since.isoformat() if self.since else None,
+            "answered": self.answered,
+            "errors": self.errors,
+            "latest_look": None
+            if look is None
+            else {
+                "when": look["created_at"].isoformat(),
+                "action": look["action"],
+                "reasons": look["reasons"],
+                "report": self.report,
+                "checks": self.checks,
+            },
+        }
+
+
+@dataclass(slots=True)
 class Overview:
     """Signals over time per adapter, routing, the canary, and the latest funnel."""
 
@@ -83,6 +134,7 @@ class Overview:
     history: list[RouteChangeRecord]
     canary: CanaryView | None
     latest_build: DatasetBuild | None
+    shadow: ShadowView | None = None
 
     def request_series(self) -> dict[str, list[float | None]]:
         """Requests per bucket, per adapter (for the requests plot)."""
@@ -132,6 +184,7 @@ class Overview:
                 "checks": self.canary.checks,
             },
             "funnel": None if self.latest_build is None else funnel_dict(self.latest_build),
+            "shadow": None if self.shadow is None else self.shadow.as_dict(),
         }
 
 
@@ -281,6 +334,31 @@ class FeedbackPages:
             history=history,
             canary=self._canary(business_line, routing, history),
             latest_build=builds[0] if builds else None,
+            shadow=self._shadow(business_line, routing),
+        )
+
+    def _shadow(self, business_line: str, routing: RoutingTable) -> ShadowView | None:
+        if routing.shadow is None:
+            return None
+        since = shadow_since(self.routes.history(business_line, limit=500), routing)
+        answered, errors = shadow_counts(
+            self.engine, business_line, routing.shadow, since or datetime.min.replace(tzinfo=UTC)
+        )
+        looks = [
+            d
+            for d in latest_decisions(self.engine, business_line, limit=20)
+            if d.get("adapter") == routing.shadow
+            and isinstance(d.get("numbers"), dict)
+            and "shadow" in d["numbers"]
+        ]
+        return ShadowView(
+            shadow=routing.shadow,
+            champion=routing.champion or "base",
+            fraction=routing.shadow_fraction,
+            since=since,
+            answered=answered,
+            errors=errors,
+            look=looks[0] if looks else None,
         )
 
     def _canary(

@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from feedback.answers import is_refusal, output_tokens
 from feedback.schema import interactions_table, shadow_outputs_table
@@ -169,3 +169,23 @@ def shadow_pairs(
         )
         for row in rows
     ]
+
+
+def shadow_counts(
+    engine: Engine, business_line: str, adapter: str, since: datetime
+) -> tuple[int, int]:
+    """(answered, failed) shadow answers of ``adapter`` on the line since ``since``: what a
+    page shows between two looks of the canary flow, without reading any text."""
+    shadow = shadow_outputs_table.c
+    query = (
+        select(shadow.status, func.count())
+        .where(
+            shadow.business_line == business_line,
+            shadow.adapter_name == adapter,
+            shadow.created_at >= since,
+        )
+        .group_by(shadow.status)
+    )
+    with engine.connect() as connection:
+        counts = {status: int(n) for status, n in connection.execute(query)}
+    return counts.get("ok", 0), sum(n for status, n in counts.items() if status != "ok")
