@@ -23,13 +23,11 @@ internals, and is logged by type only (exception messages may quote data).
 from __future__ import annotations
 
 import contextlib
-import csv
 import gc
-import io
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -48,10 +46,11 @@ from dashboard import plots
 from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line
 from dashboard.errors import PageError
 from dashboard.evals import EvalReview
+from dashboard.exports import csv_lines, jsonl_lines
 from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_filter
 from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
 from dashboard.pages import FeedbackPages, funnel_dict
-from dashboard.scrubbed import Sample, SampleScrubber
+from dashboard.scrubbed import SampleScrubber
 from dashboard.settings import DashboardSettings
 from dashboard.shaping import RATE_SIGNALS
 from feedback.rollup import SignalRollup
@@ -474,9 +473,9 @@ def _add_pages(app: FastAPI, context: _Context) -> None:
         rows = pages.export(business_line, bucket)
         uses = pages.datasets
         stream = (
-            _csv_lines(rows, business_line, uses)
+            csv_lines(rows, business_line, uses)
             if kind == "csv"
-            else _jsonl_lines(rows, business_line, uses)
+            else jsonl_lines(rows, business_line, uses)
         )
         media = "text/csv" if kind == "csv" else "application/x-ndjson"
         name = f"{business_line}-samples.{kind}"
@@ -525,46 +524,6 @@ def _add_api(app: FastAPI, context: _Context) -> None:
     def api_evals(request: Request, business_line: str) -> Response:
         line_view(request, business_line)
         return _json(pages.eval_page(business_line, request.query_params.get("run")).as_dict())
-
-
-def _training_of(uses: DatasetIndex, line: str, sample: Sample) -> list[dict[str, str]]:
-    return [use.as_dict() for use in uses.uses(line, sample.request_id)]
-
-
-def _csv_lines(rows: Iterator[Sample], line: str, uses: DatasetIndex) -> Iterator[str]:
-    columns = [
-        "request_id", "created_at", "adapter", "status", "signals",
-        "prompt", "response", "edit", "pii_replaced", "training",
-    ]  # fmt: skip
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(columns)
-    yield buffer.getvalue()
-    for sample in rows:
-        buffer.seek(0)
-        buffer.truncate()
-        training = _training_of(uses, line, sample)
-        writer.writerow(
-            [
-                sample.request_id,
-                sample.created_at.isoformat(),
-                sample.adapter,
-                sample.status,
-                "|".join(sample.signals),
-                sample.prompt,
-                sample.response,
-                sample.edit or "",
-                orjson.dumps(sample.pii).decode(),
-                "|".join(f"{u['dataset']}:{u['kind']}:{u['split']}" for u in training),
-            ]
-        )
-        yield buffer.getvalue()
-
-
-def _jsonl_lines(rows: Iterator[Sample], line: str, uses: DatasetIndex) -> Iterator[bytes]:
-    for sample in rows:
-        body = sample.as_dict() | {"training": _training_of(uses, line, sample)}
-        yield orjson.dumps(body) + b"\n"
 
 
 def app_from_env() -> FastAPI:
