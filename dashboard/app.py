@@ -41,6 +41,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard import plots
 from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line
@@ -71,6 +72,12 @@ LINES_TTL_S = 5.0
 # A login form is a key and a path: anything larger is refused before it is read.
 LOGIN_BODY_LIMIT = 16_384
 LOGIN_STALL_S = 10.0
+# The pages run no script and load nothing from elsewhere; the stylesheet is this server's
+# and the only inline styles are style="" attributes (plot swatches), never <style> blocks.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 
 
 def _templates() -> Environment:
@@ -101,6 +108,45 @@ def _until_day(value: datetime | None) -> str:
 def _back_link(value: str | None) -> str:
     """The query string of the samples page a sample was opened from (nothing else)."""
     return value if value and value.startswith("?") and "\n" not in value else ""
+
+
+def security_headers(path: str) -> dict[str, str]:
+    """The headers an answer to ``path`` carries: a content security policy, no MIME
+    sniffing, no referrer, and no caching of anything but the stylesheet (pages, API
+    answers, exports and errors may all show user text)."""
+    headers = {
+        "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    if not path.startswith("/static/"):
+        headers["Cache-Control"] = "no-store"
+    return headers
+
+
+class _SecurityHeaders:
+    """ASGI middleware setting :func:`security_headers` on every HTTP answer (replacing a
+    handler's own value of the same header)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = [
+            (k.lower().encode(), v.encode()) for k, v in security_headers(scope["path"]).items()
+        ]
+        names = {name for name, _ in extra}
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message["headers"] = kept + extra
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -227,6 +273,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+    app.add_middleware(_SecurityHeaders)
     app.state.pages = pages
     app.state.gatekeeper = gatekeeper
     _add_routes(app, pages, gatekeeper, known_lines, _templates())
@@ -329,7 +376,10 @@ def _add_error_handlers(app: FastAPI, context: _Context) -> None:
         logger.error(
             "dashboard: %s on %s", where_it_failed(exc.__traceback__, type(exc)), request.url.path
         )
-        return await _refused(request, PageError(500, "internal error in the feedback page"))
+        response = await _refused(request, PageError(500, "internal error in the feedback page"))
+        # This handler answers outside the middleware stack: set its headers here.
+        response.headers.update(security_headers(request.url.path))
+        return response
 
 
 def _add_access_routes(app: FastAPI, context: _Context) -> None:

@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -105,3 +106,74 @@ def test_csv_export_has_no_live_formula_and_keeps_the_text(admin: TestClient) ->
             ("edit", original["edit"]),
         ):
             assert row[column] == "'" + text
+
+
+# --- headers ------------------------------------------------------------------------------------
+
+
+def _assert_guarded(answer: httpx.Response, *, cached: bool = False) -> None:
+    policy = answer.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src" not in policy  # no script may run, from anywhere
+    assert "frame-ancestors 'none'" in policy
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["referrer-policy"] == "no-referrer"
+    if not cached:
+        assert answer.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "kind"),
+    [
+        ("/lines/legal", 200, "text/html"),
+        ("/lines/legal/samples", 200, "text/html"),
+        ("/api/lines/legal/overview", 200, "application/json"),
+        ("/lines/legal/export.csv", 200, "text/csv"),
+        ("/lines/legal/export.jsonl", 200, "application/x-ndjson"),
+        ("/lines/atlantis", 404, "text/html"),
+        ("/api/lines/atlantis/overview", 404, "application/json"),
+        ("/nowhere", 404, "text/html"),
+        ("/lines/legal?since=last-week", 400, "text/html"),
+        ("/healthz", 200, "application/json"),
+        ("/login", 200, "text/html"),
+    ],
+)
+def test_every_answer_is_guarded(admin: TestClient, url: str, status: int, kind: str) -> None:
+    answer = admin.get(url)
+    assert answer.status_code == status
+    assert answer.headers["content-type"].startswith(kind)
+    _assert_guarded(answer)
+    if kind == "text/html":  # what the policy would block, so the page must not need it
+        assert "<script" not in answer.text
+        assert "<style" not in answer.text
+
+
+def test_refusals_and_failures_are_guarded_too(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE, headers=home.bearer("support")) as support:
+        forbidden = support.get("/lines/legal")
+        assert forbidden.status_code == 403
+        _assert_guarded(forbidden)
+        _assert_guarded(support.get("/api/lines/legal/overview"))
+    with TestClient(home.app(), client=REMOTE) as anonymous:
+        login = anonymous.get("/lines/legal")
+        assert login.status_code == 401
+        _assert_guarded(login)
+    app = home.app()
+
+    def broken() -> None:
+        raise RuntimeError("a message that may quote data")
+
+    app.add_api_route("/lines/legal/broken", broken)
+    with TestClient(app, client=REMOTE, raise_server_exceptions=False) as session:
+        failed = session.get("/lines/legal/broken")
+        assert failed.status_code == 500
+        assert "quote data" not in failed.text
+        _assert_guarded(failed)
+
+
+def test_the_stylesheet_may_be_cached(admin: TestClient) -> None:
+    answer = admin.get("/static/style.css")
+    _assert_guarded(answer, cached=True)
+    assert answer.headers["cache-control"] == "max-age=300"
+    assert "url(" not in answer.text  # nothing loads from elsewhere
+    assert "@import" not in answer.text
