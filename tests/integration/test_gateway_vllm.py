@@ -285,6 +285,8 @@ def test_champion_and_canary_adapters_each_serve_their_own_users(
                     raw = b"".join(response.iter_bytes())
                 events = _sse_events(raw)
                 assert events[-1] == b"[DONE]"
+                # The gateway asked vLLM for usage; the caller did not, so it never sees it.
+                assert not any(b'"usage"' in event for event in events)
                 text = _streamed_text(events)
                 vllm_model = orjson.loads(events[0])["model"]
             elif user == completion_user:
@@ -292,10 +294,16 @@ def test_champion_and_canary_adapters_each_serve_their_own_users(
                 response = client.post("/v1/completions", json=body)
                 text = response.json()["choices"][0]["text"]
                 vllm_model = response.json()["model"]
+                assert response.json()["object"] == "text_completion"
             else:
                 response = client.post("/v1/chat/completions", json=_chat_body(prompt, **sampling))
                 text = response.json()["choices"][0]["message"]["content"]
                 vllm_model = response.json()["model"]
+                # Streamed from vLLM to time it, rebuilt into the one answer asked for.
+                assert response.json()["object"] == "chat.completion"
+                assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
+            if user != streamed_user:
+                assert 3 <= response.json()["usage"]["completion_tokens"] <= 6
             assert response.status_code == 200, response.text
             adapter = CANARY if arm == "canary" else CHAMPION
             assert response.headers["x-flywheel-adapter"] == adapter
@@ -317,6 +325,8 @@ def test_champion_and_canary_adapters_each_serve_their_own_users(
         assert row.status == "ok"
         assert row.response == answer["text"]
         assert 0 < row.ttft_ms <= row.latency_ms
+        assert 3 <= row.metadata["output_tokens"] <= 6  # vLLM's count, streamed or not
+        assert row.metadata["tpot_ms"] > 0
         assert row.source == "gateway"
         if answer["user"] == completion_user:
             assert row.messages == [{"role": "user", "content": "Say hello to a customer."}]
