@@ -189,3 +189,54 @@ def shadow_counts(
     with engine.connect() as connection:
         counts = {status: int(n) for status, n in connection.execute(query)}
     return counts.get("ok", 0), sum(n for status, n in counts.items() if status != "ok")
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerPair:
+    """One shadowed request's prompt (the last user message) and both answers, as text:
+    for a judge that reads them (simulated users, reviewers), never for a page or a log."""
+
+    request_id: str
+    prompt: str
+    champion: str
+    shadow: str
+
+
+def _last_user_message(messages: Any) -> str:
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+def shadow_answer_pairs(
+    engine: Engine,
+    business_line: str,
+    adapter: str,
+    since: datetime,
+    until: datetime,
+    *,
+    limit: int = DEFAULT_LIMIT,
+) -> list[AnswerPair]:
+    """The texts of the line's answered shadow pairs in the window (newest ``limit``)."""
+    shadow, served = shadow_outputs_table.c, interactions_table.c
+    query = (
+        select(shadow.request_id, served.messages, served.response, shadow.response)
+        .join_from(shadow_outputs_table, interactions_table, served.request_id == shadow.request_id)
+        .where(
+            shadow.business_line == business_line,
+            shadow.adapter_name == adapter,
+            shadow.created_at >= since,
+            shadow.created_at < until,
+            shadow.status == "ok",
+            served.status == "ok",
+        )
+        .order_by(shadow.created_at.desc())
+        .limit(limit)
+    )
+    with engine.connect() as connection:
+        rows = connection.execute(query).all()
+    return [
+        AnswerPair(row[0], _last_user_message(row[1]), row[2] or "", row[3] or "") for row in rows
+    ]

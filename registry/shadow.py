@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eval.paired import binomial_upper_tail, wilson_interval
+from eval.paired import PairedComparison, binomial_upper_tail, compare_paired, wilson_interval
 
 if TYPE_CHECKING:
     from feedback.shadow import ShadowPair
@@ -307,3 +307,16 @@ def judge_shadow(report: ShadowReport, policy: ShadowPolicy) -> ShadowDecision:
         return ShadowDecision(ShadowAction.WAIT, unproven, tuple(checks))
     reason = f"no count worse than the champion's on {pairs}; on to the canary"
     return ShadowDecision(ShadowAction.ADVANCE, (reason,), tuple(checks))
+
+
+def shadow_satisfaction(
+    champion_satisfied: Sequence[bool],
+    shadow_satisfied: Sequence[bool],
+    *,
+    confidence: float = CONFIDENCE,
+) -> PairedComparison:
+    """How often a judge (simulated users' ``satisfied()``, reviewers) is satisfied by the
+    shadow's answer against the champion's on the same prompts: the paired difference with
+    Newcombe's interval and the exact one-sided McNemar p-value that the shadow satisfies
+    more often (``eval.paired``)."""
+    return compare_paired(shadow_satisfied, champion_satisfied, confidence=confidence)

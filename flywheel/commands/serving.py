@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import getpass
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
@@ -14,6 +14,11 @@ from rich.table import Table
 from flywheel.commands.common import open_store, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from feedback.store import FeedbackStore
+    from gateway.routing import RoutingTable
+    from registry.routes import RouteStore
 
 canary_app = typer.Typer(
     help="Send a share of a line's users to a new adapter.", no_args_is_help=True
@@ -443,10 +448,18 @@ def shadow_clear(
 def shadow_report_command(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    users: Annotated[
+        str | None,
+        typer.Option(
+            help="A user model (path/to/file.py:NAME or package.module:NAME) whose "
+            "satisfied() judges both answers of every pair."
+        ),
+    ] = None,
 ) -> None:
     """The line's shadow against its champion on the same requests since it started: pairs,
     errors, output length, refusals, PII, how alike the answers are, and the decision the
-    canary flow would take now (nothing is applied)."""
+    canary flow would take now (nothing is applied). With ``--users``, also how often those
+    users would be satisfied by each answer (paired, with its interval)."""
     from datetime import UTC, datetime
 
     from flows.rollout import shadow_report
@@ -465,6 +478,7 @@ def shadow_report_command(
         store, table, routes.history(business_line, limit=500), datetime.now(UTC)
     )
     decision = judge_shadow(report, recipe_for(settings, business_line).rollout.shadow)
+    judged = _shadow_judged_by_users(store, table, routes, users) if users else None
     if as_json:
         body = {
             "shadow": table.shadow,
@@ -472,6 +486,7 @@ def shadow_report_command(
             "report": report.as_dict(),
             "decision": decision.action.value,
             "reasons": list(decision.reasons),
+            "satisfied": judged,
         }
         out.print_json(orjson.dumps(body).decode())
         return
@@ -486,7 +501,58 @@ def shadow_report_command(
             f"  answers alike: mean word overlap {report.similarity_mean:.2f}, "
             f"{report.identical} with the same words"
         )
+    if judged is not None and not judged["pairs"]:
+        out.print(f"  satisfied ({users}): no answered pairs yet")
+    elif judged is not None:
+        out.print(
+            f"  satisfied ({users}, {judged['pairs']} pairs): champion "
+            f"{judged['champion']:.1%}, shadow {judged['shadow']:.1%}, difference "
+            f"{judged['difference']:+.1%} [{judged['low']:+.1%}, {judged['high']:+.1%}], "
+            f"p {judged['p_value']:.2g} that the shadow satisfies more"
+        )
     out.print(f"decision now: {decision.action.value}: {'; '.join(decision.reasons)}")
+
+
+def _shadow_judged_by_users(
+    store: FeedbackStore, table: RoutingTable, routes: RouteStore, spec: str
+) -> dict[str, float | int | None]:
+    """Both answers of each shadow pair scored by a user model's ``satisfied()``."""
+    from datetime import UTC, datetime
+
+    from feedback.shadow import shadow_answer_pairs
+    from registry.lifecycle import shadow_since
+    from registry.shadow import shadow_satisfaction
+    from simulation.protocol import UsersSpecError, load_users
+
+    try:
+        model = load_users(spec)
+    except UsersSpecError as exc:
+        raise UsageError(str(exc)) from None
+    line = table.business_line
+    since = shadow_since(routes.history(line, limit=500), table)
+    assert table.shadow is not None
+    pairs = shadow_answer_pairs(
+        store.engine,
+        line,
+        table.shadow,
+        since or datetime.min.replace(tzinfo=UTC),
+        datetime.now(UTC),
+    )
+    champion = [model.satisfied(line, p.prompt, p.champion) for p in pairs]
+    shadow = [model.satisfied(line, p.prompt, p.shadow) for p in pairs]
+    if not pairs:
+        return {"pairs": 0, "champion": None, "shadow": None, "difference": None,
+                "low": None, "high": None, "p_value": None}  # fmt: skip
+    compared = shadow_satisfaction(champion, shadow)
+    return {
+        "pairs": len(pairs),
+        "champion": sum(champion) / len(pairs),
+        "shadow": sum(shadow) / len(pairs),
+        "difference": compared.difference,
+        "low": compared.low,
+        "high": compared.high,
+        "p_value": compared.p_value,
+    }
 
 
 def _judge(business_line: str, action: str | None, reason: str | None) -> None:

@@ -285,3 +285,42 @@ def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
     )
     assert hand.exit_code == 0, hand.output
     assert (world.table().shadow, world.table().shadow_fraction) == (f"{LINE}-v9", 0.3)
+
+
+def test_the_shadow_report_scores_both_answers_with_a_user_model(
+    world: World, tmp_path: Path
+) -> None:
+    """``--users`` judges each pair's two answers with the model's satisfied(): these users
+    want the question's number quoted back, which only the shadow does."""
+    from typer.testing import CliRunner
+
+    from flywheel.cli import app
+    from flywheel.errors import UsageError
+
+    judge = tmp_path / "judge.py"
+    judge.write_text(
+        "class Judge:\n"
+        "    def react(self, line, prompt, answer, seed):\n"
+        "        return {'type': 'none'}\n"
+        "    def satisfied(self, line, prompt, answer):\n"
+        "        return prompt.split()[-1] in answer.split()\n",
+        encoding="utf-8",
+    )
+    version = world.register()
+    adapter = f"{LINE}-v{version}"
+    assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == "shadow"
+    world.pairs(adapter, 30, shadow_answer="The answer is {i} .")
+    runner = CliRunner()
+    shown = runner.invoke(
+        app, ["canary", "shadow", "report", LINE, "--json", "--users", f"{judge}:Judge"]
+    )
+    assert shown.exit_code == 0, shown.output
+    satisfied = json.loads(shown.output)["satisfied"]
+    assert (satisfied["pairs"], satisfied["champion"], satisfied["shadow"]) == (30, 0.0, 1.0)
+    assert satisfied["low"] > 0.5
+    assert satisfied["p_value"] < 1e-6
+    text = runner.invoke(app, ["canary", "shadow", "report", LINE, "--users", f"{judge}:Judge"])
+    assert "champion 0.0%, shadow 100.0%" in text.output
+    bad = runner.invoke(app, ["canary", "shadow", "report", LINE, "--users", "nope.py:X"])
+    assert isinstance(bad.exception, UsageError)
+    assert "nope.py" in str(bad.exception)
