@@ -1,8 +1,10 @@
 """Who may see which business line: the gateway's API keys, reused as they are.
 
 A key sees exactly the lines it may use on the gateway (``*`` sees all). It comes
-as ``Authorization: Bearer <key>`` (API, scripts) or in the cookie the login form
-sets (browsers). The key file is re-read when it changes, like the gateway does.
+as ``Authorization: Bearer <key>`` (API, scripts), or a browser logs in with it once
+and then sends the session cookie the login form sets, which holds a session id, not
+the key (:mod:`dashboard.sessions`). The key file is re-read when it changes, like
+the gateway does, and checked on every request: a removed key ends its sessions.
 
 Open mode, for local embedded use: when no key file exists, nobody has keys to
 show, so the page is open, but only to clients on the loopback interface; any
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dashboard.errors import PageError
+from dashboard.sessions import LoginSessions
 from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
 
-COOKIE = "flywheel_key"
+COOKIE = "flywheel_session"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,15 @@ class Viewer:
         return sorted(line for line in known if self.may_see(line))
 
 
+@dataclass(frozen=True, slots=True)
+class Login:
+    """A login the form accepted: the key, and the session id and lifetime of its cookie."""
+
+    key: ApiKey
+    session_id: str
+    max_age_s: int
+
+
 def is_loopback(host: str | None) -> bool:
     """Whether a client address is on the loopback interface."""
     if not host:
@@ -50,11 +62,18 @@ def is_loopback(host: str | None) -> bool:
 
 
 class Gatekeeper:
-    """Turns a request's key (header or cookie) into a :class:`Viewer`, or refuses it."""
+    """Turns a request's key (header) or session (cookie) into a :class:`Viewer`, or
+    refuses it; opens and ends the sessions (none without ``sessions``: Bearer only)."""
 
-    def __init__(self, keys_file: Path | None, keys: KeyRing | None = None) -> None:
+    def __init__(
+        self,
+        keys_file: Path | None,
+        keys: KeyRing | None = None,
+        sessions: LoginSessions | None = None,
+    ) -> None:
         self.keys_file = keys_file
         self._keys = keys
+        self.sessions = sessions
         self._watch = KeyFileWatch(keys_file) if keys_file is not None else None
 
     def _ring(self) -> KeyRing | None:
@@ -73,10 +92,30 @@ class Gatekeeper:
         ring = self._ring()
         return ring.authorize(token) if ring is not None else None
 
+    def log_in(self, token: str | None) -> Login | None:
+        """A new session for the key behind ``token``; None when the key is unknown (or
+        this page keeps no sessions)."""
+        key = self.authorize(token)
+        if key is None or self.sessions is None:
+            return None
+        lifetime_s = int(self.sessions.lifetime.total_seconds())
+        return Login(key, self.sessions.open(key), lifetime_s)
+
+    def log_out(self, session_id: str | None) -> None:
+        """End the session behind ``session_id`` (a replayed cookie then gets 401)."""
+        if self.sessions is not None:
+            self.sessions.close(session_id)
+
+    def _session_key(self, ring: KeyRing, session_id: str) -> ApiKey | None:
+        """The key of a live session, as the key file has it now."""
+        session = self.sessions.find(session_id) if self.sessions is not None else None
+        return ring.by_digest(session.key_sha256) if session is not None else None
+
     def viewer(
         self, authorization: str | None, cookie: str | None, client_host: str | None
     ) -> Viewer:
-        """The caller of a request; 401 without a valid key, 403 for open mode off loopback."""
+        """The caller of a request (a Bearer key, else the session of ``cookie``); 401
+        without a valid key or live session, 403 for open mode off loopback."""
         ring = self._ring()
         if ring is None:
             if not is_loopback(client_host):
@@ -86,12 +125,19 @@ class Gatekeeper:
                     "create one with `flywheel gateway add-key NAME --lines LINES` and log in",
                 )
             return Viewer(name="local", key=None, open_mode=True)
-        token = bearer_token(authorization) or cookie
-        if not token:
+        token = bearer_token(authorization)
+        if token:
+            key = ring.authorize(token)
+            if key is None:
+                raise PageError(401, "unknown API key")
+            return Viewer(name=key.name, key=key)
+        if not cookie:
             raise PageError(401, "log in with a gateway API key (or send Authorization: Bearer)")
-        key = ring.authorize(token)
+        key = self._session_key(ring, cookie)
         if key is None:
-            raise PageError(401, "unknown API key")
+            raise PageError(
+                401, "your login has ended (logged out, expired or its key removed): log in again"
+            )
         return Viewer(name=key.name, key=key)
 
 

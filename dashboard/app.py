@@ -40,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,6 +53,7 @@ from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_
 from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
 from dashboard.pages import FeedbackPages, funnel_dict
 from dashboard.scrubbed import SampleScrubber
+from dashboard.sessions import LoginSessions
 from dashboard.settings import DashboardSettings
 from dashboard.shaping import RATE_SIGNALS
 from feedback.rollup import SignalRollup
@@ -226,9 +228,11 @@ def create_app(
     keys_file: Path | None = None,
     scrubber_factory: Callable[[], Scrubber] | None = None,
     mlflow_client_factory: Callable[[], MlflowClient] | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> FastAPI:
     """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
-    or the configured one); when that file does not exist the page is open on loopback."""
+    or the configured one); when that file does not exist the page is open on loopback.
+    Login sessions live in the store; ``clock`` (UTC now) ends them, for tests."""
     from gateway.settings import GatewaySettings
 
     withhold_tracebacks()
@@ -237,7 +241,12 @@ def create_app(
     feedback_store = store or FeedbackStore.open(settings)
     if keys is None and keys_file is None:
         keys_file = GatewaySettings().resolved_keys_file(settings.home)
-    gatekeeper = Gatekeeper(keys_file, keys)
+    sessions = LoginSessions(
+        feedback_store.engine,
+        timedelta(seconds=dashboard.session_lifetime_s),
+        **({"clock": clock} if clock is not None else {}),
+    )
+    gatekeeper = Gatekeeper(keys_file, keys, sessions)
     pages = build_pages(
         settings,
         dashboard,
@@ -416,25 +425,31 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
         target = (form.get("next") or ["/"])[0]
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
-        if gatekeeper.authorize(token) is None:
+        # A write to the store: off the event loop.
+        opened = await run_in_threadpool(gatekeeper.log_in, token)
+        if opened is None:
             return render(
                 "login.html", status=401, message="unknown API key", next=target, lines=[]
             )
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
             COOKIE,
-            token,
+            opened.session_id,
+            max_age=opened.max_age_s,
+            path="/",
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
-            max_age=12 * 3600,
         )
         return response
 
     @app.post("/logout")
-    def logout() -> Response:
+    def logout(request: Request) -> Response:
+        gatekeeper.log_out(request.cookies.get(COOKIE))
         response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE)
+        response.delete_cookie(
+            COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
         return response
 
     @app.get("/")

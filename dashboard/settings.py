@@ -35,6 +35,12 @@ class DashboardSettings(BaseSettings):
     rollup_interval_s: float = Field(
         default=5.0, ge=0, le=3_600, description="Least time between two rollup folds."
     )
+    session_lifetime_s: float = Field(
+        default=8 * 3600,
+        ge=60,
+        le=30 * 86_400,
+        description="How long a browser login lasts from the login (logging out ends it sooner).",
+    )
     mlflow_ui_url: str | None = Field(
         default=None,
         description="MLflow UI the eval page links to; the tracking URI when it is http(s).",

@@ -282,6 +282,21 @@ class RollupWatermark(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class DashboardSession(Base):
+    """A browser's login to the feedback page (``dashboard.sessions``): the digest of its
+    session id (never the id), the API key it logged in with (by digest) and its end."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_sha256: Mapped[str] = mapped_column(String(64))
+    key_name: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_dashboard_sessions_expires", "expires_at"),)
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
@@ -292,3 +307,4 @@ watermarks_table = LineWatermark.__table__
 canary_decisions_table = CanaryDecisionRecord.__table__
 signal_rollup_table = SignalRollup.__table__
 rollup_watermarks_table = RollupWatermark.__table__
+dashboard_sessions_table = DashboardSession.__table__

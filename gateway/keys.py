@@ -96,6 +96,10 @@ class KeyRing:
             return None
         return self._by_digest.get(key_digest(token))
 
+    def by_digest(self, digest: str) -> ApiKey | None:
+        """The key stored under ``digest``, or None when the file no longer has it."""
+        return self._by_digest.get(digest)
+
 
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header."""

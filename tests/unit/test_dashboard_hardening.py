@@ -6,14 +6,25 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
+from dashboard.access import COOKIE
+from dashboard.app import create_app
 from dashboard.exports import FORMULA_STARTS, spreadsheet_cell
-from tests.dashboard_store import PageHome, build_page_home
+from dashboard.sessions import LoginSessions, session_digest
+from dashboard.settings import DashboardSettings
+from feedback.schema import dashboard_sessions_table
+from gateway.keys import ApiKey, add_key, key_digest
+from tests.dashboard_store import PageHome, build_page_home, shared_scrubber
 
 REMOTE = ("10.1.2.3", 40000)
 PLANTED_LINE = "legal"
@@ -177,3 +188,158 @@ def test_the_stylesheet_may_be_cached(admin: TestClient) -> None:
     assert answer.headers["cache-control"] == "max-age=300"
     assert "url(" not in answer.text  # nothing loads from elsewhere
     assert "@import" not in answer.text
+
+
+# --- login sessions -----------------------------------------------------------------------------
+
+
+class _Clock:
+    """UTC now, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _page(home: PageHome, clock: _Clock | None = None, **options: Any) -> FastAPI:
+    """The page on ``home`` with a clock for its sessions."""
+    settings = DashboardSettings(**({"rollup_grace_s": 0, "rollup_interval_s": 0} | options))
+    return create_app(
+        home.settings,
+        settings,
+        store=home.store,
+        keys_file=home.settings.home / "gateway-keys.yaml",
+        scrubber_factory=shared_scrubber,
+        clock=clock,
+    )
+
+
+def _log_in(browser: TestClient, key: str) -> httpx.Response:
+    answer = browser.post(
+        "/login", data={"key": key, "next": "/lines/legal"}, follow_redirects=False
+    )
+    assert answer.status_code == 303, answer.text
+    return answer
+
+
+def test_the_cookie_is_a_session_not_the_key(home: PageHome) -> None:
+    key = home.keys["counsel"]
+    with TestClient(home.app(), client=REMOTE) as browser:
+        answer = _log_in(browser, key)
+        cookie = answer.headers["set-cookie"]
+        attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+        assert {"httponly", "path", "max-age", "samesite"} <= attributes
+        assert "samesite=strict" in cookie.lower()
+        assert "path=/" in cookie.lower()
+        assert "max-age=28800" in cookie.lower()  # the 8 hour default
+        assert "secure" not in attributes  # plain http here
+        session_id = browser.cookies[COOKIE]
+        assert key not in cookie
+        assert key_digest(key) not in cookie
+        assert key[3:] not in session_id
+        assert browser.get("/lines/legal").status_code == 200
+        assert browser.get("/api/lines").json()["viewer"] == "counsel"
+    with home.store.engine.connect() as connection:
+        stored = [tuple(row) for row in connection.execute(select(dashboard_sessions_table))]
+    assert stored
+    assert all(session_id not in str(row) and key not in str(row) for row in stored)
+
+
+def test_over_https_the_cookie_is_secure(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE, base_url="https://testserver") as browser:
+        cookie = _log_in(browser, home.keys["counsel"]).headers["set-cookie"].lower()
+        assert "; secure" in cookie
+
+
+def test_logout_ends_the_session_for_a_replayed_cookie_and_other_workers(home: PageHome) -> None:
+    with TestClient(home.app(), client=REMOTE) as browser:
+        _log_in(browser, home.keys["counsel"])
+        session_id = browser.cookies[COOKIE]
+        # Another worker of the same page sees the login, then the logout.
+        with TestClient(home.app(), client=REMOTE, cookies={COOKIE: session_id}) as other:
+            assert other.get("/api/lines").status_code == 200
+            browser.post("/logout")
+            assert COOKIE not in browser.cookies
+            replayed = other.get("/lines/legal")
+            assert replayed.status_code == 401
+            assert 'name="key"' in replayed.text  # the login form
+            assert "log in again" in other.get("/api/lines").json()["error"]
+
+
+def test_an_expired_session_is_refused(home: PageHome) -> None:
+    clock = _Clock()
+    app = _page(home, clock, session_lifetime_s=3600)
+    with TestClient(app, client=REMOTE) as browser:
+        cookie = _log_in(browser, home.keys["counsel"]).headers["set-cookie"]
+        assert "max-age=3600" in cookie.lower()
+        clock.now += timedelta(minutes=59)
+        assert browser.get("/lines/legal").status_code == 200
+        clock.now += timedelta(minutes=1)  # an absolute lifetime: use does not renew it
+        assert browser.get("/lines/legal").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "tampered",
+        "the raw key",
+        "x" * 43,
+        "",
+        "../../etc" * 20,
+    ],
+)
+def test_a_forged_cookie_is_refused(home: PageHome, forged: str) -> None:
+    with TestClient(home.app(), client=REMOTE) as browser:
+        _log_in(browser, home.keys["counsel"])
+        real = browser.cookies[COOKIE]
+        value = {
+            "tampered": real[:-1] + ("A" if real[-1] != "A" else "B"),
+            "the raw key": home.keys["counsel"],
+        }.get(forged, forged)
+        with TestClient(home.app(), client=REMOTE, cookies={COOKIE: value}) as other:
+            assert other.get("/api/lines").status_code == 401
+            # The old cookie, which held the key itself, opens nothing either.
+            other.cookies.clear()
+            other.cookies.set("flywheel_key", home.keys["counsel"])
+            assert other.get("/api/lines").status_code == 401
+
+
+def test_a_removed_key_ends_its_sessions_and_bearer_still_works(home: PageHome) -> None:
+    path = home.settings.home / "gateway-keys.yaml"
+    before = path.read_text()
+    temporary = add_key(path, "temporary", ["legal"])
+    try:
+        with TestClient(home.app(), client=REMOTE) as browser:
+            _log_in(browser, temporary)
+            assert browser.get("/lines/legal").status_code == 200
+            bearer = {"Authorization": f"Bearer {home.keys['counsel']}"}
+            path.write_text(before)
+            time.sleep(0.3)  # the key file is re-read at most every 0.25 s
+            assert browser.get("/lines/legal").status_code == 401
+            assert browser.get("/lines/legal", headers=bearer).status_code == 200
+    finally:
+        path.write_text(before)
+
+
+def test_sessions_keep_only_digests_and_drop_expired_rows(home: PageHome) -> None:
+    clock = _Clock()
+    sessions = LoginSessions(home.store.engine, timedelta(hours=1), clock=clock)
+    key = ApiKey(name="admin", sha256=key_digest(home.keys["admin"]), business_lines=("*",))
+    first = sessions.open(key)
+    found = sessions.find(first)
+    assert found is not None
+    assert found.key_name == "admin"
+    assert found.key_sha256 == key.sha256
+    clock.now += timedelta(hours=2)
+    assert sessions.find(first) is None
+    second = sessions.open(key)  # opening one purges the expired
+    c = dashboard_sessions_table.c
+    with home.store.engine.connect() as connection:
+        ids = set(connection.execute(select(c.id_sha256)).scalars())
+    assert session_digest(first) not in ids
+    assert session_digest(second) in ids
+    sessions.close(second)
+    assert sessions.find(second) is None
+    sessions.close("not a session")  # nothing to end, no error
