@@ -102,11 +102,6 @@ def _templates() -> Environment:
     return environment
 
 
-def _until_day(value: datetime | None) -> str:
-    """The last day an exclusive ``until`` covers, for a date input."""
-    return BucketFilter(until=value).params().get("until", "")[:10]
-
-
 def _back_link(value: str | None) -> str:
     """The query string of the samples page a sample was opened from (nothing else)."""
     return value if value and value.startswith("?") and "\n" not in value else ""

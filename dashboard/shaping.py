@@ -6,7 +6,6 @@ of points, and the canary against the champion over the same hours. No I/O here.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -141,14 +140,6 @@ def time_series(
     return Series(starts, size, counts)
 
 
-def data_span(cells: Iterable[RollupCount]) -> tuple[datetime, datetime] | None:
-    """From the first counted hour to the end of the last one, or ``None`` when empty."""
-    hours = [cell.hour for cell in cells]
-    if not hours:
-        return None
-    return min(hours), max(hours) + timedelta(hours=1)
-
-
 def default_range(
     span: tuple[datetime, datetime] | None, since: datetime | None, until: datetime | None
 ) -> tuple[datetime, datetime]:
@@ -196,12 +187,3 @@ def compare_arms(
         for signal in RATE_SIGNALS
     ]
     return theirs.requests, ours.requests, rows
-
-
-def signal_totals(cells: Iterable[RollupCount]) -> dict[str, dict[str, int]]:
-    """Per line: requests and each signal's count (what ``flywheel buckets`` prints)."""
-    lines: dict[str, dict[str, int]] = defaultdict(dict)
-    for cell in cells:
-        line = lines[cell.business_line]
-        line[cell.signal] = line.get(cell.signal, 0) + cell.count
-    return {name: dict(values) for name, values in sorted(lines.items())}

@@ -27,7 +27,6 @@ MAX_DATASET_DIGEST_CHARS = 36
 TRUNCATION_MARK = "\n... (truncated)"
 
 LINEAGE_KEYS = ("base_model", "dataset_hash", "recipe_hash", "code_version")
-ALIASES = ("candidate", "champion", "previous")
 
 # Run tags flywheel sets and reads back (``recent_runs``).
 TAG_LINE = "flywheel.business_line"
