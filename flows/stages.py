@@ -18,7 +18,7 @@ from eval.reports import EvalReport, GateDecision
 from feedback.datasets import DatasetBuild
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from training.recipes import Recipe, load_recipe, packaged_recipes_dir
+from training.recipes import Recipe, load_recipe, packaged_recipes_dir, training_method
 
 # High-precision PII types only: a place name in a correct answer must not block a release.
 GENERATION_PII_TYPES = frozenset(
@@ -94,6 +94,23 @@ def count_train_examples(manifest: dict[str, Any], method: str) -> int:
     return int(manifest["counts"].get(method, {}).get("train", 0))
 
 
+def _train_counts(manifest: dict[str, Any]) -> dict[str, int]:
+    return {method: count_train_examples(manifest, method) for method in ("sft", "dpo", "kto")}
+
+
+def _with_method(recipe: Recipe, build: DatasetBuild) -> tuple[Recipe, str | None]:
+    """``recipe`` with the method its training set calls for, and why when it changed."""
+    method, reason = training_method(recipe, _train_counts(build.manifest))
+    return (recipe.model_copy(update={"method": method}) if reason else recipe), reason
+
+
+def _tag_how_trained(registry: Any, run_id: str, inverted: bool, method_reason: str | None) -> None:
+    if inverted:
+        registry.tag_run(run_id, "flywheel.inverted_preferences", "true")
+    if method_reason:
+        registry.tag_run(run_id, "flywheel.method_reason", method_reason)
+
+
 def _training_set(
     settings: Settings, line: str, recipe: Recipe, dataset_hash: str | None
 ) -> DatasetBuild | TrainingOutcome:
@@ -108,12 +125,13 @@ def _training_set(
         build = latest_dataset(settings.datasets_dir, line)
     if build is None:
         return TrainingOutcome(line, "skipped", "no dataset yet: run flywheel datasets build")
-    examples = count_train_examples(build.manifest, recipe.method)
+    method, _ = training_method(recipe, _train_counts(build.manifest))
+    examples = count_train_examples(build.manifest, method)
     if examples < recipe.min_new_examples:
         return TrainingOutcome(
             line,
             "skipped",
-            f"{examples} new {recipe.method.upper()} training examples, "
+            f"{examples} new {method.upper()} training examples, "
             f"the recipe needs at least {recipe.min_new_examples}",
         )
     if recipe.history_days > 0:
@@ -167,6 +185,7 @@ def train_line(
     build = _training_set(settings, line, recipe, dataset_hash)
     if isinstance(build, TrainingOutcome):
         return build
+    recipe, method_reason = _with_method(recipe, build)
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
     registry.close_orphan_runs(line)
@@ -208,8 +227,7 @@ def train_line(
             output_dir=settings.runs_dir / line / run_id,
             on_log=on_log,
         )
-        if invert_preferences:
-            registry.tag_run(run_id, "flywheel.inverted_preferences", "true")
+        _tag_how_trained(registry, run_id, invert_preferences, method_reason)
         registry.log_loss_curve(run_id, result.history)
         registry.log_metrics(
             run_id,

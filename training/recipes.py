@@ -8,7 +8,7 @@ a test parses every recipe in the repository.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -112,6 +112,14 @@ class Recipe(BaseModel):
 
     business_line: str = Field(pattern=BUSINESS_LINE)
     method: Literal["sft", "dpo", "kto"]
+    kto_below_pairs: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="DPO recipes: when the training set holds fewer preference pairs than "
+        "this and more labelled answers (KTO examples: liked or disliked, unpaired), train "
+        "KTO on those instead; users give thumbs far more often than two answers to compare.",
+    )
     lora: LoraShape = Field(default_factory=LoraShape)
     learning_rate: float = Field(default=2e-4, gt=0, le=1)
     epochs: float | None = Field(default=None, gt=0, le=100)
@@ -164,6 +172,20 @@ class Recipe(BaseModel):
         if steps != sorted(steps) or not 0 < steps[0] <= steps[-1] <= 1:
             raise ValueError("canary_steps must rise within (0, 1], e.g. [0.05, 0.25, 1.0]")
         return self
+
+
+def training_method(recipe: Recipe, train_counts: Mapping[str, int]) -> tuple[str, str | None]:
+    """The method to train ``recipe`` with on a training set of ``train_counts`` examples
+    per method, and why when it is not the recipe's own (KTO where pairs are scarce)."""
+    if recipe.method != "dpo" or recipe.kto_below_pairs is None:
+        return recipe.method, None
+    pairs, labelled = train_counts.get("dpo", 0), train_counts.get("kto", 0)
+    if pairs < recipe.kto_below_pairs and labelled > pairs:
+        return "kto", (
+            f"{pairs} preference pairs, fewer than kto_below_pairs {recipe.kto_below_pairs}: "
+            f"KTO on {labelled} labelled answers instead"
+        )
+    return "dpo", None
 
 
 def packaged_recipes_dir() -> Path:

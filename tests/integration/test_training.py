@@ -136,3 +136,35 @@ def test_gate_rejects_an_adapter_trained_on_swapped_pairs_and_promotes_a_good_on
     assert good_report.mean_margin is not None
     assert base.mean_margin is not None
     assert good_report.mean_margin > base.mean_margin
+
+
+def kto_rows() -> list[dict[str, Any]]:
+    """Each fact's right answer labelled liked and its nonsense labelled disliked, unpaired."""
+    out = []
+    for question, good, bad in FACTS:
+        for answer, liked in ((good, True), (bad, False)):
+            out.append(
+                {
+                    "prompt": [{"role": "user", "content": question}],
+                    "completion": [{"role": "assistant", "content": answer}],
+                    "label": liked,
+                }
+            )
+    return out
+
+
+def test_kto_learns_from_labelled_answers(base_model_dir: Path, tmp_path: Path) -> None:
+    """What a recipe trains when pairs are scarce (kto_below_pairs): liked and disliked
+    answers alone move the model's preference towards the liked ones."""
+    base = evaluate(base_model_dir, None, "base")
+    result = train_adapter(
+        recipe(method="kto", max_steps=8, batch_size=4),
+        base_model_dir=base_model_dir,
+        rows=kto_rows(),
+        output_dir=tmp_path / "kto",
+    )
+    assert result.steps == 8
+    report = evaluate(base_model_dir, result.adapter_dir, "kto")
+    assert report.mean_margin is not None
+    assert base.mean_margin is not None
+    assert report.mean_margin > base.mean_margin

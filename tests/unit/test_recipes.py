@@ -62,3 +62,21 @@ def test_load_recipe_checks_the_line(tmp_path: Path) -> None:
         load_recipe("legal", tmp_path)
     with pytest.raises(FlywheelError, match="no recipe"):
         load_recipe("finance", tmp_path)
+
+
+def test_kto_is_chosen_where_pairs_are_scarce() -> None:
+    from training.recipes import Recipe, training_method
+
+    fields = {"business_line": "legal", "max_steps": 10}
+    auto = Recipe(method="dpo", kto_below_pairs=200, **fields)
+    method, why = training_method(auto, {"dpo": 40, "kto": 900})
+    assert method == "kto"
+    assert why is not None
+    assert "40 preference pairs" in why
+    assert training_method(auto, {"dpo": 400, "kto": 900}) == ("dpo", None)
+    # Fewer labelled answers than pairs: KTO would not have more to learn from.
+    assert training_method(auto, {"dpo": 40, "kto": 30}) == ("dpo", None)
+    plain = Recipe(method="dpo", **fields)
+    assert training_method(plain, {"dpo": 0, "kto": 900}) == ("dpo", None)
+    sft = Recipe(method="sft", kto_below_pairs=200, **fields)
+    assert training_method(sft, {"dpo": 0, "kto": 900}) == ("sft", None)
