@@ -4,7 +4,7 @@ One command, one run, ratios against baselines measured in the same run:
 
     .venv/bin/python bench/dashboard_bench.py [--events 1000000] [--requests 30]
 
-It fills two fresh PostgreSQL databases with served traffic (``dashboard.demo_store``:
+It fills two fresh PostgreSQL databases with served traffic (``tests/served_traffic.py``:
 three lines, adapter versions, a canary; 30 days) through the store's COPY ingest,
 one with ``--events`` events and one with a tenth of them, builds a dataset for one
 line from its last two hours (real scrubber) and two MLflow runs, then requests each
@@ -59,11 +59,11 @@ class Site:
 
 def build_site(label: str, events: int, root: Path) -> Site:
     """Generate and ingest ``events`` served events into a fresh database."""
-    from dashboard.demo_store import fill_demo_store
     from feedback.simulate import SimulationSettings
     from feedback.store import FeedbackStore
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
+    from tests.served_traffic import fill_demo_store
 
     url = fresh_database()
     home = root / label

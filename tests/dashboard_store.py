@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from dashboard.demo_store import fill_demo_store
 from feedback.rollup import feedback_signal, floor_hour
 from feedback.schema import feedback_table, interactions_table
 from feedback.simulate import PlantedPii, SimulationSettings
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
+from tests.served_traffic import fill_demo_store
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from dashboard.demo_store import ServingPlan, served_events
 from feedback.rollup import RollupQuery, SignalRollup, floor_hour, rebuild_rollup
 from feedback.schema import interactions_table
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from tests.dashboard_store import recount
+from tests.served_traffic import ServingPlan, served_events
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
