@@ -231,31 +231,6 @@ def running_stub(behaviour: StubBehaviour | None = None, port: int = 0) -> Itera
         thread.join(10)
 
 
-@contextmanager
-def serving(app: Any, port: int) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a thread; yields its base URL."""
-    import time
-
-    import uvicorn
-
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the app did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-
-
 def main() -> None:
     """``python -m tests.stub_vllm --port N [--words W]``: serve until killed (for benches)."""
     import argparse

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO, services_required
 from tests.dashboard_store import PageHome, build_page_home
 from tests.pg_instance import free_port
-from tests.stub_vllm import serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.integration
 

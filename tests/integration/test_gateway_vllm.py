@@ -38,7 +38,7 @@ from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 from tests.conftest import services_required
 from tests.pg_instance import PrivatePostgres, PrivatePostgresUnavailable
-from tests.stub_vllm import serving
+from tests.servers import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

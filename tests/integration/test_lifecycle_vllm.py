@@ -29,7 +29,7 @@ from registry.tracking import Registry
 from registry.vllm_admin import busy_adapters
 from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 from tests.registered import register_version
-from tests.stub_vllm import serving
+from tests.servers import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 logger = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
 from tests.conftest import REPO
-from tests.stub_vllm import serving
+from tests.servers import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

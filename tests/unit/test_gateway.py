@@ -21,7 +21,8 @@ from gateway.routing import choose_arm
 from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
-from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
 
 CS_KEY, LEGAL_KEY, ALL_KEY = "fw-cs-secret", "fw-legal-secret", "fw-all-secret"
 CHAMPION, CANARY = "customer_service-v1", "customer_service-v2"

@@ -20,7 +20,8 @@ from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
-from tests.stub_vllm import StubBehaviour, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import StubBehaviour, running_stub
 
 KEY = "fw-fuzz-key"
 

@@ -29,7 +29,8 @@ from gateway.limits import (
 )
 from gateway.settings import GatewaySettings
 from registry.vllm_server import free_port
-from tests.stub_vllm import StubBehaviour, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import StubBehaviour, running_stub
 
 CS_KEY, OTHER_KEY = "fw-cs-limited", "fw-other"
 

@@ -27,7 +27,8 @@ from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from simulation.loop import CanaryResult, LoopPlan, LoopServices, NightlyResult, run_loop
 from simulation.protocol import LoadedUsers
-from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 
 KEY = "fw-loop-secret"
 LINE = "customer_service"

@@ -30,7 +30,8 @@ from registry.placement import (
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.registered import fake_adapter
-from tests.stub_vllm import StubBehaviour, StubVllm, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
 REPLICAS = [f"http://vllm-{i}:8000" for i in range(4)]
 LINES = [f"line_{i}" for i in range(40)]

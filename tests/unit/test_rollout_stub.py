@@ -38,7 +38,8 @@ from registry.tracking import Registry
 from registry.vllm_server import free_port
 from tests.reactions import arm_events
 from tests.registered import fake_adapter, register_version
-from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
 from training.recipes import packaged_recipes_dir
 
 LINE = "legal"

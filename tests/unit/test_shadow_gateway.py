@@ -26,7 +26,8 @@ from gateway.settings import GatewaySettings
 from gateway.shadow import shadow_body, shadow_for, shadow_output_event
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
-from tests.stub_vllm import StubBehaviour, StubVllm, running_stub, serving
+from tests.servers import serving
+from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
 KEY = "fw-cs-secret"
 LINE = "customer_service"
