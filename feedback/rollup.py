@@ -70,7 +70,6 @@ FEEDBACK_SIGNALS: tuple[str, ...] = (
     "task_success",
     "task_failure",
 )
-ALL_SIGNALS: tuple[str, ...] = (REQUESTS, ERRORS, *FEEDBACK_SIGNALS)
 SOURCES = ("interactions", "feedback_events")
 FOLD_CHUNK_ROWS = 250_000
 TAIL_PAGE_ROWS = 20_000

@@ -295,11 +295,6 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
     )
 
 
-def canary_since(routes: RouteStore, line: str) -> datetime | None:
-    """When the line's canary got its current share (the comparison window starts there)."""
-    return LineState.of(routes.table(line), routes.history(line, limit=500)).step_started
-
-
 def judge_canary(
     settings: Settings,
     store: FeedbackStore,

@@ -219,11 +219,6 @@ class Transition:
         """The reasons as one line (routing history, MLflow tags, reports)."""
         return "; ".join(self.reasons)
 
-    @property
-    def changes_routes(self) -> bool:
-        """Whether applying it writes the routing table."""
-        return any(isinstance(effect, Route) for effect in self.effects)
-
 
 # --------------------------------------------------------------------------- events
 

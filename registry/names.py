@@ -40,11 +40,6 @@ def parse_adapter_name(name: str) -> tuple[str, int] | None:
     return match.group(1), int(match.group(2))
 
 
-def is_adapter_name(name: str) -> bool:
-    """Whether ``name`` is a flywheel adapter name (others on a replica are left alone)."""
-    return ADAPTER_NAME.fullmatch(name) is not None
-
-
 def version_of(adapter: str) -> int:
     """The registered version behind a flywheel adapter name."""
     parsed = parse_adapter_name(adapter)

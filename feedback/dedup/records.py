@@ -34,8 +34,6 @@ from feedback.dedup.signature import TextSignatures, sign_texts
 DEFAULT_BUSINESS_LINE = "default"
 _SLICE_RECORDS = 4096
 
-ScopeValue = tuple[str, Any]
-
 
 class DedupInputError(ValueError):
     """A record cannot be deduplicated as it is; the message says which field and why."""
