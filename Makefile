@@ -34,9 +34,10 @@ setup: $(BIN)/flywheel ## Create .venv and install flywheel with its dev tools
 demo: setup ## The main job on embedded defaults (SQLite under FLYWHEEL_HOME)
 	$(BIN)/flywheel demo $(if $(wildcard $(SHARED_DATA)/oasst/en_100_tree.jsonl),--oasst $(SHARED_DATA)/oasst/en_100_tree.jsonl)
 
-test: setup ## Lint, unit and integration tiers, minus the slow one (needs PostgreSQL on 127.0.0.1:5432)
+test: setup ## Lint, types of the pure packages, unit and integration tiers, minus the slow one (needs PostgreSQL on 127.0.0.1:5432)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/pytest -m "not slow"
 
 test-slow: setup ## The slow tier: real training, model evaluation, MLflow server, vLLM on CPU
@@ -48,9 +49,10 @@ test-unit: setup ## Hermetic unit tier only
 test-integration: setup ## Integration tier only (real services)
 	$(BIN)/pytest -m integration
 
-lint: setup
+lint: setup ## ruff, and mypy --strict on the pure packages (the list in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: setup
 	$(BIN)/ruff check --fix .
@@ -64,4 +66,4 @@ bench: setup ## All benchmarks (each also runs on its own, see README)
 	$(BIN)/python bench/canary_sim_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
