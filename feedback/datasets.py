@@ -24,6 +24,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedback.examples import ExampleKind, TrainingExample, user_digest
+from flywheel.file_modes import private_dir, restrict, write_private_bytes
 
 MANIFEST = "manifest.json"
 # Manifest key of a training set accumulated from several window datasets (their hashes).
@@ -140,7 +141,7 @@ def write_dataset(
         return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
     staging = root / business_line / f".tmp-{digest[:16]}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    private_dir(staging)
     files: dict[str, Any] = {}
     lineage: list[dict[str, Any]] = []
     counts: dict[str, dict[str, int]] = {}
@@ -153,6 +154,7 @@ def write_dataset(
                 continue
             name = f"{kind}_{split}.parquet"
             Dataset.from_list([e.as_row() for e in examples]).to_parquet(str(staging / name))
+            restrict(staging / name)
             files[name] = _sha256(staging / name)
             lineage.extend(
                 {
@@ -186,7 +188,7 @@ def write_dataset(
 
 def _publish(staging: Path, final: Path, manifest: dict[str, Any]) -> DatasetBuild:
     """Write the manifest last, then move the complete folder into place (atomically)."""
-    (staging / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    write_private_bytes(staging / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     try:
         staging.rename(final)
     except OSError:
@@ -328,7 +330,7 @@ def accumulate(
         return DatasetBuild(final, orjson.loads((final / MANIFEST).read_bytes()))
     staging = root / business_line / f".tmp-{content[:16]}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    private_dir(staging)
     counts: dict[str, dict[str, int]] = {}
     files: dict[str, str] = {}
     kept: list[dict[str, Any]] = []
@@ -341,6 +343,7 @@ def accumulate(
                 continue
             name = f"{kind}_{split}.parquet"
             Dataset.from_list(items).to_parquet(str(staging / name))
+            restrict(staging / name)
             files[name] = _sha256(staging / name)
             kept += [lineage[r["example_id"]] for r in items if r["example_id"] in lineage]
     manifest = {
@@ -367,3 +370,151 @@ def manifests_with_user(root: Path, user_id: str) -> list[Path]:
         for path, manifest in iter_manifests(root)
         if any(digest in example["users"] for example in manifest["examples"])
     ]
+
+
+# Manifest key listing the rewrites that took forgotten users' examples out of a dataset.
+FORGOTTEN_REWRITES = "forgotten_rewrites"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRewrite:
+    """A dataset written again without a forgotten user's examples.
+
+    ``new`` is ``None`` when nothing was left (the folder is gone); the old folder is
+    removed either way, so the content hash ``old_hash`` no longer resolves on disk.
+    """
+
+    business_line: str
+    old_hash: str
+    removed: int
+    new: DatasetBuild | None
+    # Every hash this dataset had: the old one and those before earlier rewrites (models
+    # trained on any of them learnt from the user).
+    former_hashes: tuple[str, ...] = ()
+
+    @property
+    def new_hash(self) -> str | None:
+        """The rewritten dataset's content hash, if any example was left."""
+        return self.new.content_hash if self.new is not None else None
+
+
+def _rewritten_hash(kept: dict[str, dict[str, list[dict[str, Any]]]], accumulated: bool) -> str:
+    """The content hash the builder gives these rows: :func:`content_hash` for a window's
+    dataset (file order), the weighted form of :func:`accumulate` for an accumulated one."""
+    digest = hashlib.sha256()
+    for kind in sorted(kept):
+        for split in SPLITS:
+            rows = kept[kind].get(split, [])
+            if accumulated:
+                for row in sorted(rows, key=lambda r: r["example_id"]):
+                    digest.update(f"{kind}/{split}/{row['example_id']}/{row['weight']}\n".encode())
+            else:
+                for row in rows:
+                    digest.update(f"{kind}/{split}/{row['example_id']}\n".encode())
+    return digest.hexdigest()
+
+
+def rewrite_without(
+    build: DatasetBuild,
+    doomed: set[str],
+    *,
+    renamed: dict[str, str | None] | None = None,
+    now: datetime | None = None,
+) -> DatasetRewrite:
+    """Write ``build`` again without the examples whose ids are in ``doomed``, in a new
+    folder named by its new content hash, then remove the old folder.
+
+    The manifest keeps everything else (creation time, funnel, window, settings) and
+    gains an entry under ``forgotten_rewrites`` (the old hash, when, how many examples
+    went, never whose); counts, rules, file hashes and lineage describe what is left.
+    ``renamed`` maps the hashes of window datasets already rewritten to their new ones,
+    so an accumulated set names what it was built from as it now is.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = build.manifest
+    line = str(manifest["business_line"])
+    accumulated = ACCUMULATED in manifest
+    root = build.path.parent.parent
+    kept: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    tables: dict[str, pa.Table] = {}
+    for name in sorted(manifest.get("files", {})):
+        kind, split = name.removesuffix(".parquet").split("_", 1)
+        table = pq.read_table(build.path / name)
+        mask = pa.array([i not in doomed for i in table.column("example_id").to_pylist()])
+        table = table.filter(mask)
+        kept.setdefault(kind, {})[split] = table.select(["example_id", "weight"]).to_pylist()
+        if table.num_rows:
+            tables[name] = table
+    examples = [e for e in manifest["examples"] if e["example_id"] not in doomed]
+    removed = len(manifest["examples"]) - len(examples)
+    digest = _rewritten_hash(kept, accumulated)
+    earlier = [str(r["from"]) for r in manifest.get(FORGOTTEN_REWRITES, [])]
+    former = (build.content_hash, *earlier)
+    if not tables:
+        shutil.rmtree(build.path, ignore_errors=True)
+        return DatasetRewrite(line, build.content_hash, removed, None, former)
+    final = root / line / digest[:16]
+    staging = root / line / f".tmp-{digest[:16]}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    private_dir(staging)
+    files: dict[str, str] = {}
+    for name, table in tables.items():
+        pq.write_table(table, staging / name)
+        restrict(staging / name)
+        files[name] = _sha256(staging / name)
+    counts = {
+        kind: {split: len(kept.get(kind, {}).get(split, [])) for split in SPLITS}
+        for kind in manifest.get("counts", {})
+    }
+    rewrites = [*manifest.get(FORGOTTEN_REWRITES, [])]
+    rewrites.append(
+        {
+            "from": build.content_hash,
+            "at": (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z"),
+            "removed_examples": removed,
+        }
+    )
+    rewritten = {
+        **manifest,
+        "content_hash": digest,
+        "counts": counts,
+        "rules": dict(Counter(f"{item['kind']}:{item['rule']}" for item in examples)),
+        "files": files,
+        "examples": examples,
+        FORGOTTEN_REWRITES: rewrites,
+    }
+    if accumulated and renamed:
+        sources = [renamed.get(h, h) for h in manifest[ACCUMULATED]]
+        rewritten[ACCUMULATED] = [h for h in sources if h is not None]
+    if final == build.path:
+        shutil.rmtree(staging, ignore_errors=True)
+        return DatasetRewrite(line, build.content_hash, removed, build, former)
+    new = _publish(staging, final, rewritten)
+    shutil.rmtree(build.path, ignore_errors=True)
+    return DatasetRewrite(line, build.content_hash, removed, new, former)
+
+
+def forget_in_datasets(
+    root: Path, stored_ids: Sequence[str], *, now: datetime | None = None
+) -> list[DatasetRewrite]:
+    """Rewrite every dataset under ``root`` that holds an example of any of
+    ``stored_ids`` without those examples: the windows' datasets first, then the
+    accumulated sets (which then name the rewritten windows). Examples shared with
+    other users (a pair across two users' answers) go too: they hold the user's text."""
+    digests = {d for d in (user_digest(u) for u in stored_ids) if d is not None}
+    holding = [
+        DatasetBuild(path.parent, manifest)
+        for path, manifest in iter_manifests(root)
+        if any(digests & set(example["users"]) for example in manifest["examples"])
+    ]
+    holding.sort(key=lambda b: (ACCUMULATED in b.manifest, b.manifest["created_at"]))
+    renamed: dict[str, str | None] = {}
+    rewrites = []
+    for build in holding:
+        doomed = {e["example_id"] for e in build.manifest["examples"] if digests & set(e["users"])}
+        rewrite = rewrite_without(build, doomed, renamed=renamed, now=now)
+        renamed[rewrite.old_hash] = rewrite.new_hash
+        rewrites.append(rewrite)
+    return rewrites

@@ -9,6 +9,7 @@ field, so bad input is refused with a reason instead of half-stored.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -28,6 +29,7 @@ from typing_extensions import TypedDict
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
 BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
 INTERACTION_TYPE = "interaction"
+IDENTIFIER_RE = re.compile(IDENTIFIER)
 
 
 class FeedbackType(StrEnum):
@@ -86,6 +88,18 @@ class ChatMessage(TypedDict):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+
+
+def stored_identity(value: object) -> str | None:
+    """A user or session id as the store keeps it: as given when it is an identifier, else
+    ``h-`` and 40 hex characters of its SHA-256 (ids with spaces or Chinese characters are
+    hashed, never refused). The gateway stores ids so and ``flywheel forget`` finds them so."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if IDENTIFIER_RE.fullmatch(text):
+        return text
+    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def prompt_hash(messages: list[ChatMessage] | list[dict[str, Any]]) -> str:

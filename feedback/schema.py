@@ -297,6 +297,17 @@ class DashboardSession(Base):
     __table_args__ = (Index("ix_dashboard_sessions_expires", "expires_at"),)
 
 
+class ForgottenUser(Base):
+    """A user whose data was erased (``flywheel forget``), by the digest manifests use
+    (:func:`feedback.examples.user_digest` of the stored id, never the id): records of the
+    user created before ``forgotten_at`` are dropped when a spool is replayed."""
+
+    __tablename__ = "forgotten_users"
+
+    user_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    forgotten_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
@@ -308,3 +319,4 @@ canary_decisions_table = CanaryDecisionRecord.__table__
 signal_rollup_table = SignalRollup.__table__
 rollup_watermarks_table = RollupWatermark.__table__
 dashboard_sessions_table = DashboardSession.__table__
+forgotten_users_table = ForgottenUser.__table__

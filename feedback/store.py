@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,14 @@ from feedback.events import (
     InteractionEvent,
     InvalidEventError,
     record_key_of,
+    stored_identity,
     validate_event,
 )
+from feedback.examples import user_digest
 from feedback.jsonl import JsonlRecord, MalformedLine
 from feedback.schema import (
     feedback_table,
+    forgotten_users_table,
     interactions_table,
     quarantine_table,
     rollup_watermarks_table,
@@ -151,6 +154,8 @@ class IngestReport:
     duplicates: int = 0
     quarantined: int = 0
     batches: int = 0
+    # Records of users forgotten after the records were made (a late spool replay), dropped.
+    forgotten: int = 0
     rejections: list[str] = field(default_factory=list)
     # Recent feedback whose interaction is not stored yet, handed back (``hold_orphans_since``).
     held: list[dict[str, Any]] = field(default_factory=list)
@@ -171,6 +176,7 @@ class IngestReport:
             "feedback_added": self.feedback_added,
             "duplicates": self.duplicates,
             "quarantined": self.quarantined,
+            "forgotten": self.forgotten,
             "batches": self.batches,
             "rejections": self.rejections,
         }
@@ -220,6 +226,56 @@ def plan_batch(items: Iterable[IngestItem], limits: StoreSettings) -> BatchPlan:
         else:
             plan.feedback.append((parsed, item))
     return plan
+
+
+def without_forgotten(plan: BatchPlan, forgotten: dict[str, datetime]) -> tuple[BatchPlan, int]:
+    """The plan less the records of forgotten users made before they were forgotten (pure),
+    and how many went. ``forgotten`` maps a stored user id to when it was forgotten; a
+    record made afterwards is new data of a returning user and stays."""
+
+    def erased(user_id: str | None, created_at: datetime) -> bool:
+        return user_id in forgotten and created_at <= forgotten[user_id]
+
+    gone = {i.request_id for i in plan.interactions if erased(i.user_id, i.created_at)}
+    interactions = [i for i in plan.interactions if i.request_id not in gone]
+    feedback = [
+        (event, item)
+        for event, item in plan.feedback
+        if event.request_id not in gone and not erased(event.user_id, event.created_at)
+    ]
+    dropped = len(plan.interactions) - len(interactions) + len(plan.feedback) - len(feedback)
+    return BatchPlan(interactions, feedback, plan.rejected), dropped
+
+
+def user_id_forms(user_id: str) -> tuple[str, ...]:
+    """The forms a user id may be stored under: as given (imports, quarantined records)
+    and as the gateway keeps it (hashed when it is no identifier); one when they agree."""
+    stored = stored_identity(user_id)
+    return (user_id,) if stored in (None, user_id) else (user_id, stored)
+
+
+def user_key(stored_id: str) -> str:
+    """The digest a forgotten user is recorded under (the one dataset manifests use)."""
+    digest = user_digest(stored_id)
+    assert digest is not None
+    return digest
+
+
+@dataclass(slots=True)
+class UserErasure:
+    """What forgetting a user deleted, per form of the id and per table."""
+
+    user_key: str
+    forgotten_at: datetime
+    deleted: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def total(self, table: str) -> int:
+        """Rows deleted from ``table`` under every form."""
+        return sum(counts.get(table, 0) for counts in self.deleted.values())
+
+    def matched(self) -> list[str]:
+        """The forms under which anything was found."""
+        return [form for form, counts in self.deleted.items() if any(counts.values())]
 
 
 def _missing_interaction(event: FeedbackEventIn, item: IngestItem) -> Rejection:
@@ -491,6 +547,13 @@ class FeedbackStore:
                 continue
             interaction_rows[interaction.request_id] = interaction_row(interaction)
         with self.engine.begin() as connection:
+            users = {e.user_id for e in plan.interactions} | {e.user_id for e, _ in plan.feedback}
+            forgotten = self.forgotten_since(connection, {u for u in users if u})
+            if forgotten:
+                plan, dropped = without_forgotten(plan, forgotten)
+                report.forgotten += dropped
+                kept = {i.request_id for i in plan.interactions}
+                interaction_rows = {r: row for r, row in interaction_rows.items() if r in kept}
             lines = {rid: row["business_line"] for rid, row in interaction_rows.items()}
             wanted = {f.request_id for f, _ in plan.feedback} - lines.keys()
             lines.update(self._business_lines_of(connection, wanted))
@@ -691,42 +754,72 @@ class FeedbackStore:
         with self.engine.connect() as connection:
             return {line: int(count) for line, count in connection.execute(query)}
 
-    def forget_user(self, user_id: str) -> dict[str, int]:
-        """Delete every interaction and feedback event of a user, in one transaction.
+    def forget_user(self, user_id: str, *, now: datetime | None = None) -> UserErasure:
+        """Delete every record of a user, in one transaction, under each form their id may
+        be stored in (:func:`user_id_forms`: as given, and as the gateway keeps it), and
+        record the user as forgotten (by digest) so a spool replayed later drops the
+        user's older records.
 
-        Interactions by the user go with all their feedback; feedback the user gave
-        on other interactions goes too, and so do quarantined records naming them.
+        Interactions by the user go with all their feedback and shadow answers; feedback
+        the user gave on other interactions goes too, and so do quarantined records naming
+        them.
         """
         i, f, q = interactions_table.c, feedback_table.c, quarantine_table.c
+        forms = user_id_forms(user_id)
+        stored = stored_identity(user_id) or user_id
+        erasure = UserErasure(user_key=user_key(stored), forgotten_at=now or datetime.now(UTC))
         with self.engine.begin() as connection:
-            owned = select(i.request_id).where(i.user_id == user_id)
-            # Shadow answers to the user's prompts (the foreign key cascades too; explicit,
-            # so nothing depends on SQLite's foreign_keys pragma).
-            shadows = connection.execute(
-                delete(shadow_outputs_table).where(shadow_outputs_table.c.request_id.in_(owned))
-            )
-            on_theirs = connection.execute(delete(feedback_table).where(f.request_id.in_(owned)))
-            given = connection.execute(delete(feedback_table).where(f.user_id == user_id))
-            interactions = connection.execute(
-                delete(interactions_table).where(i.user_id == user_id)
-            )
-            doomed = [
-                row.id
-                for row in connection.execute(select(q.id, q.raw))
-                if _names_user(row.raw, user_id)
-            ]
-            if doomed:
-                connection.execute(delete(quarantine_table).where(q.id.in_(doomed)))
-            if interactions.rowcount or on_theirs.rowcount or given.rowcount:
+            for form in forms:
+                owned = select(i.request_id).where(i.user_id == form)
+                # Shadow answers to the user's prompts (the foreign key cascades too; explicit,
+                # so nothing depends on SQLite's foreign_keys pragma).
+                shadows = connection.execute(
+                    delete(shadow_outputs_table).where(shadow_outputs_table.c.request_id.in_(owned))
+                )
+                on_theirs = connection.execute(
+                    delete(feedback_table).where(f.request_id.in_(owned))
+                )
+                given = connection.execute(delete(feedback_table).where(f.user_id == form))
+                interactions = connection.execute(
+                    delete(interactions_table).where(i.user_id == form)
+                )
+                erasure.deleted[form] = {
+                    "interactions": interactions.rowcount,
+                    "feedback_events": on_theirs.rowcount + given.rowcount,
+                    "shadow_outputs": shadows.rowcount,
+                    "quarantined": 0,
+                }
+            for row in connection.execute(select(q.id, q.raw)):
+                form = next((u for u in forms if _names_user(row.raw, u)), None)
+                if form is not None:
+                    connection.execute(delete(quarantine_table).where(q.id == row.id))
+                    erasure.deleted[form]["quarantined"] += 1
+            if erasure.total("interactions") or erasure.total("feedback_events"):
                 # The hourly rollup only ever adds; the next read recounts from scratch.
                 connection.execute(delete(signal_rollup_table))
                 connection.execute(delete(rollup_watermarks_table))
-        return {
-            "interactions": interactions.rowcount,
-            "feedback_events": on_theirs.rowcount + given.rowcount,
-            "quarantined": len(doomed),
-            "shadow_outputs": shadows.rowcount,
-        }
+            forgotten = forgotten_users_table
+            connection.execute(delete(forgotten).where(forgotten.c.user_key == erasure.user_key))
+            connection.execute(
+                forgotten.insert().values(
+                    user_key=erasure.user_key, forgotten_at=erasure.forgotten_at
+                )
+            )
+        return erasure
+
+    def forgotten_since(self, connection: Connection, user_ids: set[str]) -> dict[str, datetime]:
+        """When each of ``user_ids`` (stored ids) was forgotten, for those that were."""
+        keys = {user_key(u): u for u in user_ids}
+        found: dict[str, datetime] = {}
+        ordered = sorted(keys)
+        table = forgotten_users_table
+        for start in range(0, len(ordered), 1_000):
+            chunk = ordered[start : start + 1_000]
+            query = select(table.c.user_key, table.c.forgotten_at).where(
+                table.c.user_key.in_(chunk)
+            )
+            found.update({keys[key]: when for key, when in connection.execute(query)})
+        return found
 
     def quarantined(self, *, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
         """Quarantined records, newest first, raw payload included as bytes."""

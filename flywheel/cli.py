@@ -18,6 +18,7 @@ from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.evaluate import evaluate as evaluate_command
 from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.placement import placement_app
+from flywheel.commands.privacy import forget as forget_command
 from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
     canary_app,
@@ -62,6 +63,7 @@ serve_app.command("dashboard")(serve_dashboard)
 app.command("buckets")(buckets_command)
 app.command("eval")(evaluate_command)
 app.command("loop")(loop_command)
+app.command("forget")(forget_command)
 
 
 def _settings() -> Settings:
@@ -551,27 +553,6 @@ def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
     found = ", ".join(f"{k} {v}" for k, v in funnel["pii"].items()) or "none"
     examples = ", ".join(f"{k} {v}" for k, v in funnel["examples"].items())
     out.print(f"  dropped: {dropped}\n  PII replaced: {found}\n  examples: {examples}")
-
-
-@app.command()
-def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -> None:
-    """Delete a user's events and list every dataset manifest that contained them."""
-    from feedback.datasets import manifests_with_user
-
-    settings = _settings()
-    deleted = _open_store(settings).forget_user(user_id)
-    out.print(
-        f"deleted {deleted['interactions']} interactions, {deleted['feedback_events']} feedback "
-        f"events, {deleted['quarantined']} quarantined records and "
-        f"{deleted['shadow_outputs']} shadow answers of the user"
-    )
-    manifests = manifests_with_user(settings.datasets_dir, user_id)
-    if manifests:
-        out.print(f"{len(manifests)} dataset(s) contained the user; rebuild them and retrain:")
-        for path in manifests:
-            out.print(f"  {path}")
-    else:
-        out.print("no dataset contained the user")
 
 
 @app.command()

@@ -29,6 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from feedback.events import stored_identity as identity
 from feedback.store import FeedbackStore
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
@@ -79,7 +80,6 @@ from gateway.wire import (
     chat_messages,
     completion_messages,
     documented,
-    identity,
 )
 from registry.routes import RouteStore
 

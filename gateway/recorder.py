@@ -257,6 +257,7 @@ class RecorderStats:
     shadows: int = 0  # shadow answers stored
     shadows_dropped: int = 0  # shadow answers whose interaction is not in the store
     held: int = 0  # feedback held for its interaction (each retry counts again)
+    forgotten: int = 0  # records of users forgotten since they were made (spool replays)
     store_failures: int = 0
     store_up: bool = True
     last_error: str | None = None
@@ -483,6 +484,7 @@ class InteractionRecorder:
             written = self.store.add_shadow_outputs(shadows)
             self.stats.shadows += written.added
             self.stats.shadows_dropped += written.missing + written.invalid
+        self.stats.forgotten += report.forgotten
         if report.held:
             self.waiting.append(report.held)
             self.stats.held += len(report.held)

@@ -14,8 +14,6 @@ or cache controls.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Any, ClassVar, Literal
 
 import orjson
@@ -148,9 +146,6 @@ SESSION_HEADER = "x-session-id"
 USER_HEADER = "x-user-id"
 
 
-IDENTIFIER_RE = re.compile(IDENTIFIER)
-
-
 JSON_TYPE = "application/json"
 
 
@@ -223,16 +218,6 @@ class FeedbackAccepted(BaseModel):
     request_id: str
     type: FeedbackType
     idempotency_key: str
-
-
-def identity(value: object) -> str | None:
-    """A user or session id as the store keeps it (odd ones hashed, never refused)."""
-    if value is None or value == "":
-        return None
-    text = str(value)
-    if IDENTIFIER_RE.fullmatch(text):
-        return text
-    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def text_of(content: object, where: str) -> str:

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,10 +39,27 @@ TAG_REGISTERED_VERSION = "flywheel.registered_version"
 TAG_TRAINER = "flywheel.trainer"  # host:pid of the process that trains in the run
 TAG_ENDED_BECAUSE = "flywheel.ended_because"
 TAG_GATE_DECISION = "gate.decision"
+# On runs and model versions trained on a dataset that held a user later forgotten.
+TAG_FORGOTTEN_USER_DATA = "flywheel.forgotten_user_data"
+TAG_FORGOTTEN_USER_DATA_AT = "flywheel.forgotten_user_data_at"
 TAG_GATE_REASONS = "gate.reasons"
 
 _METRIC_NAME_FORBIDDEN = re.compile(r"[^\w./\- :]")
 _HISTORY_SKIP = frozenset({"step", "epoch"})
+
+
+def forgotten_tags(day: str) -> dict[str, str]:
+    """The tags that flag a run or model version trained on a forgotten user's data."""
+    return {TAG_FORGOTTEN_USER_DATA: "true", TAG_FORGOTTEN_USER_DATA_AT: day}
+
+
+@dataclass(slots=True)
+class FlaggedModels:
+    """Model versions (registered model, version) and runs flagged as trained on a
+    forgotten user's data."""
+
+    versions: list[tuple[str, int]] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
 
 
 def recipe_hash(recipe: Recipe) -> str:

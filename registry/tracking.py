@@ -45,11 +45,13 @@ from registry.records import (
     TAG_RECIPE_HASH,
     TAG_REGISTERED_VERSION,
     TAG_TRAINER,
+    FlaggedModels,
     Promotion,
     Rollback,
     RunSummary,
     checked_lineage,
     dataset_digest,
+    forgotten_tags,
     gate_tags,
     gate_text,
     history_metrics,
@@ -626,6 +628,35 @@ class Registry:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
+
+    def flag_forgotten_data(self, dataset_hashes: Iterable[str], *, day: str) -> FlaggedModels:
+        """Tag every training run and model version trained on one of ``dataset_hashes``
+        with ``flywheel.forgotten_user_data = "true"`` and the ``day`` (never whose data):
+        a forgotten user's examples went into them, so a data scientist retrains or retires
+        them. Flagging twice changes nothing but the day."""
+        hashes = sorted(set(dataset_hashes))
+        flagged = FlaggedModels()
+        if not hashes:
+            return flagged
+        experiments = [
+            e.experiment_id
+            for e in self.client.search_experiments(filter_string="name LIKE 'flywheel/%'")
+        ]
+        for digest in hashes:
+            for version in self._versions(f"tags.dataset_hash = '{_safe(digest)}'"):
+                for key, value in forgotten_tags(day).items():
+                    self.client.set_model_version_tag(version.name, version.version, key, value)
+                flagged.versions.append((version.name, int(version.version)))
+            if not experiments:
+                continue
+            runs = self.client.search_runs(
+                experiments, filter_string=f"tags.`{TAG_DATASET_HASH}` = '{_safe(digest)}'"
+            )
+            for run in runs:
+                for key, value in forgotten_tags(day).items():
+                    self.client.set_tag(run.info.run_id, key, value)
+                flagged.runs.append(run.info.run_id)
+        return flagged
 
     def recent_runs(self, line: str | None = None, limit: int = 20) -> list[RunSummary]:
         """The newest training runs, of one line or of all, newest first."""

@@ -68,7 +68,7 @@ def test_store_to_datasets_without_pii(postgres_url: str, tmp_path: Path) -> Non
         ).scalar_one()
     assert built.path / "manifest.json" in manifests_with_user(root, user)
     deleted = store.forget_user(user)
-    assert deleted["interactions"] > 0
+    assert deleted.total("interactions") > 0
     remaining = [
         r
         for line in store.business_lines()

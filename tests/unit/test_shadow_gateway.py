@@ -262,7 +262,7 @@ def test_shadow_answers_are_stored_once_and_forgotten_with_their_user(settings: 
     assert store.add_shadow_outputs([record]).added == 1
     again = store.add_shadow_outputs([record])
     assert (again.added, again.duplicates) == (0, 1)
-    assert store.forget_user("alice")["shadow_outputs"] == 1
+    assert store.forget_user("alice").total("shadow_outputs") == 1
     with store.engine.connect() as connection:
         assert connection.execute(select(shadow_outputs_table)).all() == []
     store.close()
