@@ -5,13 +5,14 @@ Run from the repository root::
     .venv/bin/python bench/canary_sim_bench.py [--runs 4000] [--seed 0] [--json results.json]
 
 Simulated canaries on a 10% share (the champion gets 9x the canary's traffic),
-six rates (thumbs-down 0.10, regenerate 0.05, edit 0.03, error 0.01, abandon
-0.05, task failure 0.03), the production policy (``CanaryPolicy()``: alpha
-0.05, default margins, 200 requests per arm before any decision) with 50 looks
-of growing data. Three rules:
+eight rates (thumbs-down 0.10, regenerate 0.05, edit 0.03, error 0.01, abandon
+0.05, task failure 0.03, dissatisfied 0.20, refusal 0.02), the production
+policy (``CanaryPolicy()``: alpha 0.05, default margins, 200 requests per arm
+before any decision) with 50 looks of growing data. Three rules:
 
 * **sequential**: the product's rule (``registry.canary``): always-valid
-  mSPRT p-values, "worse" at alpha / rates, non-inferiority at alpha;
+  mSPRT p-values, "worse" at alpha / (rates + 1) (the output length is the
+  ninth such test; its data is not simulated here), non-inferiority at alpha;
 * **bonferroni**: the rule it replaced: pooled z-test for "worse", Wald z-test
   for non-inferiority, each at alpha / (looks x rates);
 * **fixed z**: the fixed-sample score tests (statsmodels' ``method="score"``) at
@@ -67,6 +68,7 @@ BASE_RATES = {
     "abandon": 0.05,
     "task_failure": 0.03,
     "dissatisfied": 0.20,
+    "refusal": 0.02,
 }
 LOOKS = 50
 CANARY_SHARE = 0.10

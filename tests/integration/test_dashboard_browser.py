@@ -10,6 +10,7 @@ Skips without ``/usr/bin/chromium`` unless ``FLYWHEEL_REQUIRE_SERVICES=1``.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,17 +119,25 @@ def test_log_in_switch_line_filter_and_open_an_edit(
         assert row.locator("td").nth(1).inner_text() == "medical-v1"
     shot("samples-medical-edits")
 
-    # An English one, so the screenshot reads without CJK fonts on the machine.
-    english = [r for r in rows.all() if r.locator("td").nth(3).inner_text().isascii()]
-    (english or rows.all())[0].locator("a.open").click()
-    page.wait_for_url("**/lines/medical/samples/*")
-    diff = page.locator("#edit-diff")
-    assert diff.is_visible()
-    assert diff.locator("del").count() + diff.locator("ins").count() >= 1
-    shot("sample-edit-diff")
-
-    page.click("text=← back to the samples")
-    page.wait_for_url("**/lines/medical/samples?*signal=edit*")
+    # One English and one Chinese sample (.ci/run installs Debian's fonts-noto-cjk, so the
+    # Chinese screenshot shows characters, not boxes).
+    fonts = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True, check=False)
+    assert fonts.stdout.strip(), "no CJK font: install fonts-noto-cjk (.ci/run does)"
+    texts = [r.locator("td").nth(3).inner_text() for r in rows.all()]
+    english = [i for i, text in enumerate(texts) if text.isascii()]
+    chinese = [i for i, text in enumerate(texts) if any("\u4e00" <= c <= "\u9fff" for c in text)]
+    assert english, texts
+    assert chinese, texts
+    for name, found in (("sample-edit-diff", english), ("sample-edit-diff-chinese", chinese)):
+        rows.nth(found[0]).locator("a.open").click()
+        page.wait_for_url("**/lines/medical/samples/*")
+        diff = page.locator("#edit-diff")
+        assert diff.is_visible()
+        assert diff.locator("del").count() + diff.locator("ins").count() >= 1
+        shot(name)
+        page.click("text=← back to the samples")
+        page.wait_for_url("**/lines/medical/samples?*signal=edit*")
+        rows = page.locator("#samples tbody tr")
     assert outside == [], f"the page fetched from elsewhere: {outside}"
     context.close()
 
