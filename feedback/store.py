@@ -9,6 +9,7 @@ a batch is stored whole or not at all, and replays store nothing twice.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from feedback.schema import (
     shadow_outputs_table,
     signal_rollup_table,
 )
+from flywheel.file_modes import open_private, private_dir, restrict
 from flywheel.settings import Settings, StoreSettings
 
 IngestItem = JsonlRecord | MalformedLine | dict[str, Any]
@@ -60,12 +62,22 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def private_sqlite_file(database: Path) -> None:
+    """Create a SQLite database file 0600 in a 0700 folder before SQLite opens it (an
+    existing one is made 0600): SQLite creates the ``-wal`` and ``-shm`` files with the
+    database file's mode, umask or not, so the raw text in the WAL stays the owner's too."""
+    private_dir(database.parent)
+    os.close(open_private(database, os.O_RDWR | os.O_CREAT))
+    for companion in ("-wal", "-shm", "-journal"):
+        restrict(database.with_name(database.name + companion))
+
+
 def create_store_engine(url: str) -> Engine:
     """An engine for the store URL, tuned per backend (SQLite: WAL, foreign keys on)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite_file(Path(parsed.database))
         engine = create_engine(
             url,
             json_serializer=_json_dumps,
@@ -476,7 +488,7 @@ class FeedbackStore:
     @classmethod
     def open(cls, settings: Settings, *, migrate: bool = True) -> FeedbackStore:
         """Open the configured store, bringing its schema to the newest revision."""
-        settings.home.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.home)
         engine = create_store_engine(settings.resolved_database_url)
         if migrate and current_revision(engine) != head_revision():
             upgrade_schema(engine)

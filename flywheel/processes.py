@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from flywheel.errors import FlywheelError
+from flywheel.file_modes import open_private, private_dir
 
 
 @contextmanager
@@ -32,8 +33,8 @@ def service_process(
     Its output goes to ``log_path``; a child that exits or stays silent is an error
     naming that log. On the way out the process group gets SIGTERM, then SIGKILL.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    private_dir(log_path.parent)
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
         process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
             list(argv),
             env=dict(env) if env is not None else None,

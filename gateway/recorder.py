@@ -36,6 +36,7 @@ from feedback.answers import is_refusal, output_tokens, time_per_output_token_ms
 from feedback.events import prompt_hash
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
+from flywheel.file_modes import open_private, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -196,12 +197,12 @@ class Spool:
 
     def append(self, events: list[dict[str, Any]]) -> Path:
         """Write one batch durably (a crash leaves either the whole file or none)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self._sequence += 1
         name = f"batch-{time.time_ns():020d}-{os.getpid()}-{self._sequence:06d}.jsonl"
         final = self.directory / name
         partial = final.with_suffix(".partial")
-        with partial.open("wb") as out:
+        with os.fdopen(open_private(partial), "wb") as out:
             for event in events:
                 out.write(orjson.dumps(event) + b"\n")
             out.flush()

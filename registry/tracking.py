@@ -32,6 +32,7 @@ from mlflow.exceptions import MlflowException
 
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
+from flywheel.file_modes import open_private, private_dir
 from registry.names import adapter_name, experiment_name, model_name
 from registry.plots import comparison_plot
 from registry.records import (
@@ -143,7 +144,9 @@ class Registry:
         if tracking_uri.startswith("sqlite:///") and client is None:
             # SQLite creates the file but not its folder.
             database = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
-            database.parent.mkdir(parents=True, exist_ok=True)
+            # Owner-only: runs hold eval samples (users' prompts and answers).
+            private_dir(database.parent)
+            os.close(open_private(database, os.O_RDWR | os.O_CREAT))
         self.client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self._experiments: dict[str, str] = {}
 

@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.errors import FlywheelError
+from flywheel.file_modes import open_private, private_dir
 from flywheel.install import (
     DEFAULT_TORCH_INDEX,
     InstallError,
@@ -377,8 +378,8 @@ class VllmServer:
             raise VllmServerError(
                 f"something already listens on {self.base_url}; pick another port"
             )
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
+        private_dir(self.log_path.parent)
+        self._log = os.fdopen(open_private(self.log_path), "wb")
         started = time.monotonic()
         self._report(f"starting vLLM on {self.base_url} (log: {self.log_path})")
         self._process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
