@@ -216,6 +216,7 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
     in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
     in_flight.inc()
+    state.requests_in_flight += 1
     missing: list[Replica] = []
     try:
         replica, upstream = await state.upstreams.post(
@@ -387,6 +388,7 @@ def _finish(
     finished.error = error
     finished.error_kind = kind if status == "error" else None
     state.recorder.record(finished)
+    state.requests_in_flight -= 1
     maybe_shadow(state, finished, exchange.payload)
     line, adapter = finished.business_line, exchange.adapter_label
     metrics = state.metrics

@@ -84,8 +84,9 @@ class GatewayMetrics:
         )
         self.shadow_skipped = Counter(
             "flywheel_gateway_shadow_skipped",
-            "Sampled shadow requests not sent because the process's shadow cap was full.",
-            ["business_line", "adapter"],
+            "Sampled shadow requests not sent: the process's shadow cap was full (reason "
+            "'cap'), or it was busy answering users (reason 'busy').",
+            ["business_line", "adapter", "reason"],
             registry=self.registry,
         )
         self.rejected = Counter(

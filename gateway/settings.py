@@ -115,6 +115,14 @@ class GatewaySettings(BaseSettings):
         description="Shadow requests this process keeps in flight at most; a sampled request "
         "beyond it is skipped (counted), never queued (0: no shadow traffic from here).",
     )
+    shadow_max_user_requests: int = Field(
+        default=8,
+        ge=0,
+        le=100_000,
+        description="A sampled request is mirrored only while fewer user requests than this "
+        "are being answered by this process: shadows use spare capacity and yield to users "
+        "under load (0: never yield). Raise it for replicas with headroom (GPUs).",
+    )
     shadow_timeout_s: float = Field(
         default=120.0,
         gt=0,

@@ -123,8 +123,12 @@ def maybe_shadow(state: GatewayState, finished: FinishedRequest, payload: dict[s
     if adapter is None:
         return False
     traffic = state.shadow_traffic
+    busy = state.gateway.shadow_max_user_requests
+    if busy and state.requests_in_flight >= busy:
+        state.metrics.shadow_skipped.labels(finished.business_line, adapter, "busy").inc()
+        return False
     if traffic.in_flight >= state.gateway.shadow_max_concurrency:
-        state.metrics.shadow_skipped.labels(finished.business_line, adapter).inc()
+        state.metrics.shadow_skipped.labels(finished.business_line, adapter, "cap").inc()
         return False
     traffic.in_flight += 1
     path = "/v1/completions" if finished.completion_api else "/v1/chat/completions"

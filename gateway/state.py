@@ -42,6 +42,8 @@ class GatewayState:
     base_model: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     shadow_traffic: ShadowTraffic = field(default_factory=ShadowTraffic)
+    # User requests sent to vLLM and not finished yet (a shadow yields while there are many).
+    requests_in_flight: int = 0
     # Recently accepted caller idempotency keys (line-scoped) and what they were for.
     claimed_keys: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     # Signals (request, type, content) this replica accepted lately: each counts once.

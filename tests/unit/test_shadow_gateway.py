@@ -182,12 +182,44 @@ def test_the_concurrency_cap_skips_and_counts(settings: Settings) -> None:
         with running.client() as client:
             for i in range(3):
                 _ask(client, user=f"u{i}")
-        skipped = running.metric("flywheel_gateway_shadow_skipped_total", adapter=SHADOW)
+        skipped = running.metric(
+            "flywheel_gateway_shadow_skipped_total", adapter=SHADOW, reason="cap"
+        )
         assert skipped == 2
         assert len(running.shadows(1)) == 1
         time.sleep(0.3)
         assert len(running.shadows(1)) == 1
         assert len(running.rows(interactions_table)) == 3
+
+
+def test_a_busy_process_yields_to_its_users(settings: Settings) -> None:
+    """While as many user requests as shadow_max_user_requests are being answered, a
+    sampled request is not mirrored (skipped as busy); once it is quiet, it is."""
+    import concurrent.futures
+
+    behaviour = StubBehaviour(adapters={CHAMPION, SHADOW}, delay_s=0.5)
+    table = _table(shadow=SHADOW, shadow_fraction=1.0)
+    for running in _run(
+        settings, table, behaviour, shadow_max_user_requests=2, shadow_max_concurrency=100
+    ):
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+
+            def ask(i: int, running: Any = running) -> None:
+                with running.client() as client:
+                    _ask(client, user=f"busy{i}")
+
+            list(pool.map(ask, range(4)))
+        busy = running.metric(
+            "flywheel_gateway_shadow_skipped_total", adapter=SHADOW, reason="busy"
+        )
+        # Four at once: the first three to finish each saw at least two others in flight.
+        assert busy >= 2
+        with running.client() as client:
+            _ask(client, user="alone")
+        assert running.metric(
+            "flywheel_gateway_shadow_skipped_total", adapter=SHADOW, reason="busy"
+        ) == busy
+        assert len(running.shadows(int(5 - busy))) == 5 - busy
 
 
 def test_the_canary_arm_is_never_shadowed(settings: Settings) -> None:
