@@ -50,7 +50,10 @@ CONCURRENCY = (1, 16, 64)
 LINE = "customer_service"
 API_KEY = "fw-bench-key"
 PROMPT = "Name three colours."
-SHADOW_ADAPTER = f"{LINE}-v1"
+# Every path serves the line's champion adapter (as flywheel does: one LoRA per line), so
+# the shadow adds LoRA requests to a LoRA workload, not LoRA kernels to a base-only one.
+CHAMPION_ADAPTER = f"{LINE}-v1"
+SHADOW_ADAPTER = f"{LINE}-v2"
 LIMITED = "flywheel+limits+shadow"
 
 
@@ -144,16 +147,15 @@ async def _load(
 def stub_server(work: Path) -> Iterator[tuple[str, str]]:
     """The instant stand-in in its own process: (base URL, model name)."""
     from registry.vllm_server import free_port
-    from tests.stub_vllm import BASE_MODEL
 
     port = free_port()
     argv = [sys.executable, "-m", "tests.stub_vllm", "--port", str(port), "--words", "8"]
-    argv += ["--adapter", SHADOW_ADAPTER]
+    argv += ["--adapter", CHAMPION_ADAPTER, "--adapter", SHADOW_ADAPTER]
     ready = f"http://127.0.0.1:{port}/v1/models"
     with service_process(
         argv, name="the stand-in", ready_url=ready, log_path=work / "stub.log", cwd=REPO
     ):
-        yield f"http://127.0.0.1:{port}", BASE_MODEL
+        yield f"http://127.0.0.1:{port}", CHAMPION_ADAPTER
 
 
 @contextmanager
@@ -170,23 +172,25 @@ def vllm_server(work: Path) -> Iterator[tuple[str, str]]:
     python = VllmEnvironment(REPO / ".venv-vllm", torch_index=index, report=print).ensure()
     settings = VllmServerSettings(model=base, port=free_port(), served_model_name="base")
     with VllmServer(settings, python=python, log_path=work / "vllm.log", report=print) as server:
-        _load_shadow_adapter(server.base_url, base, work)
-        yield server.base_url, "base"
+        _load_adapters(server.base_url, base, work)
+        yield server.base_url, CHAMPION_ADAPTER
 
 
-def _load_shadow_adapter(url: str, base: Path, work: Path) -> None:
-    """An untrained rank-8 LoRA of the base model, loaded as the shadow adapter (its answers
-    cost what a trained one's do)."""
+def _load_adapters(url: str, base: Path, work: Path) -> None:
+    """Untrained rank-8 LoRAs of the base model as the champion and the shadow (their
+    answers cost what trained ones' do)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from registry.vllm_admin import VllmAdminClient
 
-    folder = work / "shadow-adapter"
     config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(folder)
     with VllmAdminClient(url) as admin:
-        admin.load_adapter(SHADOW_ADAPTER, folder)
+        for adapter in (CHAMPION_ADAPTER, SHADOW_ADAPTER):
+            folder = work / adapter
+            model = AutoModelForCausalLM.from_pretrained(base)
+            get_peft_model(model, config).save_pretrained(folder)
+            admin.load_adapter(adapter, folder)
 
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -233,19 +237,23 @@ class Gateway:
         return int(shadows), int(answered)
 
 
-def _route_shadow(home: Path, share: float) -> None:
+def _route(home: Path, shadow: float) -> None:
+    """The line's champion adapter, and its shadow on ``shadow`` of the requests."""
     from feedback.store import FeedbackStore
     from flywheel.settings import Settings
     from registry.routes import RouteStore
 
     store = FeedbackStore.open(Settings(home=home, database_url=None))
     try:
-        RouteStore(store.engine).change(
-            LINE,
-            lambda table: table.with_shadow(SHADOW_ADAPTER, share),
-            action="shadow_set",
-            actor="gateway-bench",
-        )
+        routes = RouteStore(store.engine)
+        routes.set_champion(LINE, CHAMPION_ADAPTER, actor="gateway-bench")
+        if shadow:
+            routes.change(
+                LINE,
+                lambda table: table.with_shadow(SHADOW_ADAPTER, shadow),
+                action="shadow_set",
+                actor="gateway-bench",
+            )
     finally:
         store.close()
 
@@ -270,8 +278,7 @@ def gateway(
         key["limits"] = {**NEVER_REACHED, "concurrent_streams": 10_000}
         keys["lines"] = {LINE: NEVER_REACHED}
     (home / "gateway-keys.yaml").write_text(json.dumps(keys), encoding="utf-8")
-    if shadow:
-        _route_shadow(home, shadow)
+    _route(home, shadow)
     port = free_port()
     env = {
         **os.environ,
