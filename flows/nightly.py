@@ -53,6 +53,8 @@ class LineReport:
     version: int | None = None
     adapter: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    # Raw text past the recipe's retention.raw_days: rows scrubbed (or deleted) tonight.
+    retention: dict[str, Any] = field(default_factory=dict)
 
 
 def _now() -> datetime:
@@ -90,6 +92,21 @@ def open_window(settings: Settings, line: str) -> LineWindow:
     store = FeedbackStore.open(settings)
     try:
         return WatermarkStore(store.engine).open_window(line, _now())
+    finally:
+        store.close()
+
+
+@task(retries=2, retry_delay_seconds=5)
+def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
+    """Replace the line's raw text older than its recipe's retention by its scrubbed text
+    (or delete those rows); rows scrubbed on an earlier night are skipped."""
+    from feedback.pii import build_scrubber
+    from flows.stages import apply_line_retention
+
+    scrubber = build_scrubber()
+    store = FeedbackStore.open(settings)
+    try:
+        return apply_line_retention(settings, store.engine, line, scrubber.scrub_records).as_dict()
     finally:
         store.close()
 
@@ -220,6 +237,11 @@ def line_nightly(
                 workers or settings.cleaning_workers,
                 dask_address or settings.dask_address,
             )
+            # After the window's datasets are built: whatever the night's outcome, old raw
+            # text goes (a failure here fails the flow run and is retried the next night).
+            started = time.monotonic()
+            report.retention = enforce_retention(settings, line)
+            report.seconds["retention"] = round(time.monotonic() - started, 2)
     except LineBusyError as exc:
         report.status, report.reason = "busy", str(exc)
     finally:

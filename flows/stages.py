@@ -16,9 +16,16 @@ from typing import Any
 
 from eval.reports import EvalReport, GateDecision
 from feedback.datasets import DatasetBuild
+from feedback.retention import RetentionReport, apply_retention
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from training.recipes import Recipe, load_recipe, packaged_recipes_dir, training_method
+from training.recipes import (
+    Recipe,
+    RetentionPolicy,
+    load_recipe,
+    packaged_recipes_dir,
+    training_method,
+)
 
 # High-precision PII types only: a place name in a correct answer must not block a release.
 GENERATION_PII_TYPES = frozenset(
@@ -296,3 +303,25 @@ def train_line(
             "peak_rss_mb": result.peak_rss_mb,
         },
     )
+
+
+def retention_policy_for(settings: Settings, line: str) -> RetentionPolicy:
+    """The line's retention policy: its recipe's, or the default for a line with none
+    (data imported for a line never trained is kept no longer than any other)."""
+    recipes = settings.recipes_dir or packaged_recipes_dir()
+    if not (recipes / f"{line}.yaml").exists():
+        return RetentionPolicy()
+    return recipe_for(settings, line).retention
+
+
+def apply_line_retention(
+    settings: Settings,
+    engine: Any,
+    line: str,
+    scrub: Callable[..., list[dict[str, Any]]],
+    *,
+    dry_run: bool = False,
+) -> RetentionReport:
+    """Scrub (or delete) the line's raw text older than its recipe's ``retention.raw_days``."""
+    policy = retention_policy_for(settings, line)
+    return apply_retention(engine, line, policy, scrub, dry_run=dry_run)

@@ -19,6 +19,7 @@ from flywheel.commands.evaluate import evaluate as evaluate_command
 from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.placement import placement_app
 from flywheel.commands.privacy import forget as forget_command
+from flywheel.commands.privacy import retention_app
 from flywheel.commands.scrub import scrub as scrub_command
 from flywheel.commands.serving import (
     canary_app,
@@ -64,6 +65,7 @@ app.command("buckets")(buckets_command)
 app.command("eval")(evaluate_command)
 app.command("loop")(loop_command)
 app.command("forget")(forget_command)
+app.add_typer(retention_app, name="retention")
 
 
 def _settings() -> Settings:

@@ -63,8 +63,11 @@ class FlaggedModels:
 
 
 def recipe_hash(recipe: Recipe) -> str:
-    """A stable hash of everything in a recipe (key order and formatting do not matter)."""
-    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """A stable hash of everything in a recipe but its retention policy (key order and
+    formatting do not matter)."""
+    # Retention is about the store, not training: changing it must not look like a new recipe.
+    trained = recipe.model_dump(mode="json", exclude={"retention"})
+    canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -105,6 +105,24 @@ class GatePolicy(BaseModel):
     allow_pii_in_generations: bool = False
 
 
+class RetentionPolicy(BaseModel):
+    """How long a line keeps raw prompts and answers in the store (``flywheel retention``).
+
+    Older rows keep only their scrubbed text (``scrub``: PII replaced by placeholders,
+    the row and its feedback kept for counts and lineage) or go entirely (``delete``: the
+    interaction with its feedback and shadow answers; datasets keep their scrubbed
+    examples, whose lineage then names requests no longer stored). Not part of the
+    recipe's hash: it changes nothing about training.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    raw_days: float = Field(
+        default=30, gt=0, le=3_650, description="Days raw text is kept before the action."
+    )
+    action: Literal["scrub", "delete"] = "scrub"
+
+
 class Recipe(BaseModel):
     """How one business line's adapter is trained and judged."""
 
@@ -163,6 +181,7 @@ class Recipe(BaseModel):
     canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)
     canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
 
     @model_validator(mode="after")
     def _schedule(self) -> Recipe:

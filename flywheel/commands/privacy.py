@@ -108,3 +108,51 @@ def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -
     finally:
         store.close()
     print_forget_report(user_id, report)
+
+
+retention_app = typer.Typer(
+    help="Raw prompts and answers past each line's retention.raw_days.", no_args_is_help=True
+)
+
+
+@retention_app.command("run")
+def retention_run(
+    line: Annotated[
+        list[str] | None, typer.Option(help="Only this business line (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count the rows it would change; change none.")
+    ] = False,
+) -> None:
+    """Replace raw text older than each line's recipe retention by its scrubbed text (or
+    delete those rows, with ``action: delete``): what the nightly flow does per line."""
+    from feedback.pii import build_scrubber
+    from flows.stages import apply_line_retention
+
+    settings = load_settings()
+    store = open_store(settings)
+    try:
+        lines = line or sorted(set(store.business_lines()) | set(settings.business_lines))
+        scrubber = None if dry_run else build_scrubber()
+        for name in lines:
+            report = apply_line_retention(
+                settings,
+                store.engine,
+                name,
+                scrubber.scrub_records if scrubber is not None else _no_scrub,
+                dry_run=dry_run,
+            )
+            verb = {"scrub": "scrubbed", "delete": "deleted"}[report.action]
+            if dry_run:
+                verb = f"would be {verb}"
+            out.print(
+                f"{name}: raw text before {report.cutoff:%Y-%m-%d %H:%M} UTC {verb}: "
+                f"{report.interactions} interactions, {report.feedback_events} feedback "
+                f"events, {report.shadow_outputs} shadow answers"
+            )
+    finally:
+        store.close()
+
+
+def _no_scrub(records: list[dict[str, object]], fields: object) -> list[dict[str, object]]:
+    raise AssertionError("a dry run scrubs nothing")
