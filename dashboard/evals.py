@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from registry.names import experiment_name, model_name
 from registry.records import (
+    TAG_FORGOTTEN_USER_DATA,
+    TAG_FORGOTTEN_USER_DATA_AT,
     TAG_GATE_DECISION,
     TAG_GATE_REASONS,
     TAG_REGISTERED_VERSION,
@@ -218,6 +220,9 @@ class EvalReview:
                 for key in ("promoted_reason", "rolled_back"):
                     if version_tags.get(key) and version_tags[key] != "-":
                         notes.append(f"{key.replace('_', ' ')}: {version_tags[key]}")
+            if tags.get(TAG_FORGOTTEN_USER_DATA) == "true":
+                day = tags.get(TAG_FORGOTTEN_USER_DATA_AT, "")
+                notes.append(f"trained on data of a user forgotten {day}: retrain or retire")
             reasons = tags.get(TAG_GATE_REASONS)
             result.append(
                 EvalRun(

@@ -147,3 +147,21 @@ def test_a_line_without_runs_says_so(home: tuple[PageHome, list[str]]) -> None:
         page = c.get("/lines/legal/evals")
         assert page.status_code == 200
         assert "no training runs for this line yet" in page.text
+
+
+def test_an_adapter_trained_on_a_forgotten_user_s_data_is_flagged(
+    home: tuple[PageHome, list[str]],
+) -> None:
+    page_home, (first, rejected) = home
+    registry = Registry.for_home(page_home.settings.home)
+    flagged = registry.flag_forgotten_data(["a" * 64], day="2026-12-10")
+    assert flagged.runs == [first]
+    with TestClient(
+        page_home.app(), client=("10.0.0.2", 1), headers=page_home.bearer("counsel")
+    ) as client:
+        chosen = client.get(f"/lines/{LINE}/evals", params={"run": first})
+        assert "trained on data of a user forgotten 2026-12-10" in chosen.text
+        api = client.get(f"/api/lines/{LINE}/evals").json()
+    notes = {run["run_id"]: run["version_notes"] for run in api["runs"]}
+    assert any("forgotten" in note for note in notes[first])
+    assert not any("forgotten" in note for note in notes[rejected])
