@@ -216,9 +216,10 @@ def test_a_busy_process_yields_to_its_users(settings: Settings) -> None:
         assert busy >= 2
         with running.client() as client:
             _ask(client, user="alone")
-        assert running.metric(
-            "flywheel_gateway_shadow_skipped_total", adapter=SHADOW, reason="busy"
-        ) == busy
+        assert (
+            running.metric("flywheel_gateway_shadow_skipped_total", adapter=SHADOW, reason="busy")
+            == busy
+        )
         assert len(running.shadows(int(5 - busy))) == 5 - busy
 
 
