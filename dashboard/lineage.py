@@ -29,6 +29,8 @@ DROP_GROUPS = {
     "pii_only": "PII only (nothing left once scrubbed)",
     "empty_prompt": "filter: empty prompt",
     "failed_request": "filter: failed request",
+    "trained_in_earlier_window": "trained in an earlier window",
+    "earlier_window_cluster_cap": "duplicate cluster (near) of an earlier window, over its cap",
 }
 
 

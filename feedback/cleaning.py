@@ -27,7 +27,15 @@ from feedback.datasets import (
     split_by_time,
     write_dataset,
 )
-from feedback.dedup import DedupSettings, assign_clusters
+from feedback.dedup import DedupSettings
+from feedback.dedup.history import (
+    SignedRecords,
+    TrainingHistory,
+    cluster_with_history,
+    drop_trained,
+    sign_records,
+    window_verdicts,
+)
 from feedback.examples import ExampleKind, TrainingExample, build_examples
 from feedback.signals import pull_records
 
@@ -45,6 +53,13 @@ class CleaningSettings(BaseModel):
     datasets: DatasetSettings = Field(default_factory=DatasetSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     scrub_batch_size: int = Field(default=256, ge=1, le=100_000)
+    trained_history_days: float = Field(
+        default=90.0,
+        ge=0,
+        le=3_650,
+        description="Nights back whose trained records a window is deduplicated against "
+        "(feedback.dedup.history); 0: each window alone.",
+    )
 
 
 @dataclass(slots=True)
@@ -118,17 +133,41 @@ def dedup_text(record: dict[str, Any]) -> str:
     return f"{last_user_text(record)}\n{record['response']}"
 
 
+@dataclass(frozen=True, slots=True)
+class DedupOutcome:
+    """The records a window keeps after dedup, why the rest went, and the kept ones signed."""
+
+    kept: list[dict[str, Any]]
+    dropped: Counter[str]
+    signed: SignedRecords
+
+
+def deduplicate_window(
+    records: list[dict[str, Any]], settings: DedupSettings, history: TrainingHistory | None = None
+) -> DedupOutcome:
+    """Drop what earlier windows trained on, then exact and near duplicates inside each
+    business line and signal, earlier nights' records first in their clusters, then the
+    earliest records (see :mod:`feedback.dedup.history`)."""
+    history = history or TrainingHistory.empty(settings)
+    signed = sign_records(
+        [{**r, "dedup_text": dedup_text(r)} for r in records], field="dedup_text", settings=settings
+    )
+    rows, dropped = drop_trained(signed, history.keys())
+    signed = signed.take(rows)
+    fresh = [records[row] for row in rows.tolist()]
+    decisions = cluster_with_history(signed, history.signed, settings)
+    keep, duplicates = window_verdicts(decisions, len(fresh))
+    dropped.update(duplicates)
+    kept_rows = [row for row, flag in enumerate(keep) if flag]
+    return DedupOutcome([fresh[row] for row in kept_rows], dropped, signed.take(kept_rows))
+
+
 def deduplicate(
     records: list[dict[str, Any]], settings: DedupSettings
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
     """Drop exact and near duplicates inside each business line and signal; earliest kept."""
-    if not records:
-        return [], Counter()
-    keyed = [{**r, "dedup_text": dedup_text(r)} for r in records]
-    decisions = assign_clusters(keyed, field="dedup_text", settings=settings)
-    kept = [r for r, d in zip(records, decisions, strict=True) if d.keep]
-    dropped = Counter(d.kind.value.removesuffix("_of") for d in decisions if not d.keep)
-    return kept, dropped
+    outcome = deduplicate_window(records, settings)
+    return outcome.kept, outcome.dropped
 
 
 def build_splits(
@@ -157,6 +196,8 @@ class CleaningResult:
     business_line: str
     funnel: Funnel
     dataset: DatasetBuild | None
+    # The dataset's source records, signed: what the training history records for the night.
+    trained: SignedRecords | None = None
 
 
 def clean_records(
@@ -168,8 +209,13 @@ def clean_records(
     dataset_root: Path,
     source: dict[str, Any],
     on_progress: Callable[[int], None] | None = None,
+    history: TrainingHistory | None = None,
 ) -> CleaningResult:
-    """Run every cleaning step on one line's records and write the dataset."""
+    """Run every cleaning step on one line's records and write the dataset.
+
+    With ``history`` (earlier nights' trained records), records already trained on and
+    near duplicates past their cluster's cap over the nights are dropped too.
+    """
     funnel = Funnel()
     funnel.count("pulled", records)
     kept: list[dict[str, Any]] = []
@@ -183,9 +229,11 @@ def clean_records(
         if on_progress is not None:
             on_progress(len(chunk))
     funnel.count("filtered", kept)
-    unique, dropped = deduplicate(kept, settings.dedup)
-    funnel.dropped.update(dropped)
-    return finish_dataset(unique, business_line, funnel, settings, dataset_root, source)
+    outcome = deduplicate_window(kept, settings.dedup, history)
+    funnel.dropped.update(outcome.dropped)
+    return finish_dataset(
+        outcome.kept, business_line, funnel, settings, dataset_root, source, outcome.signed
+    )
 
 
 def finish_dataset(
@@ -195,12 +243,29 @@ def finish_dataset(
     settings: CleaningSettings,
     dataset_root: Path,
     source: dict[str, Any],
+    signed: SignedRecords | None = None,
 ) -> CleaningResult:
-    """From deduplicated records to the written dataset (none when no example is left)."""
+    """From deduplicated records to the written dataset (none when no example is left).
+
+    ``signed`` holds the same records signed, in order; the result's ``trained`` keeps
+    those that went into an example.
+    """
     funnel.count("deduplicated", unique)
     splits = build_splits(unique, settings.datasets, funnel)
     if not any(split for by_split in splits.values() for split in by_split.values()):
         return CleaningResult(business_line, funnel, None)
+    used = {
+        request_id
+        for by_split in splits.values()
+        for examples in by_split.values()
+        for example in examples
+        for request_id in example.lineage.request_ids
+    }
+    trained = (
+        signed.take([row for row, rid in enumerate(signed.request_ids) if rid in used])
+        if signed is not None
+        else None
+    )
     build = write_dataset(
         dataset_root,
         business_line,
@@ -209,7 +274,7 @@ def finish_dataset(
         source=source,
         settings=settings.datasets,
     )
-    return CleaningResult(business_line, funnel, build)
+    return CleaningResult(business_line, funnel, build, trained)
 
 
 def window_source(since: datetime | None, until: datetime | None, records: int) -> dict[str, Any]:
@@ -241,6 +306,7 @@ def clean_line(
     since: datetime | None = None,
     until: datetime | None = None,
     on_progress: Callable[[int], None] | None = None,
+    history: TrainingHistory | None = None,
 ) -> CleaningResult:
     """Pull one line's records from the store and run the cleaning stage on them."""
     records = list(pull_records(engine, business_line, since=since, until=until))
@@ -252,4 +318,5 @@ def clean_line(
         dataset_root=dataset_root,
         source=window_source(since, until, len(records)),
         on_progress=on_progress,
+        history=history,
     )

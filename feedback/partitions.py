@@ -5,6 +5,8 @@ it, writes the kept (scrubbed) records and their dedup signatures to a staging
 folder; :func:`feedback.dedup.shuffle.bucket_shard` joins the buckets of one
 shard; :func:`finish_partitions` joins the shards, keeps the survivors and
 builds the dataset exactly as :func:`feedback.cleaning.clean_records` does.
+Earlier nights' trained records (:mod:`feedback.dedup.history`) take part as
+one more partition after the window's, staged by :func:`stage_history`.
 Every function takes plain values and paths, so each can run in another
 process; the staging folder must be shared by all of them.
 """
@@ -18,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 from sqlalchemy import Engine
 
@@ -31,7 +34,23 @@ from feedback.cleaning import (
     scrub_and_filter,
     window_source,
 )
-from feedback.dedup.shuffle import join_shards, partition_dir, read_meta, sign_partition
+from feedback.dedup.history import (
+    SignedRecords,
+    TrainedKeys,
+    TrainingHistory,
+    drop_trained,
+    history_times,
+    sign_records,
+    window_verdicts,
+)
+from feedback.dedup.settings import DedupSettings
+from feedback.dedup.shuffle import (
+    join_shards,
+    partition_dir,
+    read_meta,
+    read_signatures,
+    stage_signatures,
+)
 from feedback.signals import pull_records
 
 _RECORDS = "records.jsonl"
@@ -46,11 +65,8 @@ class PartitionSummary:
     filtered: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
     pii: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def kept(self) -> int:
-        """Records written to the staging folder."""
-        return sum(self.filtered.values())
+    # Records written to the staging folder: filtered, less those trained on earlier.
+    kept: int = 0
 
 
 def clean_partition(
@@ -65,8 +81,13 @@ def clean_partition(
     staging: Path,
     partition: int,
     shards: int,
+    trained: TrainedKeys | None = None,
 ) -> PartitionSummary:
-    """Pull, scrub, filter and sign one partition; write its records and signatures."""
+    """Pull, scrub, filter and sign one partition; write its records and signatures.
+
+    With ``trained`` (the history's keys), records already trained on in an earlier
+    window are dropped after the filter count, as in the one-process stage.
+    """
     summary = PartitionSummary(partition)
     kept: list[dict[str, Any]] = []
     batch: list[dict[str, Any]] = []
@@ -86,27 +107,61 @@ def clean_partition(
     if batch:
         flush()
     summary.filtered.update(r["signal"] for r in kept)
+    signed = sign_records(
+        [{**r, "dedup_text": dedup_text(r)} for r in kept],
+        field="dedup_text",
+        settings=settings.dedup,
+    )
+    if trained is not None:
+        rows, dropped = drop_trained(signed, trained)
+        summary.dropped.update(dropped)
+        signed = signed.take(rows)
+        kept = [kept[row] for row in rows.tolist()]
+    summary.kept = len(kept)
     folder = partition_dir(staging, partition)
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / _RECORDS).open("wb") as out:
         for record in kept:
             out.write(orjson.dumps(record) + b"\n")
-    sign_partition(
-        [{**r, "dedup_text": dedup_text(r)} for r in kept],
-        field="dedup_text",
+    stage_signatures(
+        staging,
+        partition,
+        shards,
+        times=signed.times,
+        scopes=signed.scopes,
+        signatures=signed.signatures,
         settings=settings.dedup,
-        staging=staging,
-        partition=partition,
-        shards=shards,
     )
     return summary
 
 
-def partition_offsets(summaries: list[PartitionSummary]) -> list[int]:
-    """The global number of each partition's first kept record, then the total."""
+def stage_history(
+    staging: Path, history: TrainingHistory, *, partition: int, shards: int, settings: DedupSettings
+) -> int:
+    """Stage the history's signatures as the partition after the window's (numbered
+    ``partition``), placed before every new record; returns how many (none staged for 0)."""
+    signed = history.signed
+    if len(signed):
+        stage_signatures(
+            staging,
+            partition,
+            shards,
+            times=history_times(len(signed)),
+            scopes=signed.scopes,
+            signatures=signed.signatures,
+            settings=settings,
+        )
+    return len(signed)
+
+
+def partition_offsets(summaries: list[PartitionSummary], history: int = 0) -> list[int]:
+    """The global number of each partition's first kept record, then the total; with
+    ``history`` staged records, their partition's first number comes before the total."""
     offsets = [0]
     for summary in sorted(summaries, key=lambda s: s.partition):
         offsets.append(offsets[-1] + summary.kept)
+    if history:
+        offsets.append(offsets[-1] + history)
     return offsets
 
 
@@ -127,8 +182,12 @@ def finish_partitions(
     dataset_root: Path,
     since: datetime | None,
     until: datetime | None,
+    history: TrainingHistory | None = None,
 ) -> CleaningResult:
-    """Join the shards' edges, keep each cluster's survivors and write the dataset."""
+    """Join the shards' edges, keep each cluster's survivors and write the dataset.
+
+    ``history`` must be the one staged by :func:`stage_history`, if any.
+    """
     funnel = Funnel()
     summaries = sorted(summaries, key=lambda s: s.partition)
     for summary in summaries:
@@ -138,16 +197,32 @@ def finish_partitions(
         funnel.pii.update(summary.pii)
     funnel.steps.setdefault("pulled", Counter())
     funnel.steps.setdefault("filtered", Counter())
-    decisions = join_shards(read_meta(staging, len(summaries)), edges, settings.dedup)
-    funnel.dropped.update(d.kind.value.removesuffix("_of") for d in decisions if not d.keep)
-    unique = [
-        record
-        for record, decision in zip(
-            _staged_records(staging, len(summaries)), decisions, strict=True
-        )
-        if decision.keep
-    ]
+    staged = len(summaries) + (1 if history is not None and len(history.signed) else 0)
+    decisions = join_shards(read_meta(staging, staged), edges, settings.dedup)
+    new_count = sum(summary.kept for summary in summaries)
+    keep, dropped = window_verdicts(decisions, new_count)
+    funnel.dropped.update(dropped)
+    unique: list[dict[str, Any]] = []
+    request_ids: list[str] = []
+    signals: list[str] = []
+    for record, flag in zip(_staged_records(staging, len(summaries)), keep, strict=True):
+        if flag:
+            unique.append(record)
+            request_ids.append(str(record["request_id"]))
+            signals.append(str(record.get("signal")))
+    rows = np.flatnonzero(np.array(keep, dtype=np.bool_))
+    signed = SignedRecords.empty(settings.dedup)
+    if rows.size:
+        scopes, signatures = read_signatures(staging, len(summaries), rows)
+        times = read_meta(staging, len(summaries)).times[rows]
+        signed = SignedRecords(tuple(request_ids), tuple(signals), scopes, times, signatures)
     pulled = sum(funnel.steps["pulled"].values())
     return finish_dataset(
-        unique, business_line, funnel, settings, dataset_root, window_source(since, until, pulled)
+        unique,
+        business_line,
+        funnel,
+        settings,
+        dataset_root,
+        window_source(since, until, pulled),
+        signed,
     )

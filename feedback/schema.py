@@ -308,6 +308,30 @@ class ForgottenUser(Base):
     forgotten_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class TrainedRecord(Base):
+    """A record that went into a line's dataset, reduced to its dedup signature (never its
+    text): the training history that later windows are deduplicated against
+    (``feedback.dedup.history``). ``window_until`` names the window it was trained in; rows
+    of a window that was not consumed are replaced by the next run's."""
+
+    __tablename__ = "trained_records"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    window_until: Mapped[datetime] = mapped_column(UTCDateTime())
+    request_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    signal: Mapped[str] = mapped_column(String(16))
+    signature_key: Mapped[str] = mapped_column(String(16))
+    scope_hash: Mapped[int] = mapped_column(BigInteger)
+    # None for a record without text; band keys None when its text had no shingles.
+    exact_hash: Mapped[int | None] = mapped_column(BigInteger)
+    band_keys: Mapped[bytes | None] = mapped_column(LargeBinary)
+    fingerprint: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_trained_records_line_window", "business_line", "window_until"),)
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
@@ -318,5 +342,6 @@ watermarks_table = LineWatermark.__table__
 canary_decisions_table = CanaryDecisionRecord.__table__
 signal_rollup_table = SignalRollup.__table__
 rollup_watermarks_table = RollupWatermark.__table__
+trained_records_table = TrainedRecord.__table__
 dashboard_sessions_table = DashboardSession.__table__
 forgotten_users_table = ForgottenUser.__table__

@@ -26,6 +26,7 @@ from prefect import flow, task
 
 from feedback.cleaning import CleaningSettings, ScrubBatch
 from feedback.dedup import DedupSettings
+from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
@@ -54,6 +55,7 @@ def clean_partition_task(
     partition: int,
     shards: int,
     cleaning: CleaningSettings,
+    trained: TrainedKeys | None = None,
 ) -> PartitionSummary:
     """Pull, scrub, filter and sign one partition of the line's window."""
     from feedback.partitions import clean_partition
@@ -71,6 +73,7 @@ def clean_partition_task(
             staging=staging,
             partition=partition,
             shards=shards,
+            trained=trained,
         )
     finally:
         store.close()
@@ -121,10 +124,16 @@ def clean_line_partitioned(
     until: datetime | None = None,
     workers: int = 2,
     cleaning: CleaningSettings | None = None,
+    across_windows: bool = False,
 ) -> PartitionedCleaning:
-    """Partitions → scrub/filter/sign (parallel) → bucket shards (parallel) → join → dataset."""
-    from feedback.partitions import finish_partitions, partition_offsets
+    """Partitions → scrub/filter/sign (parallel) → bucket shards (parallel) → join → dataset.
+
+    ``across_windows`` (the nightly run, whose ``since`` is the watermark): dedup against
+    what earlier windows trained on, and record what this one trains on.
+    """
+    from feedback.partitions import finish_partitions, partition_offsets, stage_history
     from feedback.signals import id_partitions
+    from feedback.training_history import load_training_history, record_training
 
     cleaning = cleaning or CleaningSettings()
     seconds: dict[str, float] = {}
@@ -134,21 +143,47 @@ def clean_line_partitioned(
         ranges = id_partitions(
             store.engine, line, workers * PARTITIONS_PER_WORKER, since=since, until=until
         )
+        history: TrainingHistory | None = None
+        if across_windows:
+            history = load_training_history(
+                store.engine,
+                line,
+                before=since,
+                horizon_days=cleaning.trained_history_days,
+                settings=cleaning.dedup,
+            )
     finally:
         store.close()
+    trained = history.keys() if history is not None else None
     with _staging_folder(settings, line) as staging:
         summaries = [
             future.result()
             for future in [
                 clean_partition_task.submit(
-                    settings, line, ids, since, until, staging, partition, workers, cleaning
+                    settings,
+                    line,
+                    ids,
+                    since,
+                    until,
+                    staging,
+                    partition,
+                    workers,
+                    cleaning,
+                    trained,
                 )
                 for partition, ids in enumerate(ranges)
             ]
         ]
         seconds["pull_scrub_sign"] = round(time.monotonic() - started, 2)
         started = time.monotonic()
-        offsets = partition_offsets(summaries)
+        staged_history = (
+            stage_history(
+                staging, history, partition=len(ranges), shards=workers, settings=cleaning.dedup
+            )
+            if history is not None and ranges
+            else 0
+        )
+        offsets = partition_offsets(summaries, history=staged_history)
         edges = [
             future.result()
             for future in [
@@ -167,8 +202,23 @@ def clean_line_partitioned(
             dataset_root=settings.datasets_dir,
             since=since,
             until=until,
+            history=history if staged_history else None,
         )
         seconds["join_build_write"] = round(time.monotonic() - started, 2)
+    if across_windows and until is not None:
+        store = FeedbackStore.open(settings)
+        try:
+            record_training(
+                store.engine,
+                line,
+                since=since,
+                until=until,
+                trained=result.trained,
+                settings=cleaning.dedup,
+                horizon_days=cleaning.trained_history_days,
+            )
+        finally:
+            store.close()
     counts = result.dataset.manifest["counts"] if result.dataset else {}
     return PartitionedCleaning(
         dataset=result.dataset.content_hash if result.dataset else None,
@@ -218,6 +268,7 @@ def run_partitioned(
     until: datetime | None = None,
     address: str | None = None,
     cleaning: CleaningSettings | None = None,
+    across_windows: bool = False,
 ) -> PartitionedCleaning:
     """Run the partitioned cleaning flow on Dask workers: on the scheduler at ``address``,
     else on a local cluster of ``workers`` processes that lives as long as the run."""
@@ -227,5 +278,5 @@ def run_partitioned(
         scheduler = address or stack.enter_context(local_cluster(workers))
         runner = DaskTaskRunner(address=scheduler)
         return clean_line_partitioned.with_options(task_runner=runner)(
-            settings, line, since, until, workers, cleaning
+            settings, line, since, until, workers, cleaning, across_windows
         )

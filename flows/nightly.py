@@ -113,20 +113,40 @@ def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
 
 @task(retries=1, retry_delay_seconds=5)
 def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[str, Any]:
-    """Scrub, deduplicate and bucket the window's records into SFT/DPO/KTO datasets."""
+    """Scrub, deduplicate (against what earlier windows trained on too) and bucket the
+    window's records into SFT/DPO/KTO datasets; record what went in."""
     from feedback.cleaning import CleaningSettings, clean_line, scrub_with
     from feedback.pii import build_scrubber
+    from feedback.training_history import load_training_history, record_training
 
+    cleaning = CleaningSettings()
     store = FeedbackStore.open(settings)
     try:
+        history = load_training_history(
+            store.engine,
+            line,
+            before=window.since,
+            horizon_days=cleaning.trained_history_days,
+            settings=cleaning.dedup,
+        )
         result = clean_line(
             store.engine,
             line,
             scrub=scrub_with(build_scrubber()),
-            settings=CleaningSettings(),
+            settings=cleaning,
             dataset_root=settings.datasets_dir,
             since=window.since,
             until=window.until,
+            history=history,
+        )
+        record_training(
+            store.engine,
+            line,
+            since=window.since,
+            until=window.until,
+            trained=result.trained,
+            settings=cleaning.dedup,
+            horizon_days=cleaning.trained_history_days,
         )
     finally:
         store.close()
@@ -145,7 +165,13 @@ def build_datasets_on_workers(
     from flows.cleaning import run_partitioned
 
     result = run_partitioned(
-        settings, line, workers=workers, since=window.since, until=window.until, address=address
+        settings,
+        line,
+        workers=workers,
+        since=window.since,
+        until=window.until,
+        address=address,
+        across_windows=True,
     )
     return {
         "dataset": result.dataset,

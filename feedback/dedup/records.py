@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import xxhash
 
 from feedback.dedup.clusters import DedupDecision, cluster_signatures
 from feedback.dedup.settings import DedupSettings
@@ -87,6 +88,11 @@ def record_scope(record: Mapping[str, Any], settings: DedupSettings) -> tuple[An
         _scope_value(business_line),
         *(_scope_value(record.get(name)) for name in settings.signal_fields),
     )
+
+
+def scope_hash(record: Mapping[str, Any], settings: DedupSettings) -> int:
+    """A stable 64-bit id of a record's scope, the same in every process and on every night."""
+    return xxhash.xxh3_64_intdigest(orjson.dumps(record_scope(record, settings)))
 
 
 class ScopeTable:

@@ -29,23 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
-import xxhash
 from numpy.typing import NDArray
 
 from feedback.dedup.clusters import ClusterForest, DedupDecision, decide_clusters
-from feedback.dedup.records import DedupInputError, record_scope, record_text, record_time
+from feedback.dedup.records import DedupInputError, record_text, record_time, scope_hash
 from feedback.dedup.settings import DedupSettings
-from feedback.dedup.signature import estimated_similarity, mix_hash, sign_texts
+from feedback.dedup.signature import TextSignatures, estimated_similarity, mix_hash, sign_texts
 
 EXACT_BAND = -1
 _META = "meta.npz"
 _FINGERPRINTS = "fingerprints.npy"
-
-
-def scope_hash(record: dict[str, Any], settings: DedupSettings) -> int:
-    """A stable 64-bit id of a record's scope, the same in every process."""
-    return xxhash.xxh3_64_intdigest(orjson.dumps(record_scope(record, settings)))
 
 
 def partition_dir(staging: Path, partition: int) -> Path:
@@ -94,7 +87,33 @@ def sign_partition(
     except DedupInputError as exc:
         raise DedupInputError(f"partition {partition}: {exc}") from exc
     scopes = np.array([scope_hash(r, settings) for r in records], dtype=np.uint64)
-    signatures = sign_texts(texts, settings)
+    stage_signatures(
+        staging,
+        partition,
+        shards,
+        times=times,
+        scopes=scopes,
+        signatures=sign_texts(texts, settings),
+        settings=settings,
+    )
+    return len(records)
+
+
+def stage_signatures(
+    staging: Path,
+    partition: int,
+    shards: int,
+    *,
+    times: NDArray[np.float64],
+    scopes: NDArray[np.uint64],
+    signatures: TextSignatures,
+    settings: DedupSettings,
+) -> None:
+    """Write one partition's signed records: metadata, fingerprints and shard entries.
+
+    Used by :func:`sign_partition` and for records signed elsewhere (an earlier
+    night's, read from the store, see :mod:`feedback.dedup.history`).
+    """
     folder = partition_dir(staging, partition)
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(
@@ -102,10 +121,13 @@ def sign_partition(
         times=times,
         has_text=signatures.has_text,
         exact_hash=signatures.exact_hash,
+        scope=scopes,
+        has_shingles=signatures.has_shingles,
+        band_keys=signatures.band_keys,
     )
     np.save(folder / _FINGERPRINTS, signatures.fingerprints)
 
-    rows = np.arange(len(records), dtype=np.int64)
+    rows = np.arange(len(signatures), dtype=np.int64)
     with_text = rows[signatures.has_text]
     with_shingles = rows[signatures.has_shingles]
     band_count = signatures.band_keys.shape[1] if settings.near_duplicates else 0
@@ -129,7 +151,6 @@ def sign_partition(
             key=keys[mine],
             row=entry_rows[mine],
         )
-    return len(records)
 
 
 def _shard_of(
@@ -221,6 +242,27 @@ def read_meta(staging: Path, partitions: int) -> PartitionMeta:
         times=np.concatenate([m["times"] for m in metas]),
         has_text=np.concatenate([m["has_text"] for m in metas]),
         exact_hash=np.concatenate([m["exact_hash"] for m in metas]),
+    )
+
+
+def read_signatures(
+    staging: Path, partitions: int, rows: NDArray[np.intp]
+) -> tuple[NDArray[np.uint64], TextSignatures]:
+    """The scopes and signatures of the given global rows, in that order."""
+    metas = [np.load(partition_dir(staging, p) / _META) for p in range(partitions)]
+    fingerprints = [
+        np.load(partition_dir(staging, p) / _FINGERPRINTS, mmap_mode="r") for p in range(partitions)
+    ]
+
+    def column(name: str) -> Any:
+        return np.concatenate([m[name] for m in metas])[rows]
+
+    return column("scope"), TextSignatures(
+        exact_hash=column("exact_hash"),
+        has_text=column("has_text"),
+        has_shingles=column("has_shingles"),
+        band_keys=column("band_keys"),
+        fingerprints=np.concatenate(fingerprints)[rows],
     )
 
 
