@@ -48,6 +48,7 @@ from feedback.schema import (
     rollup_watermarks_table,
     shadow_outputs_table,
     signal_rollup_table,
+    trained_records_table,
 )
 from flywheel.file_modes import open_private, private_dir, restrict
 from flywheel.settings import Settings, StoreSettings
@@ -790,6 +791,12 @@ class FeedbackStore:
                 )
                 on_theirs = connection.execute(
                     delete(feedback_table).where(f.request_id.in_(owned))
+                )
+                # The training history holds hashes of their scrubbed text by request id.
+                connection.execute(
+                    delete(trained_records_table).where(
+                        trained_records_table.c.request_id.in_(owned)
+                    )
                 )
                 given = connection.execute(delete(feedback_table).where(f.user_id == form))
                 interactions = connection.execute(

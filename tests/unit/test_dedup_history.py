@@ -271,3 +271,15 @@ def test_only_a_new_edit_brings_a_trained_interaction_back() -> None:
     # The same text under another signal (scope) is not the same example.
     assert trained_reason("c", "thumbs_down", 8, 99, keys) is None
     assert trained_reason("c", "thumbs_up", 7, None, keys) is None
+
+
+def test_forgetting_a_user_removes_their_rows_from_the_history(
+    store: FeedbackStore, tmp_path: Path
+) -> None:
+    run_night(store, tmp_path, None, UNTIL1)
+    store.forget_user("user-req-text")
+    cleaning = CleaningSettings()
+    history = load_training_history(
+        store.engine, LINE, before=UNTIL1, horizon_days=90, settings=cleaning.dedup
+    )
+    assert set(history.signals) == set(FIRST_NIGHT) - {"req-text"}
