@@ -75,9 +75,34 @@ class PhoneNumberRecognizer(CompiledPatternRecognizer):
             return None
         if self._YEARS.fullmatch(number):
             return None
-        if has_context(text, match.start(), _PHONE_CONTEXT):
+        plan = _numbering_plan_verdict(number)
+        if plan is False:
+            return None
+        if plan or has_context(text, match.start(), _PHONE_CONTEXT):
             return 0.8
         return self.SCORE
+
+
+def _numbering_plan_verdict(number: str) -> bool | None:
+    """What libphonenumber says of a candidate: ``True`` a valid number (international, or
+    national in the US), ``False`` an international number no plan allows (unknown
+    country code, impossible length), ``None`` no verdict: a national number of unknown
+    region keeps the shape checks alone (recall first: scrubbing too much is cheap)."""
+    import phonenumbers
+
+    compact = number.replace("(0)", "")
+    international = compact.startswith(("+", "00"))
+    if international and compact.startswith("00"):
+        compact = "+" + compact[2:]
+    try:
+        parsed = phonenumbers.parse(compact, None if international else "US")
+    except phonenumbers.NumberParseException:
+        return False if international else None
+    if phonenumbers.is_valid_number(parsed):
+        return True
+    if international and not phonenumbers.is_possible_number(parsed):
+        return False
+    return None
 
 
 _STREET_TYPES = (
