@@ -123,11 +123,6 @@ def request_problems(
     return None
 
 
-def request_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema for the OpenAPI document (definitions inlined as $defs)."""
-    return model.model_json_schema(ref_template="#/components/schemas/{model}")
-
-
 REQUEST_ID_HEADER = "x-request-id"
 
 
