@@ -16,7 +16,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from presidio_analyzer import RecognizerResult
+from presidio_analyzer import (
+    AnalyzerEngine,
+    EntityRecognizer,
+    RecognizerRegistry,
+    RecognizerResult,
+)
+from presidio_analyzer.nlp_engine import NoOpNlpEngine
 from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import RecognizerResult as AnonymizerResult
 
@@ -49,7 +55,7 @@ from feedback.pii.recognizers_zh import (
     ChineseResidentIdRecognizer,
     ChineseSegmenter,
 )
-from feedback.pii.settings import ScrubberSettings
+from feedback.pii.settings import ScrubberSettings, load_scrubber_settings
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -113,7 +119,7 @@ class Scrubber:
         self,
         settings: ScrubberSettings,
         nlp: Language | None,
-        pattern_recognizers: Sequence[CompiledPatternRecognizer],
+        pattern_recognizers: Sequence[EntityRecognizer],
         gazetteer: NameGazetteer,
         street_addresses: StreetAddressRecognizer | None,
         chinese_names: ChineseNameRecognizer | None,
@@ -129,7 +135,9 @@ class Scrubber:
         self._chinese_names = chinese_names
         self._chinese_addresses = chinese_addresses
         self._segmenter = segmenter
-        self._entities = frozenset(settings.entities)
+        self._entities = frozenset(settings.entities) | {
+            entity for recognizer in self._patterns for entity in recognizer.supported_entities
+        }
         self._anonymizer = AnonymizerEngine()  # type: ignore[no-untyped-call]
 
     def detect(self, texts: Sequence[str]) -> list[list[RecognizerResult]]:
@@ -188,7 +196,7 @@ class Scrubber:
     ) -> list[RecognizerResult]:
         results: list[RecognizerResult] = []
         for recognizer in self._patterns:
-            results.extend(recognizer.analyze(text))
+            results.extend(recognizer.analyze(text, recognizer.supported_entities, None))
         if language is not TextLanguage.ZH and "en" in self.settings.languages:
             latin = _latin_view(text, language)
             if self._names is not None:
@@ -409,6 +417,51 @@ _SPACY_COMPONENTS_NOT_NEEDED = (
 )
 
 
+BUILT_IN_RECOGNIZERS: tuple[type[CompiledPatternRecognizer], ...] = (
+    EmailAddressRecognizer,
+    PaymentCardRecognizer,
+    IbanCodeRecognizer,
+    IpAddressRecognizer,
+    CredentialUrlRecognizer,
+    SocialSecurityNumberRecognizer,
+    PhoneNumberRecognizer,
+    ChineseMobileRecognizer,
+    ChineseLandlineRecognizer,
+    ChineseResidentIdRecognizer,
+)
+"""The pattern recognizers every scrubber registers (those of the settings' entities)."""
+
+
+def build_registry(settings: ScrubberSettings) -> RecognizerRegistry:
+    """A Presidio registry of the pattern recognizers: the built-in ones for the settings'
+    entities, then those of ``settings.recognizers_yaml`` (Presidio's YAML format).
+
+    The scrubber runs these on every text; :func:`analyzer_engine` serves them to
+    Presidio's ``AnalyzerEngine`` and ``BatchAnalyzerEngine``. Names, street and Chinese
+    addresses need spaCy or jieba and stay outside the registry.
+    """
+    registry = RecognizerRegistry(supported_languages=list(settings.languages))
+    for recognizer in BUILT_IN_RECOGNIZERS:
+        if recognizer.ENTITY in settings.entities:
+            registry.add_recognizer(recognizer())
+    if settings.recognizers_yaml is not None:
+        registry.add_recognizers_from_yaml(settings.recognizers_yaml)
+    return registry
+
+
+def analyzer_engine(registry: RecognizerRegistry) -> AnalyzerEngine:
+    """A Presidio ``AnalyzerEngine`` over the registry (no NLP engine: the registered
+    recognizers need none); wrap it in ``BatchAnalyzerEngine`` to analyze lists."""
+    languages = list(registry.supported_languages)
+    return AnalyzerEngine(
+        registry=registry,
+        nlp_engine=NoOpNlpEngine(
+            [{"lang_code": language, "model_name": "none"} for language in languages]
+        ),
+        supported_languages=languages,
+    )
+
+
 def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
     """Build a scrubber from settings: load spaCy (NER only) and jieba as the languages need.
 
@@ -416,25 +469,10 @@ def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
     spaCy model is an installed package and tldextract uses its bundled
     public suffix list.
     """
-    settings = settings or ScrubberSettings()
+    settings = settings or load_scrubber_settings()
     use_offline_suffix_list()
     entities = set(settings.entities)
-    patterns: list[CompiledPatternRecognizer] = [
-        recognizer()
-        for recognizer in (
-            EmailAddressRecognizer,
-            PaymentCardRecognizer,
-            IbanCodeRecognizer,
-            IpAddressRecognizer,
-            CredentialUrlRecognizer,
-            SocialSecurityNumberRecognizer,
-            PhoneNumberRecognizer,
-            ChineseMobileRecognizer,
-            ChineseLandlineRecognizer,
-            ChineseResidentIdRecognizer,
-        )
-        if recognizer.ENTITY in entities
-    ]
+    patterns = build_registry(settings).recognizers
     nlp = None
     english = "en" in settings.languages
     gazetteer = load_name_gazetteer()
