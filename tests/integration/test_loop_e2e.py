@@ -404,7 +404,11 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
         "abandon_rate": "OK",
         "task_failure_rate": "OK",
         "dissatisfied_rate": "OK",
+        "refusal_rate": "OK",
         "p99_latency_ms": "OK",
+        "p99_ttft_ms": "OK",
+        "p50_tpot_ms": "OK",
+        "mean_output_tokens": "OK",
     }
 
 
