@@ -29,7 +29,7 @@ from feedback.dedup import DedupSettings
 from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary
 from feedback.store import FeedbackStore
-from flywheel.settings import Settings
+from flywheel.settings import Settings, current_settings, settings_in_use
 
 PARTITIONS_PER_WORKER = 2
 STALE_STAGING_S = 24 * 3600
@@ -118,7 +118,6 @@ def _staging_folder(settings: Settings, line: str) -> Iterator[Path]:
 
 @flow(name="flywheel-clean-line", flow_run_name="clean-{line}")
 def clean_line_partitioned(
-    settings: Settings,
     line: str,
     since: datetime | None = None,
     until: datetime | None = None,
@@ -129,12 +128,17 @@ def clean_line_partitioned(
     """Partitions → scrub/filter/sign (parallel) → bucket shards (parallel) → join → dataset.
 
     ``across_windows`` (the nightly run, whose ``since`` is the watermark): dedup against
-    what earlier windows trained on, and record what this one trains on.
+    what earlier windows trained on, and record what this one trains on. The settings are
+    :func:`run_partitioned`'s (or, run as a deployment, the worker's environment): no
+    parameter of this flow holds a secret.
     """
     from feedback.partitions import finish_partitions, partition_offsets, stage_history
     from feedback.signals import id_partitions
     from feedback.training_history import load_training_history, record_training
 
+    # Never a parameter: Prefect stores a flow run's parameters in its database and shows
+    # them in its UI, and the settings hold the store's URL with its password.
+    settings = current_settings()
     cleaning = cleaning or CleaningSettings()
     seconds: dict[str, float] = {}
     started = time.monotonic()
@@ -277,6 +281,7 @@ def run_partitioned(
     with ExitStack() as stack:
         scheduler = address or stack.enter_context(local_cluster(workers))
         runner = DaskTaskRunner(address=scheduler)
-        return clean_line_partitioned.with_options(task_runner=runner)(
-            settings, line, since, until, workers, cleaning, across_windows
-        )
+        with settings_in_use(settings):
+            return clean_line_partitioned.with_options(task_runner=runner)(
+                line, since, until, workers, cleaning, across_windows
+            )

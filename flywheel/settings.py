@@ -6,6 +6,9 @@ CLI, a flow, a server factory) and pass the result down.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
@@ -126,3 +129,22 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment (``FLYWHEEL_*``), with explicit overrides on top."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+_IN_USE: ContextVar[Settings | None] = ContextVar("flywheel_settings", default=None)
+
+
+@contextmanager
+def settings_in_use(settings: Settings) -> Iterator[Settings]:
+    """Run the block with ``settings`` as :func:`current_settings` (in this context: flows
+    called from it see them; a flow's parameters never carry them)."""
+    token = _IN_USE.set(settings)
+    try:
+        yield settings
+    finally:
+        _IN_USE.reset(token)
+
+
+def current_settings() -> Settings:
+    """The settings a caller set with :func:`settings_in_use`, else from the environment."""
+    return _IN_USE.get() or load_settings()

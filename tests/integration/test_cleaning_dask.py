@@ -68,3 +68,21 @@ def test_two_dask_workers_build_the_one_process_dataset(
     assert whole.dataset is not None
     assert result.funnel == whole.funnel.as_dict()
     assert result.dataset == whole.dataset.content_hash
+
+    # What Prefect stored of the run (its database, its UI): small parameters, no secret.
+    import asyncio
+    import json
+
+    from prefect.client.orchestration import get_client
+
+    async def stored_parameters() -> list[dict[str, object]]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+        return [run.parameters for run in runs if run.name == "clean-medical"]
+
+    [parameters] = asyncio.run(stored_parameters())
+    assert set(parameters) <= {"line", "since", "until", "workers", "cleaning", "across_windows"}
+    stored = json.dumps(parameters, default=str)
+    assert str(pg_settings.database_url) not in stored
+    assert "postgresql" not in stored
+    assert str(pg_settings.home) not in stored

@@ -121,3 +121,20 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
     assert (table.champion, table.canary) == ("customer_service-v1", None)
     assert Registry.rejected[0][:2] == ("customer_service", 2)
     store.close()
+
+
+def test_no_flow_takes_settings_or_a_secret_as_a_parameter() -> None:
+    """Prefect stores a flow run's parameters in its database and shows them in its UI:
+    the store's URL (with its password) must never be one."""
+    import inspect
+    import re
+
+    from flows.cleaning import clean_line_partitioned
+    from flows.nightly import canary_watch, line_nightly, nightly
+
+    for flow in (clean_line_partitioned, line_nightly, nightly, canary_watch):
+        names = set(inspect.signature(flow.fn).parameters)
+        assert not names & {"settings", "database_url", "redis_url"}, (flow.name, names)
+        for parameter in inspect.signature(flow.fn).parameters.values():
+            # The whole Settings (CleaningSettings and the like hold no secret).
+            assert not re.search(r"\bSettings\b", str(parameter.annotation)), (flow.name, parameter)
