@@ -75,6 +75,18 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
             )
 
 
+def _routes_for(business_line: str, serving: str | None = None) -> RouteStore:
+    """The routing tables, once the line is known (and vLLM serves ``serving`` where the
+    line is placed)."""
+    from registry.routes import RouteStore
+
+    settings = load_settings()
+    _check_line(settings, business_line)
+    if serving is not None:
+        _check_loaded(settings, business_line, serving)
+    return RouteStore(open_store(settings).engine)
+
+
 @canary_app.command("set")
 def canary_set(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
@@ -88,14 +100,7 @@ def canary_set(
     ] = True,
 ) -> None:
     """Send a sticky share of the line's users to ``adapter`` (every gateway within a second)."""
-    from registry.routes import RouteStore
-
-    settings = load_settings()
-    _check_line(settings, business_line)
-    if check:
-        _check_loaded(settings, business_line, adapter)
-    store = open_store(settings)
-    table = RouteStore(store.engine).set_canary(
+    table = _routes_for(business_line, adapter if check else None).set_canary(
         business_line, adapter, fraction, actor=_actor(), reason=reason
     )
     out.print(
@@ -110,12 +115,7 @@ def canary_clear(
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
     """Every user of the line back on the champion (every gateway within a second)."""
-    from registry.routes import RouteStore
-
-    settings = load_settings()
-    _check_line(settings, business_line)
-    store = open_store(settings)
-    table = RouteStore(store.engine).clear_canary(business_line, actor=_actor(), reason=reason)
+    table = _routes_for(business_line).clear_canary(business_line, actor=_actor(), reason=reason)
     out.print(f"{business_line}: no canary; all users on {table.champion or 'the base model'}")
 
 
@@ -413,14 +413,7 @@ def shadow_set(
 ) -> None:
     """Mirror ``share`` of the line's champion requests to ``adapter`` after each user's
     answer; its answers are stored, never returned (``flywheel canary shadow report``)."""
-    from registry.routes import RouteStore
-
-    settings = load_settings()
-    _check_line(settings, business_line)
-    if check:
-        _check_loaded(settings, business_line, adapter)
-    store = open_store(settings)
-    table = RouteStore(store.engine).set_shadow(
+    table = _routes_for(business_line, adapter if check else None).set_shadow(
         business_line, adapter, share, actor=_actor(), reason=reason
     )
     out.print(
@@ -435,12 +428,7 @@ def shadow_clear(
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
     """Stop mirroring the line's requests (the adapter stays loaded until the next sync)."""
-    from registry.routes import RouteStore
-
-    settings = load_settings()
-    _check_line(settings, business_line)
-    store = open_store(settings)
-    RouteStore(store.engine).clear_shadow(business_line, actor=_actor(), reason=reason)
+    _routes_for(business_line).clear_shadow(business_line, actor=_actor(), reason=reason)
     out.print(f"{business_line}: no shadow")
 
 
