@@ -14,12 +14,19 @@ from typing import Any
 
 
 @contextmanager
-def serving(app: Any, port: int) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a thread; yields its base URL."""
+def serving(app: Any, port: int, **options: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a thread (``options`` go to uvicorn's config, e.g.
+    ``flywheel.http_guard.server_options()``); yields its base URL."""
     import uvicorn
 
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        **options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from feedback.store import FeedbackStore
 from flywheel.http_guard import server_options
 from flywheel.settings import Settings
@@ -22,6 +20,7 @@ from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.settings import GatewaySettings
 from registry.vllm_server import free_port
+from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
 
 BODY_BYTES = 50 * 1024 * 1024
@@ -58,19 +57,8 @@ def _resident_bytes() -> int:
 def _served(app: Any) -> Iterator[int]:
     """``app`` on a real port with the servers' own HTTP options (flywheel.http_guard)."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", **server_options())
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
+    with serving(app, port, **server_options()):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(20)
 
 
 def _flood(port: int, method: str, path: str) -> bytes:
