@@ -182,7 +182,8 @@ def main() -> int:
 
     configure_prefect(settings)
     from feedback.store import FeedbackStore
-    from flows.nightly import canary_watch, line_nightly
+    from flows.canary import canary_watch
+    from flows.nightly import line_nightly
     from registry.routes import RouteStore
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from simulation.live import vllm_venv

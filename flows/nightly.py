@@ -1,7 +1,8 @@
-"""Prefect flows: the nightly retraining of every business line, and the canary watch.
+"""Prefect flows: the nightly retraining of every business line.
 
 The flow bodies read like a table of contents; the work is in ``flows.stages``,
-``flows.rollout`` and the packages. A line's nightly run holds the line's lease
+``flows.training`` (on a work pool when configured), ``flows.rollout`` and the
+packages; the canary watch is ``flows.canary``. A line's nightly run holds the line's lease
 in the store (one run per line at a time, whoever starts it), works on a fixed
 window of the store (``feedback.watermarks``) and moves the watermark only when
 it finishes; a rerun after a crash sees the same window, rebuilds the same
@@ -11,14 +12,11 @@ dataset and reuses the registered version by its hash instead of training again.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -28,15 +26,25 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from feedback.store import FeedbackStore
 from feedback.watermarks import LineWindow, WatermarkStore
-from flywheel.errors import FlywheelError
+from flows.leases import LineBusyError, lease_owner, line_lease
+from flows.stages import TrainingStatus
+from flows.training import TrainResult
 from flywheel.settings import Settings, load_settings
 
-LEASE_S = 600.0
 logger = logging.getLogger(__name__)
 
 
-class LineBusyError(FlywheelError):
-    """Another run holds the line."""
+class LineStatus(StrEnum):
+    """How a line's nightly run ended."""
+
+    STARTED = "started"
+    DEPLOYED = "deployed"  # a new version on its canary
+    GATED_OUT = "gated_out"
+    SKIPPED = "skipped"
+    REUSED = "reused"  # nothing to deploy: the version already served or was judged
+    CANARY_LIVE = "canary_live"
+    FAILED = "failed"
+    BUSY = "busy"
 
 
 @dataclass(slots=True)
@@ -44,7 +52,7 @@ class LineReport:
     """What one line's nightly run did, stage by stage."""
 
     business_line: str
-    status: str = "started"  # deployed | gated_out | skipped | reused | canary_live | failed | busy
+    status: LineStatus = LineStatus.STARTED
     reason: str = ""
     window_since: str | None = None
     window_until: str | None = None
@@ -59,31 +67,6 @@ class LineReport:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-@contextmanager
-def line_lease(watermarks: WatermarkStore, line: str, owner: str) -> Iterator[None]:
-    """Hold the line's lease while the block runs (renewed in the background)."""
-    if not watermarks.acquire(line, owner, LEASE_S, _now()):
-        raise LineBusyError(f"another nightly run holds {line}; try again when it finishes")
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(LEASE_S / 3):
-            try:
-                if not watermarks.renew(line, owner, LEASE_S, _now()):
-                    logger.error("lost the lease on %s: another run may start", line)
-            except Exception:  # a store hiccup: try again at the next beat
-                logger.exception("could not renew the lease on %s", line)
-
-    keeper = threading.Thread(target=renew, name=f"lease-{line}", daemon=True)
-    keeper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        keeper.join(5)
-        watermarks.release(line, owner)
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -182,33 +165,14 @@ def build_datasets_on_workers(
 
 
 @task
-def train_and_gate(settings: Settings, line: str, dataset: str | None) -> dict[str, Any]:
+def train_and_gate(settings: Settings, line: str, dataset: str | None) -> TrainResult:
     """Train on the window's dataset (and the line's history, as the recipe says), evaluate
-    against the champion, gate and register."""
-    from flows.stages import train_line
+    against the champion, gate and register: here, or on the training work pool."""
+    from flows.training import train
 
     if dataset is None:
-        return {
-            "status": "skipped",
-            "reason": "no new examples in this window",
-            "version": None,
-            "promote": False,
-        }
-    outcome = train_line(settings, line, dataset_hash=dataset)
-    if outcome.decision is not None:
-        promote = outcome.decision.promote
-    else:
-        # A version reused from an earlier (maybe crashed) run keeps that run's verdicts:
-        # one the gate refused, or one rolled back online, is never put on a canary again.
-        promote = outcome.metrics.get("gate") == "promote" and not outcome.metrics.get(
-            "rolled_back"
-        )
-    return {
-        "status": outcome.status,
-        "reason": outcome.reason,
-        "version": outcome.version,
-        "promote": promote,
-    }
+        return TrainResult.skipped(line, "no new examples in this window")
+    return train(settings, line, dataset)
 
 
 @task(retries=2, retry_delay_seconds=10)
@@ -253,7 +217,7 @@ def line_nightly(
     report = LineReport(line)
     store = FeedbackStore.open(settings)
     watermarks = WatermarkStore(store.engine)
-    owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = lease_owner()
     try:
         with line_lease(watermarks, line, owner):
             _run_line(
@@ -269,11 +233,21 @@ def line_nightly(
             report.retention = enforce_retention(settings, line)
             report.seconds["retention"] = round(time.monotonic() - started, 2)
     except LineBusyError as exc:
-        report.status, report.reason = "busy", str(exc)
+        report.status, report.reason = LineStatus.BUSY, str(exc)
     finally:
         store.close()
     _line_artifact(report)
     return asdict(report)
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The flow run's logger (shown in Prefect's UI), or this module's outside a run."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
 
 
 def _transient(exc: BaseException) -> bool:
@@ -287,11 +261,13 @@ def _transient(exc: BaseException) -> bool:
 
 
 DEPLOY_STATUS = {
-    "canary": "deployed",
-    "failed": "failed",
-    "refused": "failed",
-    "kept_canary": "canary_live",
-    "none": "reused",
+    "canary": LineStatus.DEPLOYED,
+    "shadow": LineStatus.DEPLOYED,
+    "failed": LineStatus.FAILED,
+    "refused": LineStatus.FAILED,
+    "kept_canary": LineStatus.CANARY_LIVE,
+    "kept_shadow": LineStatus.CANARY_LIVE,
+    "none": LineStatus.REUSED,
 }
 
 
@@ -329,20 +305,21 @@ def _run_line(
     timed("window", started)
     live = _live_canary(settings, line)
     if live is not None:
-        report.status, report.reason = "canary_live", live
+        report.status, report.reason = LineStatus.CANARY_LIVE, live
         close_window(settings, window, f"skipped: {live}", consumed=False)
         return
     try:
         _train_and_deploy(settings, line, window, report, workers, dask_address, timed)
     except Exception as exc:
         if _transient(exc):
-            report.status, report.reason = "failed", f"{type(exc).__name__}: {exc} (will retry)"
+            report.status = LineStatus.FAILED
+            report.reason = f"{type(exc).__name__}: {exc} (will retry)"
             close_window(settings, window, f"failed, kept open: {report.reason}", consumed=False)
             raise
         # Deterministic: the same window would fail the same way every night. Close it as
         # failed so the next night starts clean (its data stays in the line's datasets).
-        report.status, report.reason = "failed", f"{type(exc).__name__}: {exc}"
-        logger.exception("nightly run of %s failed; its window is closed as failed", line)
+        report.status, report.reason = LineStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        _run_logger().exception("nightly run of %s failed; its window is closed as failed", line)
         close_window(settings, window, f"failed: {report.reason}", consumed=True)
 
 
@@ -366,20 +343,20 @@ def _train_and_deploy(
         report.seconds[f"datasets.{step}"] = seconds
     started = time.monotonic()
     trained = train_and_gate(settings, line, datasets["dataset"])
-    report.version, report.reason = trained["version"], trained["reason"]
+    report.version, report.reason = trained.version, trained.reason
     timed("train_eval_gate_register", started)
-    if trained["status"] == "skipped":
-        report.status = "skipped"
-        close_window(settings, window, f"skipped: {trained['reason']}", consumed=False)
+    if trained.status is TrainingStatus.SKIPPED or trained.version is None:
+        report.status = LineStatus.SKIPPED
+        close_window(settings, window, f"skipped: {trained.reason}", consumed=False)
         return
-    if trained["status"] in {"trained", "reused"} and not trained["promote"]:
-        report.status = "gated_out"
-        close_window(settings, window, f"gated out: {trained['reason']}", consumed=True)
+    if not trained.promote:
+        report.status = LineStatus.GATED_OUT
+        close_window(settings, window, f"gated out: {trained.reason}", consumed=True)
         return
     started = time.monotonic()
-    deployed = hot_load_and_canary(settings, line, trained["version"])
+    deployed = hot_load_and_canary(settings, line, trained.version)
     report.adapter = deployed["adapter"]
-    report.status = DEPLOY_STATUS.get(deployed["status"], "failed")
+    report.status = DEPLOY_STATUS.get(deployed["status"], LineStatus.FAILED)
     report.reason = deployed["reason"]
     timed("hot_load_probe_canary", started)
     close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
@@ -410,8 +387,9 @@ def run_line(line: str, workers: int | None, dask_address: str | None) -> dict[s
     try:
         return line_nightly(line, workers, dask_address)
     except Exception as exc:  # one line failing must not stop the others
-        get_run_logger().exception("nightly run of %s failed", line)
-        return asdict(LineReport(line, status="failed", reason=f"{type(exc).__name__}: {exc}"))
+        _run_logger().exception("nightly run of %s failed", line)
+        failed = LineReport(line, status=LineStatus.FAILED, reason=f"{type(exc).__name__}: {exc}")
+        return asdict(failed)
 
 
 @flow(name="flywheel-nightly", task_runner=ThreadPoolTaskRunner(max_workers=4))
@@ -439,68 +417,3 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
         description="what each line's nightly run did",
     )
     return reports
-
-
-@flow(name="flywheel-canary")
-def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every replica brought to the adapters the routing tables name (a restarted one gets
-    them back); then for each line: a shadow's answers against the champion's (on to the
-    canary, rolled back, or wait), the canary against the champion (promote, step up, roll
-    back or wait, after its soak time), and a newly promoted champion against ``previous``
-    (reverted when it regresses). Each decision is recorded with its numbers."""
-    from flows.rollout import judge_canary, judge_shadow_stage, sync_adapters, watch_champion
-    from gateway.settings import GatewaySettings
-
-    settings = load_settings()
-    chosen = lines or list(settings.business_lines)
-    gateway = GatewaySettings()
-    store = FeedbackStore.open(settings)
-    results = []
-    try:
-        try:
-            synced = sync_adapters(
-                settings, store, gateway.upstreams, in_flight=gateway.in_flight()
-            )
-        except Exception:  # one replica's trouble must not stop the decisions
-            get_run_logger().exception("reconciling the replicas failed")
-        else:
-            for replica, changes in synced.items():
-                if changes["loaded"] or changes["unloaded"] or changes["failed"]:
-                    get_run_logger().info("reconciled %s: %s", replica, changes)
-        for line in chosen:
-            shadow = judge_shadow_stage(
-                settings,
-                store,
-                line,
-                upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
-            )
-            outcome = judge_canary(
-                settings,
-                store,
-                line,
-                upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
-            )
-            watched = watch_champion(
-                settings,
-                store,
-                line,
-                upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
-            )
-            results.append(
-                {
-                    "business_line": line,
-                    "action": outcome.action,
-                    "reason": outcome.reason,
-                    "champion_watch": watched.action,
-                    "champion_watch_reason": watched.reason,
-                    "shadow": shadow.action,
-                    "shadow_reason": shadow.reason,
-                }
-            )
-    finally:
-        store.close()
-    create_table_artifact(key="canary-decisions", table=results, description="canary decisions")
-    return results

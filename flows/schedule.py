@@ -52,7 +52,8 @@ def serve_schedules(cron: str, timezone: str, canary_every: timedelta) -> None:
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.schedules import Cron, Interval
 
-    from flows.nightly import canary_watch, nightly
+    from flows.canary import canary_watch
+    from flows.nightly import nightly
 
     one_at_a_time = ConcurrencyLimitConfig(
         limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,20 @@ def recipe_for(settings: Settings, line: str) -> Recipe:
     return load_recipe(line, settings.recipes_dir or packaged_recipes_dir())
 
 
+class TrainingStatus(StrEnum):
+    """What became of a line's training: a new version, one reused by its hash, or none."""
+
+    TRAINED = "trained"
+    REUSED = "reused"
+    SKIPPED = "skipped"
+
+
 @dataclass(slots=True)
 class TrainingOutcome:
     """What ``train_line`` did for one line."""
 
     business_line: str
-    status: str  # trained | reused | skipped
+    status: TrainingStatus
     reason: str = ""
     version: int | None = None
     run_id: str | None = None
@@ -131,13 +140,15 @@ def _training_set(
     else:
         build = latest_dataset(settings.datasets_dir, line)
     if build is None:
-        return TrainingOutcome(line, "skipped", "no dataset yet: run flywheel datasets build")
+        return TrainingOutcome(
+            line, TrainingStatus.SKIPPED, "no dataset yet: run flywheel datasets build"
+        )
     method, _ = training_method(recipe, _train_counts(build.manifest))
     examples = count_train_examples(build.manifest, method)
     if examples < recipe.min_new_examples:
         return TrainingOutcome(
             line,
-            "skipped",
+            TrainingStatus.SKIPPED,
             f"{examples} new {method.upper()} training examples, "
             f"the recipe needs at least {recipe.min_new_examples}",
         )
@@ -203,7 +214,7 @@ def train_line(
         gate, rolled_back = registry.version_verdict(line, existing)
         return TrainingOutcome(
             line,
-            "reused",
+            TrainingStatus.REUSED,
             f"dataset {build.content_hash[:12]} with this recipe is already version {existing}"
             + (f" (gate: {gate})" if gate else "")
             + (f" (rolled back: {rolled_back})" if rolled_back else ""),
@@ -289,7 +300,7 @@ def train_line(
     registry.finish_run(run_id, "FINISHED")
     return TrainingOutcome(
         line,
-        "trained",
+        TrainingStatus.TRAINED,
         decision.summary,
         version=version,
         run_id=run_id,

@@ -568,6 +568,33 @@ def train(
     _train_and_report(_settings(), line, force=force)
 
 
+@app.command("deploy-training")
+def deploy_training_command(
+    pool: Annotated[
+        str, typer.Option(help="Prefect work pool whose workers train (created if missing).")
+    ] = "flywheel-training",
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "train-line",
+) -> None:
+    """Register the training flow as a Prefect deployment on a work pool (the server at
+    PREFECT_API_URL), so nightly lines train in parallel on that pool's workers."""
+    if not os.environ.get("PREFECT_API_URL"):
+        raise UsageError(
+            "PREFECT_API_URL is not set: a work pool needs a Prefect server "
+            "(`flywheel schedule` starts one on loopback, docker-compose runs one)"
+        )
+    from flows.prefect_env import configure_prefect
+
+    configure_prefect(_settings())
+    from flows.training import deploy_training
+
+    deployment = deploy_training(pool, name=name)
+    out.print(
+        f"registered {deployment} on the work pool {pool!r}. Start workers with\n"
+        f"  prefect worker start --pool {pool} --type process --limit 1\n"
+        f"and set FLYWHEEL_TRAINING_DEPLOYMENT={deployment} where the nightly runs."
+    )
+
+
 @app.command()
 def runs(
     line: Annotated[str | None, typer.Argument(help="Only this business line.")] = None,
@@ -874,9 +901,41 @@ def _build_datasets(
 
 
 def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
-    from flows.stages import train_line
+    """Train one line under its lease (a nightly run of the line makes this wait its turn):
+    on the training work pool when ``FLYWHEEL_TRAINING_DEPLOYMENT`` is set, else here."""
+    from feedback.watermarks import WatermarkStore
+    from flows.prefect_env import configure_prefect
 
-    outcome = train_line(settings, line, force=force)
+    if line not in settings.business_lines:
+        raise UsageError(
+            f"unknown business line {line!r} (known: {', '.join(settings.business_lines)})"
+        )
+    configure_prefect(settings)
+    from flows.leases import lease_owner, line_lease
+    from flows.stages import train_line
+    from flows.training import train_on_pool
+
+    store = open_store(settings)
+    try:
+        with line_lease(WatermarkStore(store.engine), line, lease_owner()):
+            if settings.training_deployment is not None:
+                out.print(f"training {line} on the work pool ({settings.training_deployment})")
+                result = train_on_pool(
+                    settings.training_deployment,
+                    line,
+                    None,
+                    force=force,
+                    timeout_s=settings.training_timeout_s,
+                )
+                out.print(
+                    f"[bold]{line}[/]: {result.status}"
+                    + (f", version {result.version}" if result.version is not None else "")
+                    + f": {result.reason}"
+                )
+                return
+            outcome = train_line(settings, line, force=force)
+    finally:
+        store.close()
     if outcome.status != "trained":
         out.print(f"{line}: {outcome.status}: {outcome.reason}")
         return

@@ -91,12 +91,24 @@ class Settings(BaseSettings):
         description="The serving vLLM's --max-loras: every line's champion, canary and "
         "previous together must fit, or a new canary is refused with the reason.",
     )
+    training_deployment: str | None = Field(
+        default=None,
+        description="Prefect deployment that trains a line on a work pool "
+        "(flywheel-train-line/train-line); the nightly and `flywheel train` train in their "
+        "own process when unset.",
+    )
+    training_timeout_s: float = Field(
+        default=6 * 3600,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="How long the nightly waits for a line's training run on the work pool.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
 
-    @field_validator("torch_index")
+    @field_validator("torch_index", "training_deployment")
     @classmethod
-    def _empty_index_is_none(cls, index: str | None) -> str | None:
-        return index.strip() or None if index is not None else None
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
 
     @field_validator("home")
     @classmethod

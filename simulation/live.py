@@ -89,7 +89,7 @@ def _deploy_inverted(line: str, row: dict[str, object]) -> NightlyResult:
 
 def flow_canary(line: str) -> CanaryResult:
     """The canary Prefect flow for one line."""
-    from flows.nightly import canary_watch
+    from flows.canary import canary_watch
 
     row = canary_watch(lines=[line])[0]
     return CanaryResult(row["action"], row["reason"])

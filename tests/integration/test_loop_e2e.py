@@ -321,7 +321,8 @@ def _as_utc(value: datetime) -> datetime:
 
 
 def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
-    from flows.nightly import canary_watch, nightly
+    from flows.canary import canary_watch
+    from flows.nightly import nightly
     from flows.rollout import canary_decisions
 
     _simulate(loop.store)
@@ -413,7 +414,7 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
 
 
 def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: Path) -> None:
-    from flows.nightly import canary_watch
+    from flows.canary import canary_watch
     from flows.rollout import canary_decisions, deploy_canary
     from flows.stages import recipe_for
 
@@ -514,7 +515,8 @@ def _running_training(registry: Registry) -> Any | None:
 def test_a_nightly_run_killed_during_training_then_rerun_registers_once(
     loop: Loop, prefect_api: str, tmp_path: Path
 ) -> None:
-    from flows.nightly import LEASE_S, line_nightly
+    from flows.leases import LEASE_S
+    from flows.nightly import line_nightly
 
     _simulate(loop.store)
     registry = loop.registry

@@ -433,7 +433,7 @@ def test_every_command_of_a_project_service_exists(name: str, tmp_path: Path) ->
 def test_prefect_deployments_point_at_flows(tmp_path: Path) -> None:
     config = _prefect_config()
     deployments = {d["name"]: d for d in config["deployments"]}
-    assert set(deployments) == {"nightly", "canary"}
+    assert set(deployments) == {"nightly", "canary", "train-line"}
     assert deployments["nightly"]["schedules"][0]["cron"] == "0 2 * * *"
     assert deployments["canary"]["schedules"][0]["interval"] == 600
     entrypoints = []

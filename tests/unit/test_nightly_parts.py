@@ -130,7 +130,8 @@ def test_no_flow_takes_settings_or_a_secret_as_a_parameter() -> None:
     import re
 
     from flows.cleaning import clean_line_partitioned
-    from flows.nightly import canary_watch, line_nightly, nightly
+    from flows.canary import canary_watch
+    from flows.nightly import line_nightly, nightly
 
     for flow in (clean_line_partitioned, line_nightly, nightly, canary_watch):
         names = set(inspect.signature(flow.fn).parameters)
