@@ -22,6 +22,7 @@ from dashboard.filters import BucketFilter, Cursor
 from feedback.examples import user_digest
 from feedback.rollup import BASE_ADAPTER
 from feedback.schema import feedback_table, interactions_table
+from feedback.signals import EDIT_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class RawSample:
     @property
     def edit(self) -> str | None:
         """The newest edit's text (as the cleaning stage takes it)."""
-        edits = [e.edited_text for e in self.events if e.type == "edit" and e.edited_text]
+        edits = [e.edited_text for e in self.events if e.type in EDIT_TYPES and e.edited_text]
         return edits[-1] if edits else None
 
     def cursor(self) -> Cursor:

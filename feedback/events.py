@@ -42,12 +42,16 @@ class FeedbackType(StrEnum):
     ABANDON = "abandon"
     TASK_OUTCOME = "task_outcome"
     RANK = "rank"
+    REVIEW = "review"
 
 
 FEEDBACK_TYPES: tuple[str, ...] = tuple(t.value for t in FeedbackType)
 EVENT_TYPES: tuple[str, ...] = (INTERACTION_TYPE, *FEEDBACK_TYPES)
-# The six user signals every report shows; `rank` is a labeller preference (OASST).
-SIGNAL_TYPES: tuple[str, ...] = tuple(t.value for t in FeedbackType if t is not FeedbackType.RANK)
+# The six user signals every report shows; `rank` is a labeller preference (OASST) and
+# `review` a reviewer's spot check on the feedback page (dashboard.review_queue).
+SIGNAL_TYPES: tuple[str, ...] = tuple(
+    t.value for t in FeedbackType if t not in (FeedbackType.RANK, FeedbackType.REVIEW)
+)
 
 
 class Arm(StrEnum):
@@ -56,6 +60,9 @@ class Arm(StrEnum):
     CHAMPION = "champion"
     CANARY = "canary"
     BASE = "base"
+    # The two arms of an A/B experiment (registry.experiments).
+    EXPERIMENT_A = "experiment_a"
+    EXPERIMENT_B = "experiment_b"
 
 
 class InteractionStatus(StrEnum):
@@ -72,6 +79,18 @@ class TaskOutcome(StrEnum):
 
     SUCCESS = "success"
     FAILURE = "failure"
+
+
+class ReviewVerdict(StrEnum):
+    """A reviewer's verdict on one answer (a ``review`` event's ``outcome``)."""
+
+    PASS = "pass"  # noqa: S105 (a verdict, not a password)
+    FAIL = "fail"
+
+
+# What a review event carries in its metadata besides the verdict.
+REVIEW_REASON = "reason"
+REVIEWER = "reviewer"
 
 
 def _utc(value: datetime) -> datetime:
@@ -158,21 +177,51 @@ class FeedbackEventIn(_EventBase):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     user_id: str | None = Field(default=None, pattern=IDENTIFIER)
     edited_text: str | None = None
-    outcome: TaskOutcome | None = None
+    outcome: TaskOutcome | ReviewVerdict | None = None
     rank: int | None = Field(default=None, ge=0, le=1_000)
     replaced_by: str | None = Field(default=None, pattern=IDENTIFIER)
 
     @model_validator(mode="after")
     def _payload_matches_type(self) -> FeedbackEventIn:
+        if self.type is FeedbackType.REVIEW:
+            return self._review_payload()
         if self.type is FeedbackType.EDIT and not self.edited_text:
             raise ValueError("an edit needs 'edited_text'")
         if self.type is not FeedbackType.EDIT and self.edited_text is not None:
-            raise ValueError(f"'edited_text' is only for edit events, not {self.type.value}")
+            raise ValueError(
+                f"'edited_text' is only for edit events (and reviews), not {self.type.value}"
+            )
+        if isinstance(self.outcome, ReviewVerdict):
+            raise ValueError(f"outcome {self.outcome.value!r} is a review verdict")
         if self.type is FeedbackType.TASK_OUTCOME and self.outcome is None:
             raise ValueError("a task_outcome needs 'outcome' (success or failure)")
         if self.type is FeedbackType.RANK and self.rank is None:
             raise ValueError("a rank event needs 'rank' (0 is best)")
         return self
+
+    def _review_payload(self) -> FeedbackEventIn:
+        """A review: a verdict, the rubric reason and the reviewer's key name in the
+        metadata, and optionally the answer as the reviewer corrected it (``edited_text``)."""
+        meta = self.metadata or {}
+        if not isinstance(self.outcome, ReviewVerdict):
+            raise ValueError(
+                "a review needs 'outcome' pass or fail, and 'metadata' with its 'reason' and "
+                "'reviewer' (reviews come from the feedback page's review queue)"
+            )
+        for name in (REVIEW_REASON, REVIEWER):
+            value = meta.get(name)
+            if not isinstance(value, str) or not value.strip() or len(value) > 200:
+                raise ValueError(f"a review needs metadata.{name}: text of 1-200 characters")
+        if self.edited_text is not None and not self.edited_text.strip():
+            raise ValueError("a review's corrected answer ('edited_text') is empty")
+        return self
+
+    @property
+    def review_reason(self) -> str | None:
+        """A review's rubric reason (None for any other event)."""
+        if self.type is not FeedbackType.REVIEW or self.metadata is None:
+            return None
+        return str(self.metadata[REVIEW_REASON])
 
     def key(self) -> str:
         """The idempotency key: the given one, or a hash of the event's content."""

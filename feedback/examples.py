@@ -1,6 +1,7 @@
 """Signal → training example rules: pure functions from cleaned feedback records.
 
-- SFT: an edited answer (prompt → edit) and an approved answer (thumbs up, not
+- SFT: an edited answer (prompt → edit; a reviewer's correction on the feedback
+  page counts as an edit) and an approved answer (thumbs up, not
   also thumbs down or edited) become supervised examples.
 - DPO: an edit gives edited ≻ original; for one prompt, a thumbs-up answer is
   preferred over a thumbs-down or regenerated-away answer; OASST ranks give
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 import orjson
 
-from feedback.signals import NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal, signals_of
+from feedback.signals import EDIT_TYPES, NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal, signals_of
 
 ExampleKind = Literal["sft", "dpo", "kto"]
 
@@ -193,7 +194,7 @@ def build_examples(
         edit = record.get("edit")
         judged = verdict(record)
         if edit and edit.strip() and edit != record["response"]:
-            lineage = _lineage([record], _events(record, "edit"))
+            lineage = _lineage([record], _events(record, *EDIT_TYPES))
             examples.sft.append(
                 TrainingExample("sft", _prompt(record), lineage, completion=edit, rule="edit")
             )

@@ -11,6 +11,10 @@ rate with the most events, so the first to show a canary that is worse all round
 Errors are the model side's only (vLLM down, failed, a broken stream, an adapter
 missing): a request vLLM refused as malformed is the caller's, and is not counted.
 A request the client cancelled before its answer ended counts as an abandon.
+
+Reviews (the feedback page's spot checks, ``review`` events) are counted per
+review, not per request: how many of the arm's answers in the window were
+reviewed, and how many of those reviews failed them (the pass rate's test).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
 
+from feedback.events import FeedbackType, ReviewVerdict
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import ONLINE_SIGNALS, Signal
 
@@ -33,6 +38,7 @@ TASK_FAILURE = Signal.TASK_FAILURE.value
 DISSATISFIED = "dissatisfied"
 # Error kinds the caller caused (the gateway's interaction metadata "error_kind").
 CLIENT_ERROR_KINDS = frozenset({"rejected_by_model_server"})
+REVIEW = FeedbackType.REVIEW.value
 _NEGATIVE_TYPES = tuple(s.value for s in ONLINE_SIGNALS if s is not Signal.TASK_FAILURE)
 
 
@@ -101,6 +107,8 @@ class AdapterWindow:
     p99_latency_ms: float | None
     signals: dict[str, int]
     answers: AnswerStats = field(default_factory=AnswerStats)
+    reviews: int = 0
+    review_failures: int = 0
 
 
 def _model_side_error(status: str, metadata: Any) -> bool:
@@ -164,6 +172,14 @@ def adapter_windows(
                     ).scalars()
                 )
 
+            verdicts = dict(
+                connection.execute(
+                    select(feedback.c.outcome, func.count())
+                    .select_from(joined)
+                    .where(in_window, served, feedback.c.type == REVIEW)
+                    .group_by(feedback.c.outcome)
+                ).all()
+            )
             cancelled = {r.request_id for r in rows if r.status == "cancelled"}
             abandoned = requests_with(feedback.c.type == Signal.ABANDON.value) | cancelled
             task_failures = requests_with(failed_task)
@@ -184,5 +200,7 @@ def adapter_windows(
                     DISSATISFIED: len(dissatisfied),
                 },
                 answers=answer_stats(rows),
+                reviews=sum(int(n) for n in verdicts.values()),
+                review_failures=int(verdicts.get(ReviewVerdict.FAIL.value, 0)),
             )
     return results

@@ -65,6 +65,8 @@ POSITIVE_SIGNALS: frozenset[Signal] = frozenset({Signal.THUMBS_UP, Signal.TASK_S
 NEGATIVE_SIGNALS: frozenset[Signal] = frozenset(
     {Signal.THUMBS_DOWN, Signal.REGENERATE, Signal.ABANDON, Signal.TASK_FAILURE}
 )
+# Feedback event types whose text is an edited answer: a user's edit, a reviewer's correction.
+EDIT_TYPES: tuple[str, ...] = ("edit", "review")
 # What the canary counts per request on each arm (higher is worse), besides errors.
 ONLINE_SIGNALS: tuple[Signal, ...] = (
     Signal.THUMBS_DOWN,
@@ -107,7 +109,8 @@ def _iso(value: datetime) -> str:
 def to_record(interaction: Any, events: list[Any]) -> dict[str, Any]:
     """One feedback record from an interaction row and its feedback rows."""
     events = sorted(events, key=lambda e: (e.created_at, e.id))
-    edits = [e.edited_text for e in events if e.type == "edit" and e.edited_text]
+    # A reviewer's corrected answer is an edit too (a review never counts as a user signal).
+    edits = [e.edited_text for e in events if e.type in EDIT_TYPES and e.edited_text]
     feedback = [
         {
             "id": event.id,

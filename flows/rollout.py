@@ -292,6 +292,8 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         answered=window.answers.answered,
         output_tokens_mean=window.answers.output_tokens_mean,
         output_tokens_sd=window.answers.output_tokens_sd,
+        reviews=window.reviews,
+        review_failures=window.review_failures,
     )
 
 
@@ -330,7 +332,7 @@ def judge_canary(
     }
     decision = None
     if force is None:
-        decision = decide_canary(champion, canary, parts.recipe.canary, look=look)
+        decision = decide_canary(champion, canary, parts.recipe.canary_policy(), look=look)
         event = CanaryLooked(decision.action, decision.reasons, until)
         numbers["checks"] = [asdict(check) for check in decision.checks]
         numbers["worse_alpha"] = decision.worse_alpha
@@ -458,7 +460,10 @@ def watch_champion(
     # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
     # from turning "not proven non-inferior yet" into a revert.
     decision = decide_canary(
-        _arm(then, table.previous), _arm(lately, table.champion), parts.recipe.canary, look=1
+        _arm(then, table.previous),
+        _arm(lately, table.champion),
+        parts.recipe.canary_policy(),
+        look=1,
     )
     regressed = decision.action is CanaryAction.ROLLBACK
     transition = parts.advance(state, ChampionJudged(regressed, decision.reasons, until))

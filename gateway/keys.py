@@ -7,6 +7,7 @@ not reveal them; ``flywheel gateway add-key`` prints a new key once::
       - name: support-team
         sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
         business_lines: [customer_service]
+        review_lines: [customer_service]   # optional: the reviewer role on these lines
       - name: platform
         sha256: ...
         business_lines: ["*"]        # every line
@@ -55,10 +56,18 @@ class ApiKey(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     # vLLM's fields past sampling (a chat template, priority, ...): see gateway.wire.
     allow_server_fields: bool = False
+    # Lines whose review queue this key works on the feedback page (a reviewer role per
+    # line; "*": every line it may use). A key file without it grants no review role.
+    review_lines: tuple[str, ...] = ()
 
     def may_use(self, business_line: str) -> bool:
         """Whether this key may send traffic or feedback for ``business_line``."""
         return ALL_LINES in self.business_lines or business_line in self.business_lines
+
+    def may_review(self, business_line: str) -> bool:
+        """Whether this key holds the reviewer role on ``business_line`` (a line it may use)."""
+        named = ALL_LINES in self.review_lines or business_line in self.review_lines
+        return named and self.may_use(business_line)
 
     def lines_among(self, known: Iterable[str]) -> list[str]:
         """The known lines this key may use, sorted."""
@@ -167,15 +176,22 @@ class KeyFileWatch:
             return self._ring
 
 
-def add_key(path: Path, name: str, business_lines: Iterable[str]) -> str:
-    """Create a key for ``business_lines`` in the file at ``path``; return the key itself
-    (shown once: the file keeps only its digest)."""
+def add_key(
+    path: Path, name: str, business_lines: Iterable[str], review_lines: Iterable[str] = ()
+) -> str:
+    """Create a key for ``business_lines`` (a reviewer on ``review_lines``) in the file at
+    ``path``; return the key itself (shown once: the file keeps only its digest)."""
     token = KEY_PREFIX + secrets.token_urlsafe(32)
     current = _read(path) if path.exists() else _KeyFile()
     if any(key.name == name for key in current.keys):
         raise UsageError(f"{path}: a key named {name!r} exists already")
     try:
-        entry = ApiKey(name=name, sha256=key_digest(token), business_lines=tuple(business_lines))
+        entry = ApiKey(
+            name=name,
+            sha256=key_digest(token),
+            business_lines=tuple(business_lines),
+            review_lines=tuple(review_lines),
+        )
     except ValidationError as exc:
         raise UsageError(f"bad key {name!r}: {exc.errors()[0]['msg']}") from None
     current.keys.append(entry)

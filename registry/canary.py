@@ -43,6 +43,15 @@ The error budget is split over the tests only, never over the looks:
   inferior rate to pass its own test, and each rate's test at ``alpha``
   already bounds it by ``alpha`` (an intersection-union test: no split).
 
+The human pass rate (reviewers' spot checks on the feedback page, blind to the
+arm) is judged when the recipe has a review block (``CanaryPolicy.reviews``): its
+failure rate per review is one more rate, with its own "worse" test (one more
+share of the rollback budget) and non-inferiority test against its margin, on the
+same machinery, counted per review instead of per request. With ``min_reviews``
+set, a promotion also needs that many reviews per arm and the pass rate shown
+non-inferior (the canary waits, never promotes on too few); without it the pass
+rate is a guardrail: it can roll a canary back, but its absence holds nothing.
+
 The statistics are elementwise over numpy arrays, so a simulation runs the
 same code on many canaries at once.
 """
@@ -77,6 +86,8 @@ DEFAULT_MARGINS: Mapping[str, float] = {
     "dissatisfied": 0.05,
     "refusal": 0.02,
 }
+# The reviewers' rate: failed reviews per review (the pass rate's complement).
+PASS_RATE = "pass_rate"  # noqa: S105 (a metric's name)
 # The mixture's spread (the prior scale of the effect), in margins. Non-inferiority is
 # about effects near the margin; a worse canary is worth catching fast when it is worse by
 # a few margins, and the boundary is flat over a wide range around its best point.
@@ -84,6 +95,23 @@ NON_INFERIOR_MIXTURE_SCALE = 1.0
 WORSE_MIXTURE_SCALE = 3.0
 
 FloatArray = npt.NDArray[np.float64]
+
+
+class ReviewTest(BaseModel):
+    """How the human pass rate is judged (from the recipe's review block)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_reviews: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Reviews per arm before a promotion (0: the pass rate is a guardrail "
+        "that can roll back, never one that holds a promotion).",
+    )
+    margin: float = Field(
+        default=0.05, gt=0, lt=1, description="Largest tolerated drop of the pass rate."
+    )
 
 
 class CanaryPolicy(BaseModel):
@@ -131,6 +159,11 @@ class CanaryPolicy(BaseModel):
         "a canary shown to answer longer than (1 + c) or shorter than (1 - c) times the "
         "champion's mean is rolled back (rambling, or cut and vacuous answers).",
     )
+    reviews: ReviewTest | None = Field(
+        default=None,
+        description="The human pass rate's test; set from the recipe's review block "
+        "(training.recipes.Recipe.canary_policy), None: reviews are not judged.",
+    )
 
     @field_validator("margins")
     @classmethod
@@ -149,8 +182,9 @@ class CanaryPolicy(BaseModel):
 
     @property
     def worse_alpha(self) -> float:
-        """Level of each "worse" test: ``alpha`` split over the rates and the output length."""
-        return self.alpha / WORSE_TESTS
+        """Level of each "worse" test: ``alpha`` split over the rates and the output length
+        (and the pass rate, when reviews are judged)."""
+        return self.alpha / (WORSE_TESTS + (self.reviews is not None))
 
     @property
     def non_inferior_alpha(self) -> float:
@@ -179,10 +213,18 @@ class ArmStats:
     answered: int = 0
     output_tokens_mean: float | None = None
     output_tokens_sd: float | None = None
+    # Reviewers' spot checks of this arm's answers: how many, and how many failed.
+    reviews: int = 0
+    review_failures: int = 0
 
     def rate(self, name: str) -> float:
         """Events of kind ``name`` per request."""
         return getattr(self, name) / self.requests if self.requests else 0.0
+
+    @property
+    def pass_rate(self) -> float | None:
+        """Passed reviews per review (None without reviews)."""
+        return 1 - self.review_failures / self.reviews if self.reviews else None
 
 
 class CanaryAction(StrEnum):
@@ -334,16 +376,20 @@ def decide_canary(
         *_speed_checks(champion, canary, policy),
         _length_check(champion, canary, policy),
     ]
+    if policy.reviews is not None:
+        checks.append(review_check(champion, canary, policy, policy.reviews))
     worse = [c for c in checks if c.verdict == "WORSE"]
     if worse:
         reasons = tuple(_explain(c, policy, requests) for c in worse)
         return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *alphas)
     unproven = [c for c in checks if c.verdict == "UNPROVEN"]
     if not unproven:
-        largest = max(c.non_inferior_p for c in checks if c.non_inferior_p is not None)
+        proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
+        largest = max(p for p in proven if p <= policy.non_inferior_alpha)
         reasons = (
             f"every rate is non-inferior on the canary within its margin ({requests}; "
             f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
+            *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
         )
         return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *alphas)
     reasons = tuple(_explain(c, policy, requests) for c in unproven)
@@ -384,7 +430,64 @@ def _rate_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> 
     return checks
 
 
+def review_check(
+    champion: ArmStats, canary: ArmStats, policy: CanaryPolicy, test: ReviewTest
+) -> MetricCheck:
+    """The human pass rate, canary against champion: WORSE when the canary's failure rate
+    per review is shown higher; OK when shown within ``test.margin`` (and, with
+    ``min_reviews``, on that many reviews per arm); UNPROVEN otherwise when a minimum is
+    set, else OK (a guardrail). The values shown are the pass rates."""
+    shown = (champion.pass_rate or 0.0, canary.pass_rate or 0.0)
+    required = test.min_reviews > 0
+    if min(champion.reviews, canary.reviews) == 0:
+        verdict = "UNPROVEN" if required else "OK"
+        return MetricCheck(PASS_RATE, *shown, None, None, verdict, test.margin)
+    worse_p, non_inferior_p = sequential_p_values(
+        champion.review_failures, champion.reviews, canary.review_failures, canary.reviews,
+        test.margin,
+    )  # fmt: skip
+    worse, non_inferior = float(worse_p), float(non_inferior_p)
+    if worse <= policy.worse_alpha:
+        verdict = "WORSE"
+    elif required and min(champion.reviews, canary.reviews) < test.min_reviews:
+        verdict = "UNPROVEN"
+    elif non_inferior <= policy.non_inferior_alpha or not required:
+        verdict = "OK"
+    else:
+        verdict = "UNPROVEN"
+    return MetricCheck(PASS_RATE, *shown, worse, non_inferior, verdict, test.margin)
+
+
+def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
+    """Why the pass rate holds or rolls back, or why it does not hold (a guardrail)."""
+    test = policy.reviews
+    minimum = test.min_reviews if test is not None else 0
+    pass_rates = f"pass rate: canary {check.canary:.1%} vs champion {check.champion:.1%}"
+    if check.worse_p is None or check.non_inferior_p is None:
+        if minimum:
+            return f"{check.verdict} {pass_rates}: waiting for reviews on both arms"
+        return f"{pass_rates}: no reviews on one arm yet (a guardrail: it holds nothing)"
+    if check.verdict == "WORSE":
+        return (
+            f"WORSE {pass_rates}: always-valid p {check.worse_p:.2g} that reviewers fail it "
+            f"more <= {policy.worse_alpha:.3g}"
+        )
+    if check.verdict == "UNPROVEN" and check.non_inferior_p <= policy.non_inferior_alpha:
+        return f"UNPROVEN {pass_rates}: fewer than {minimum} reviews on an arm"
+    if check.verdict == "UNPROVEN":
+        return (
+            f"UNPROVEN {pass_rates}: always-valid p {check.non_inferior_p:.2g} that it is "
+            f"within -{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
+        )
+    return (
+        f"OK {pass_rates} (always-valid p {check.non_inferior_p:.2g} non-inferior; "
+        f"{'required' if minimum else 'a guardrail'})"
+    )
+
+
 def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
+    if check.metric == PASS_RATE:
+        return _explain_reviews(check, policy)
     if check.metric == "mean_output_tokens" and check.worse_p is not None:
         return (
             f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "

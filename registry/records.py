@@ -63,10 +63,11 @@ class FlaggedModels:
 
 
 def recipe_hash(recipe: Recipe) -> str:
-    """A stable hash of everything in a recipe but its retention policy (key order and
-    formatting do not matter)."""
-    # Retention is about the store, not training: changing it must not look like a new recipe.
-    trained = recipe.model_dump(mode="json", exclude={"retention"})
+    """A stable hash of everything in a recipe but its retention policy and review block
+    (key order and formatting do not matter)."""
+    # Retention is about the store and the review block about the feedback page's queue,
+    # not training: changing them must not look like a new recipe.
+    trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
     canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from feedback.events import BUSINESS_LINE
 from flywheel.errors import FlywheelError
-from registry.canary import CanaryPolicy
+from registry.canary import CanaryPolicy, ReviewTest
 from registry.lifecycle import RolloutPolicy
 
 # Modules vLLM can serve LoRA on for Llama-style models (see --lora-target-modules).
@@ -123,6 +123,66 @@ class RetentionPolicy(BaseModel):
     action: Literal["scrub", "delete"] = "scrub"
 
 
+ReviewedArm = Literal["canary", "champion"]
+_DEFAULT_SHARE: dict[ReviewedArm, float] = {"canary": 0.2, "champion": 0.02}
+
+
+class ReviewPolicy(BaseModel):
+    """Human spot checks of a line's answers on the feedback page (the review queue).
+
+    Reviewers get a sample of the canary's and the champion's answers, blind to the
+    arm: each answer of an arm is in the sample with its ``share`` (the same answers
+    whichever reviewer asks, by a hash of the request id); while a canary is live its
+    queue does not run dry (more of its answers are drawn beyond the share). A verdict
+    needs a reason from the ``rubric``; the pass rate per arm joins the canary's test
+    (``min_reviews`` per arm before a promotion, ``margin``: the tolerated drop). Not
+    part of the recipe's hash: it changes nothing about training.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: dict[ReviewedArm, float] = Field(
+        default_factory=_DEFAULT_SHARE.copy,
+        description="Share of each arm's answers sampled for review.",
+    )
+    rubric: tuple[str, ...] = Field(
+        min_length=1,
+        max_length=50,
+        description="The reasons a reviewer picks from (for a pass or a fail).",
+    )
+    min_reviews: int = Field(default=0, ge=0, le=1_000_000)
+    margin: float = Field(default=0.05, gt=0, lt=1)
+    claim_s: float = Field(
+        default=900,
+        ge=10,
+        le=86_400,
+        description="How long an item handed to one reviewer is kept from the others.",
+    )
+    window_days: float = Field(
+        default=7,
+        gt=0,
+        le=365,
+        description="Answers this recent are sampled when no canary is live (with one: "
+        "since its share last changed).",
+    )
+
+    @model_validator(mode="after")
+    def _shares_and_reasons(self) -> ReviewPolicy:
+        for arm, share in self.share.items():
+            if not 0 <= share <= 1:
+                raise ValueError(f"review share of {arm} must be in [0, 1], got {share}")
+        for reason in self.rubric:
+            if not reason.strip() or len(reason) > 200:
+                raise ValueError(f"rubric reason {reason!r} must be 1-200 characters")
+        if len(set(self.rubric)) != len(self.rubric):
+            raise ValueError("rubric reasons must be distinct")
+        return self
+
+    def share_of(self, arm: str) -> float:
+        """The sampled share of ``arm`` (``canary`` or ``champion``; 0 when not given)."""
+        return next((value for name, value in self.share.items() if name == arm), 0.0)
+
+
 class Recipe(BaseModel):
     """How one business line's adapter is trained and judged."""
 
@@ -182,6 +242,7 @@ class Recipe(BaseModel):
     canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
+    review: ReviewPolicy | None = None
 
     @model_validator(mode="after")
     def _schedule(self) -> Recipe:
@@ -191,6 +252,13 @@ class Recipe(BaseModel):
         if steps != sorted(steps) or not 0 < steps[0] <= steps[-1] <= 1:
             raise ValueError("canary_steps must rise within (0, 1], e.g. [0.05, 0.25, 1.0]")
         return self
+
+    def canary_policy(self) -> CanaryPolicy:
+        """The canary's test, with the human pass rate when the recipe has a review block."""
+        if self.review is None:
+            return self.canary
+        test = ReviewTest(min_reviews=self.review.min_reviews, margin=self.review.margin)
+        return self.canary.model_copy(update={"reviews": test})
 
 
 def training_method(recipe: Recipe, train_counts: Mapping[str, int]) -> tuple[str, str | None]:
