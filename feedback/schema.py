@@ -332,6 +332,30 @@ class TrainedRecord(Base):
     __table_args__ = (Index("ix_trained_records_line_window", "business_line", "window_until"),)
 
 
+class ReviewClaim(Base):
+    """An answer handed to a reviewer by the feedback page's review queue
+    (``dashboard.review_queue``): kept from other reviewers until ``expires_at`` or the
+    review, and never handed to the same reviewer (key name) again. The verdict itself
+    is a ``review`` feedback event."""
+
+    __tablename__ = "review_claims"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    request_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("interactions.request_id", ondelete="CASCADE")
+    )
+    reviewer: Mapped[str] = mapped_column(String(64))
+    claimed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reviewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (
+        Index("ix_review_claims_reviewer", "business_line", "reviewer", "request_id", unique=True),
+        Index("ix_review_claims_request", "business_line", "request_id"),
+    )
+
+
 interactions_table = Interaction.__table__
 feedback_table = FeedbackEvent.__table__
 quarantine_table = QuarantinedRecord.__table__
@@ -345,3 +369,4 @@ rollup_watermarks_table = RollupWatermark.__table__
 trained_records_table = TrainedRecord.__table__
 dashboard_sessions_table = DashboardSession.__table__
 forgotten_users_table = ForgottenUser.__table__
+review_claims_table = ReviewClaim.__table__
