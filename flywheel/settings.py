@@ -22,7 +22,9 @@ DEFAULT_BUSINESS_LINES = ("customer_service", "medical", "legal")
 class StoreSettings(BaseSettings):
     """Limits on what the feedback store accepts."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_STORE_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_STORE_", env_file=".env", frozen=True, extra="ignore"
+    )
 
     batch_size: int = Field(default=2_000, ge=1, le=100_000)
     max_text_chars: int = Field(default=200_000, ge=1_000, le=10_000_000)
@@ -30,17 +32,21 @@ class StoreSettings(BaseSettings):
 
 
 class Settings(BaseSettings):
-    """Root settings (env prefix ``FLYWHEEL_``)."""
+    """Root settings (env prefix ``FLYWHEEL_``; a ``.env`` file in the working folder is read
+    too, the environment winning). Secrets (the store URL, Redis) print masked."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_", env_file=".env", frozen=True, extra="ignore"
+    )
 
     home: Path = Field(
         default=Path.home() / ".flywheel",
         description="Local data folder: SQLite store, MLflow store, models, datasets, spool.",
     )
-    database_url: str | None = Field(
+    database_url: SecretStr | None = Field(
         default=None,
-        description="SQLAlchemy URL of the feedback store; SQLite inside FLYWHEEL_HOME when unset.",
+        description="SQLAlchemy URL of the feedback store (it may hold a password: shown "
+        "masked); SQLite inside FLYWHEEL_HOME when unset.",
     )
     business_lines: tuple[str, ...] = Field(default=DEFAULT_BUSINESS_LINES, min_length=1)
     base_model: Path | None = Field(
@@ -133,8 +139,8 @@ class Settings(BaseSettings):
     @property
     def resolved_database_url(self) -> str:
         """The store URL: the configured one, or SQLite under ``home``."""
-        if self.database_url:
-            return self.database_url
+        if self.database_url is not None and self.database_url.get_secret_value():
+            return self.database_url.get_secret_value()
         return f"sqlite:///{self.home / 'flywheel.db'}"
 
 

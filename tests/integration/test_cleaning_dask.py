@@ -83,6 +83,6 @@ def test_two_dask_workers_build_the_one_process_dataset(
     [parameters] = asyncio.run(stored_parameters())
     assert set(parameters) <= {"line", "since", "until", "workers", "cleaning", "across_windows"}
     stored = json.dumps(parameters, default=str)
-    assert str(pg_settings.database_url) not in stored
+    assert pg_settings.resolved_database_url not in stored
     assert "postgresql" not in stored
     assert str(pg_settings.home) not in stored

@@ -292,7 +292,7 @@ def test_the_settings_of_each_project_service_validate(
     for key, value in _env(SERVICES[name]).items():
         clean_env.setenv(key, value)
     settings = Settings()
-    assert str(settings.database_url).startswith("postgresql+psycopg://"), name
+    assert settings.resolved_database_url.startswith("postgresql+psycopg://"), name
     assert settings.mlflow_tracking_uri
     GatewaySettings()
     VllmServerSettings(model=Path("/model"))

@@ -1,0 +1,93 @@
+"""The settings tree: environment, a ``.env`` file, bounds, and secrets that never print."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from flywheel.settings import Settings, load_settings
+
+PASSWORD = "s3cr3t-pw-4417"
+URL = f"postgresql+psycopg://flywheel:{PASSWORD}@db.internal:5432/flywheel"
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No FLYWHEEL_* variable from the caller, and a working folder without a .env."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("FLYWHEEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+def test_the_environment_sets_values(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    clean_env.setenv("FLYWHEEL_BUSINESS_LINES", '["legal"]')
+    clean_env.setenv("FLYWHEEL_STORE_BATCH_SIZE", "50")
+    settings = load_settings()
+    assert settings.home == (tmp_path / "home").resolve()
+    assert settings.business_lines == ("legal",)
+    assert settings.store.batch_size == 50
+    assert settings.resolved_database_url == f"sqlite:///{settings.home / 'flywheel.db'}"
+
+
+def test_a_dot_env_file_is_read_and_the_environment_wins(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text(
+        f"FLYWHEEL_DATABASE_URL={URL}\nFLYWHEEL_CLEANING_WORKERS=3\nFLYWHEEL_STORE_BATCH_SIZE=70\n"
+    )
+    assert load_settings().resolved_database_url == URL
+    assert load_settings().cleaning_workers == 3
+    assert load_settings().store.batch_size == 70
+    clean_env.setenv("FLYWHEEL_CLEANING_WORKERS", "5")
+    assert load_settings().cleaning_workers == 5
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLYWHEEL_CLEANING_WORKERS", "0"),
+        ("FLYWHEEL_VLLM_MAX_LORA_RANK", "100000"),
+        ("FLYWHEEL_STORE_BATCH_SIZE", "-1"),
+        ("FLYWHEEL_TRAINING_TIMEOUT_S", "0"),
+        ("FLYWHEEL_BUSINESS_LINES", "[]"),
+    ],
+)
+def test_values_out_of_bounds_are_refused_by_name(
+    clean_env: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    clean_env.setenv(name, value)
+    with pytest.raises(ValidationError) as caught:
+        load_settings()
+    field = name.removeprefix("FLYWHEEL_").removeprefix("STORE_").lower()
+    assert field in str(caught.value)
+
+
+def test_secrets_are_masked_in_reprs_dumps_and_logs(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("FLYWHEEL_DATABASE_URL", URL)
+    clean_env.setenv("FLYWHEEL_REDIS_URL", f"redis://:{PASSWORD}@cache:6379/0")
+    settings = load_settings()
+    assert settings.resolved_database_url == URL  # the clients still get the real value
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("flywheel.test").info("settings in use: %s", settings)
+        logging.getLogger("flywheel.test").info("as dict: %s", settings.model_dump())
+    for text in (repr(settings), str(settings), settings.model_dump_json(), caplog.text):
+        assert PASSWORD not in text
+    assert "**********" in repr(settings)
+
+
+def test_an_empty_training_deployment_means_train_here(clean_env: pytest.MonkeyPatch) -> None:
+    # docker-compose passes ${FLYWHEEL_TRAINING_DEPLOYMENT:-}: empty when unset.
+    clean_env.setenv("FLYWHEEL_TRAINING_DEPLOYMENT", "")
+    assert load_settings().training_deployment is None
+    clean_env.setenv("FLYWHEEL_TRAINING_DEPLOYMENT", "flywheel-train-line/train-line")
+    assert Settings().training_deployment == "flywheel-train-line/train-line"
