@@ -63,6 +63,9 @@ class Arm(StrEnum):
     # The two arms of an A/B experiment (registry.experiments).
     EXPERIMENT_A = "experiment_a"
     EXPERIMENT_B = "experiment_b"
+    # The two arms of an A/B experiment (registry.experiments).
+    EXPERIMENT_A = "experiment_a"
+    EXPERIMENT_B = "experiment_b"
 
 
 class InteractionStatus(StrEnum):

@@ -166,6 +166,8 @@ class Route(Base):
     shadow_fraction: Mapped[float | None] = mapped_column(Float)
     # The replicas (upstream URLs) that hold the line's adapters; NULL: every replica.
     replicas: Mapped[list[str] | None] = mapped_column(JsonDocument, nullable=True)
+    # A live A/B experiment's split (gateway.routing.ExperimentSplit); NULL: none.
+    experiment: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument, nullable=True)
     revision: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -186,6 +188,7 @@ class RouteChange(Base):
     shadow: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     shadow_fraction: Mapped[float | None] = mapped_column(Float)
     replicas: Mapped[list[str] | None] = mapped_column(JsonDocument, nullable=True)
+    experiment: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument, nullable=True)
     actor: Mapped[str] = mapped_column(String(128))
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -332,6 +335,56 @@ class TrainedRecord(Base):
     __table_args__ = (Index("ix_trained_records_line_window", "business_line", "window_until"),)
 
 
+class Experiment(Base):
+    """An A/B experiment of a business line (``registry.experiments``): its arms (NULL: the
+    base model), B's share of the users, the metric and test settings it is judged by, and
+    its decision (the first look that crossed, kept: the test is anytime-valid)."""
+
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
+    arm_a: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    arm_b: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    share: Mapped[float] = mapped_column(Float)
+    metric: Mapped[str] = mapped_column(String(32))
+    alpha: Mapped[float] = mapped_column(Float)
+    min_samples: Mapped[int] = mapped_column(Integer)
+    mixture_scale: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))
+    winner: Mapped[str | None] = mapped_column(String(1))
+    decided_look: Mapped[int | None] = mapped_column(Integer)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str | None] = mapped_column(Text)
+    ended_reason: Mapped[str | None] = mapped_column(Text)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (Index("ix_experiments_line_started", "business_line", "started_at"),)
+
+
+class ExperimentLook(Base):
+    """One look at an experiment: each arm's samples and hits on its metric, the effect
+    (B - A), its confidence sequence, the always-valid p-value and the verdict."""
+
+    __tablename__ = "experiment_looks"
+
+    id: Mapped[int] = mapped_column(PrimaryKey, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"),
+        ForeignKey("experiments.id", ondelete="CASCADE"),
+    )
+    look: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(16))
+    numbers: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    actor: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_experiment_looks_experiment", "experiment_id", "look"),)
+
+
 class ReviewClaim(Base):
     """An answer handed to a reviewer by the feedback page's review queue
     (``dashboard.review_queue``): kept from other reviewers until ``expires_at`` or the
@@ -370,3 +423,5 @@ trained_records_table = TrainedRecord.__table__
 dashboard_sessions_table = DashboardSession.__table__
 forgotten_users_table = ForgottenUser.__table__
 review_claims_table = ReviewClaim.__table__
+experiments_table = Experiment.__table__
+experiment_looks_table = ExperimentLook.__table__

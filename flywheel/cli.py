@@ -16,6 +16,7 @@ from flywheel.commands.buckets import buckets as buckets_command
 from flywheel.commands.common import SHORT_NAMES, err, open_store, out, safe_url
 from flywheel.commands.dedup import dedup as dedup_command
 from flywheel.commands.evaluate import evaluate as evaluate_command
+from flywheel.commands.experiments import experiment_app
 from flywheel.commands.loop import loop as loop_command
 from flywheel.commands.placement import placement_app
 from flywheel.commands.privacy import forget as forget_command
@@ -59,6 +60,7 @@ app.add_typer(routes_app, name="routes")
 app.add_typer(lifecycle_app, name="lifecycle")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(placement_app, name="placement")
+app.add_typer(experiment_app, name="experiment")
 serve_app.command("gateway")(serve_gateway)
 serve_app.command("dashboard")(serve_dashboard)
 app.command("buckets")(buckets_command)

@@ -14,6 +14,8 @@ effects and nothing else decides.
 
 Rules worth knowing:
 
+- a candidate is refused while an A/B experiment is live on the line
+  (``registry.experiments``): one rollout at a time;
 - a candidate never silently replaces a live canary: the recipe's
   ``on_live_canary`` keeps the canary (the candidate waits) or replaces it
   with a recorded rollback of the old one;
@@ -379,11 +381,25 @@ def _not_now(table: RoutingTable, adapter: str, policy: RolloutPolicy) -> Transi
     return None
 
 
+def _experiment_live(table: RoutingTable, adapter: str) -> Transition | None:
+    """A candidate refused while an A/B experiment runs on the line (one rollout at a time)."""
+    if table.experiment is None:
+        return None
+    return Transition(
+        "refused",
+        (
+            f"experiment {table.experiment.id} is live on {table.business_line}: {adapter} "
+            "waits until it is stopped or promoted (one rollout at a time)",
+        ),
+        table,
+    )
+
+
 def _candidate(
     state: LineState, adapter: str, policy: RolloutPolicy, budget: LoraBudget | None
 ) -> Transition:
     table = state.table
-    waits = _not_now(table, adapter, policy)
+    waits = _not_now(table, adapter, policy) or _experiment_live(table, adapter)
     if waits is not None:
         return waits
     if budget is not None:

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from feedback.schema import route_changes_table, routes_table
 from flywheel.errors import UsageError
-from gateway.routing import DEFAULT_CANARY_FRACTION, RoutingTable
+from gateway.routing import DEFAULT_CANARY_FRACTION, ExperimentSplit, RoutingTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,7 @@ def _table_of(row: Any) -> RoutingTable:
         shadow=row.shadow,
         shadow_fraction=row.shadow_fraction or 0.0,
         replicas=tuple(row.replicas) if row.replicas else None,
+        experiment=ExperimentSplit.model_validate(row.experiment) if row.experiment else None,
     )
 
 
@@ -70,6 +71,7 @@ def _columns(table: RoutingTable) -> dict[str, Any]:
         "shadow": table.shadow,
         "shadow_fraction": table.shadow_fraction,
         "replicas": list(table.replicas) if table.replicas is not None else None,
+        "experiment": table.experiment.model_dump() if table.experiment is not None else None,
     }
 
 

@@ -676,8 +676,10 @@ class Registry:
         runs = self.client.search_runs(
             list(names), order_by=["attributes.start_time DESC"], max_results=limit * 4
         )
-        # Evaluations (`flywheel eval`) share the line's experiment; they trained nothing.
-        runs = [r for r in runs if r.data.tags.get("flywheel.run_kind") != "evaluation"][:limit]
+        # Evaluations (`flywheel eval`) and A/B experiments (`flywheel experiment`) share the
+        # line's experiment; they trained nothing.
+        untrained = ("evaluation", "ab_experiment")
+        runs = [r for r in runs if r.data.tags.get("flywheel.run_kind") not in untrained][:limit]
         return [
             summarize_run(
                 run.info.run_id,
