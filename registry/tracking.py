@@ -12,6 +12,7 @@ never leak into each other.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -147,6 +148,15 @@ class Registry:
             # Owner-only: runs hold eval samples (users' prompts and answers).
             private_dir(database.parent)
             os.close(open_private(database, os.O_RDWR | os.O_CREAT))
+            lock = open_private(database.with_name(database.name + ".lock"), os.O_RDWR | os.O_CREAT)
+            try:
+                # MLflow creates (or upgrades) its schema on first use; two processes doing it
+                # at once on a new file fail in its migrations (training workers of a pool).
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+                client.search_experiments(max_results=1)
+            finally:
+                os.close(lock)  # closing the descriptor releases the lock
         self.client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self._experiments: dict[str, str] = {}
 

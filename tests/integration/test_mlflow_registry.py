@@ -187,6 +187,34 @@ def test_a_fresh_registry_reads_what_another_wrote(tmp_path: Path) -> None:
         again.promote(LINE, 9)
 
 
+def test_processes_opening_a_new_local_store_at_once_all_succeed(tmp_path: Path) -> None:
+    # Training workers of a pool open the same new MLflow store together; MLflow's own
+    # schema migrations fail when two processes run them at once on one SQLite file.
+    home = tmp_path / "home"
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from registry.tracking import Registry\n"
+        "registry = Registry.for_home(Path(sys.argv[1]))\n"
+        "print(registry.experiment_id(sys.argv[2]))\n"
+    )
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(home), line],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for line in ("medical", "legal", "customer_service", "general")
+    ]
+    results = [child.communicate(timeout=300) for child in children]
+    for child, (_, stderr) in zip(children, results, strict=True):
+        assert child.returncode == 0, stderr[-2000:]
+    assert len({stdout.strip() for stdout, _ in results}) == 4
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
