@@ -12,7 +12,9 @@ this server):
 - ``/lines/{line}/funnel``: raw → scrubbed → deduplicated → training data per
   build, with why records were dropped;
 - ``/lines/{line}/evals``: MLflow runs for a data scientist (comparison plot,
-  sample generations side by side, gate reasons, links to the MLflow UI).
+  sample generations side by side, gate reasons, links to the MLflow UI);
+- ``/lines/{line}/review``: the review queue, for keys with the reviewer role
+  on the line (:mod:`dashboard.review_routes`).
 
 The same views as JSON under ``/api/lines/...``, and the visible bucket as
 ``export.csv`` / ``export.jsonl``. Access: see :mod:`dashboard.access`.
@@ -52,6 +54,8 @@ from dashboard.exports import csv_lines, jsonl_lines
 from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_filter
 from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
 from dashboard.pages import FeedbackPages, funnel_dict
+from dashboard.review_queue import ReviewQueue
+from dashboard.review_routes import add_review_routes
 from dashboard.scrubbed import SampleScrubber
 from dashboard.sessions import LoginSessions
 from dashboard.settings import DashboardSettings
@@ -61,6 +65,7 @@ from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
+from training.recipes import load_recipe, packaged_recipes_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -280,7 +285,13 @@ def create_app(
     app.add_middleware(_SecurityHeaders)
     app.state.pages = pages
     app.state.gatekeeper = gatekeeper
-    _add_routes(app, pages, gatekeeper, known_lines, _templates())
+    review_queue = ReviewQueue(
+        feedback_store,
+        lambda line: load_recipe(line, settings.recipes_dir or packaged_recipes_dir()),
+        **({"clock": clock} if clock is not None else {}),
+    )
+    app.state.review_queue = review_queue
+    _add_routes(app, pages, gatekeeper, known_lines, _templates(), review_queue)
     return app
 
 
@@ -342,13 +353,16 @@ def _add_routes(
     gatekeeper: Gatekeeper,
     known_lines: _KnownLines,
     templates: Environment,
+    review_queue: ReviewQueue | None = None,
 ) -> None:
-    """Pages, API, exports, login, and the error handlers."""
+    """Pages, API, exports, login, the review queue, and the error handlers."""
     context = _Context(pages, gatekeeper, known_lines, templates)
     _add_error_handlers(app, context)
     _add_access_routes(app, context)
     _add_pages(app, context)
     _add_api(app, context)
+    if review_queue is not None:
+        add_review_routes(app, context, review_queue, pages.scrubber)
 
 
 def _add_error_handlers(app: FastAPI, context: _Context) -> None:

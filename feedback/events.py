@@ -63,9 +63,6 @@ class Arm(StrEnum):
     # The two arms of an A/B experiment (registry.experiments).
     EXPERIMENT_A = "experiment_a"
     EXPERIMENT_B = "experiment_b"
-    # The two arms of an A/B experiment (registry.experiments).
-    EXPERIMENT_A = "experiment_a"
-    EXPERIMENT_B = "experiment_b"
 
 
 class InteractionStatus(StrEnum):
@@ -214,7 +211,10 @@ class FeedbackEventIn(_EventBase):
         for name in (REVIEW_REASON, REVIEWER):
             value = meta.get(name)
             if not isinstance(value, str) or not value.strip() or len(value) > 200:
-                raise ValueError(f"a review needs metadata.{name}: text of 1-200 characters")
+                raise ValueError(
+                    f"a review needs metadata.{name}: text of 1-200 characters (reviews "
+                    "come from the feedback page's review queue)"
+                )
         if self.edited_text is not None and not self.edited_text.strip():
             raise ValueError("a review's corrected answer ('edited_text') is empty")
         return self
