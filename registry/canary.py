@@ -246,6 +246,8 @@ class MetricCheck:
     non_inferior_p: float | None
     verdict: str
     margin: float | None = None
+    # What the rate is counted over, (champion, canary), where it is not requests: reviews.
+    counts: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         return (
@@ -438,10 +440,11 @@ def review_check(
     ``min_reviews``, on that many reviews per arm); UNPROVEN otherwise when a minimum is
     set, else OK (a guardrail). The values shown are the pass rates."""
     shown = (champion.pass_rate or 0.0, canary.pass_rate or 0.0)
+    counts = (champion.reviews, canary.reviews)
     required = test.min_reviews > 0
-    if min(champion.reviews, canary.reviews) == 0:
+    if min(counts) == 0:
         verdict = "UNPROVEN" if required else "OK"
-        return MetricCheck(PASS_RATE, *shown, None, None, verdict, test.margin)
+        return MetricCheck(PASS_RATE, *shown, None, None, verdict, test.margin, counts)
     worse_p, non_inferior_p = sequential_p_values(
         champion.review_failures, champion.reviews, canary.review_failures, canary.reviews,
         test.margin,
@@ -455,14 +458,18 @@ def review_check(
         verdict = "OK"
     else:
         verdict = "UNPROVEN"
-    return MetricCheck(PASS_RATE, *shown, worse, non_inferior, verdict, test.margin)
+    return MetricCheck(PASS_RATE, *shown, worse, non_inferior, verdict, test.margin, counts)
 
 
 def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
     """Why the pass rate holds or rolls back, or why it does not hold (a guardrail)."""
     test = policy.reviews
     minimum = test.min_reviews if test is not None else 0
-    pass_rates = f"pass rate: canary {check.canary:.1%} vs champion {check.champion:.1%}"
+    champion_n, canary_n = check.counts or (0, 0)
+    pass_rates = (
+        f"pass rate: canary {check.canary:.1%} vs champion {check.champion:.1%} "
+        f"({canary_n} canary / {champion_n} champion reviews)"
+    )
     if check.worse_p is None or check.non_inferior_p is None:
         if minimum:
             return f"{check.verdict} {pass_rates}: waiting for reviews on both arms"
@@ -472,7 +479,7 @@ def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
             f"WORSE {pass_rates}: always-valid p {check.worse_p:.2g} that reviewers fail it "
             f"more <= {policy.worse_alpha:.3g}"
         )
-    if check.verdict == "UNPROVEN" and check.non_inferior_p <= policy.non_inferior_alpha:
+    if check.verdict == "UNPROVEN" and min(champion_n, canary_n) < minimum:
         return f"UNPROVEN {pass_rates}: fewer than {minimum} reviews on an arm"
     if check.verdict == "UNPROVEN":
         return (
