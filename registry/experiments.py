@@ -36,7 +36,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.routing import RoutingTable
-from registry.canary import FloatArray, always_valid_p_value, score_test
+from registry.canary import always_valid_p_value, score_test
 from registry.names import adapter_name, parse_adapter_name
 
 # Facts about one request the metrics are made of (the store computes them per request).
@@ -46,6 +46,7 @@ FLAGS = (
 )  # fmt: skip
 EFFECT_GRID_STEP = 0.001
 ArmLabel = Literal["a", "b"]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
