@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -81,6 +81,27 @@ _EXTRA_COMMON = _words(
 )
 
 
+_INFORMAL_WORDS = _words(
+    "lol lols lolz lmao lmfao rofl omg omfg wtf wth idk idc imo imho tbh tbf smh btw brb afk ikr "
+    "fyi np thx ty tysm plz pls ppl bc cuz coz cos tho altho thru ya yah yea yeah yep yup nope "
+    "nah naw bruh bro bros brah bae fam fav fave faves vid vids vlog vlogs vlogger vlogging "
+    "selfie noob meme memes dope gonna wanna gotta kinda sorta dunno lemme gimme outta lotta "
+    "sayin aight ayy ugh eww aww heh hehe haha yo yoo ooh ohh uh um umm hmm welp whoa woah wow "
+    "oops yikes yay hooray hurray congrats gg subs subbed shoutout collab irl dm dms tl dr tldr "
+    "okey kk xd xo xoxo luv ur wat wut wot cya ttyl hbd bday nvm ngl fr lowkey highkey iirc afaik "
+    "smth sth gr8 m8 pov fomo yolo bestie sis lil ima imma finna tryna boi gurl cutie hun "
+    "youtube youtuber youtubers iphone ipad ipod app apps emoji emojis online offline wifi "
+    "hashtag retweet tweet tweets"
+)
+"""Everyday chat words that the English lexicon lacks; never a name on their own."""
+_AUXILIARIES = _words(
+    "is isn was wasn has hasn had hadn will would does doesn did didn can could should must may "
+    "might are aren were weren s"
+)
+_ELONGATED = re.compile(r"([^\W\d_])\1\1")
+_LAUGHTER = re.compile(r"(?:[aeiou]?h+[aeiou]+)+h*|(?:he)+h?|(?:ja)+|l+o+l+[sz]?|l+m+f*a+o+|x+d+")
+
+
 @dataclass(frozen=True)
 class NameGazetteer:
     """Given names, surnames and common words, all case-folded."""
@@ -96,6 +117,27 @@ class NameGazetteer:
     """Every English lemma the lexicon knows (nouns, verbs, adjectives, adverbs)."""
     verbs: frozenset[str] = frozenset()
     stop_words: frozenset[str] = frozenset()
+    places: frozenset[str] = frozenset()
+    """Countries, states, provinces and cities (Faker's address lists, all locales)."""
+    informal_words: frozenset[str] = frozenset()
+    """Chat words: abbreviations, interjections, contractions written without apostrophe."""
+    usually_capitalised: frozenset[str] = frozenset()
+    """Words written capitalised far more often than not ("obama", "messi"): proper nouns."""
+    name_like: frozenset[str] = frozenset()
+    """Words used the way given names and surnames are (see :func:`load_name_statistics`)."""
+
+    def is_place(self, word: str) -> bool:
+        """True for a known country, state, province or city name."""
+        return word.casefold() in self.places
+
+    def is_informal_word(self, word: str) -> bool:
+        """True for chat vocabulary: "lol", "bruh", "thats", "Awwwww", "hahaha"."""
+        folded = word.casefold()
+        return (
+            folded in self.informal_words
+            or _ELONGATED.search(folded) is not None
+            or _LAUGHTER.fullmatch(folded) is not None
+        )
 
     def is_listed_name(self, word: str) -> bool:
         """In the given-name or surname lists, even if also a common word ("April", "West")."""
@@ -118,6 +160,31 @@ class NameGazetteer:
             verbs=lexicon.verbs,
         )
 
+    def with_statistics(self, statistics: NameStatistics) -> NameGazetteer:
+        """This gazetteer with corpus statistics added (see :func:`load_name_statistics`)."""
+        return replace(
+            self,
+            usually_capitalised=statistics.usually_capitalised,
+            name_like=statistics.name_like,
+        )
+
+    def is_verb(self, word: str) -> bool:
+        """True for an auxiliary or a form of a known verb ("is", "'s", "knew", "wears")."""
+        folded = word.casefold()
+        if folded in _AUXILIARIES or folded in self.verbs:
+            return True
+        return any(
+            base in self.verbs for base in (*_verb_stems(folded), *_inflection_bases(folded))
+        )
+
+    def is_proper_noun(self, word: str) -> bool:
+        """True for a word people mostly write capitalised ("obama", "lenovo")."""
+        return word.casefold() in self.usually_capitalised
+
+    def is_name_like(self, word: str) -> bool:
+        """True for a word used in text the way given names and surnames are ("Trump")."""
+        return word.casefold() in self.name_like
+
     def is_descriptive(self, word: str) -> bool:
         """True for an adjective, an adverb or a verb's -ing/-ed form ("sorry", "writing")."""
         folded = word.casefold()
@@ -132,7 +199,20 @@ class NameGazetteer:
             folded in self.english_words
             or folded in self.common_words
             or self.is_descriptive(folded)
-            or (folded.endswith("s") and folded[:-1] in self.english_words)
+            or any(base in self.english_words for base in _inflection_bases(folded))
+        )
+
+    def is_misspelling(self, word: str) -> bool:
+        """True for a longer word one typo away from an English word ("borring", "freinds").
+
+        Short words are left out: "kaite" or "grian" are one typo from a word too.
+        """
+        folded = word.casefold()
+        if len(folded) < 6 or not self.english_words:
+            return False
+        return any(
+            candidate in self.english_words or candidate in self.common_words
+            for candidate in _one_edit(folded)
         )
 
     def is_given_name(self, word: str) -> bool:
@@ -196,9 +276,11 @@ def load_name_gazetteer() -> NameGazetteer:
 
     Cached: the lists are read once per process (about 0.1 s).
     """
+    import faker.providers.address as address_providers
     import faker.providers.person as person_providers
     from faker.providers.lorem.en_US import Provider as EnglishLorem
     from spacy.lang.en.stop_words import STOP_WORDS
+    from spacy.lang.en.tokenizer_exceptions import TOKENIZER_EXCEPTIONS
 
     given: set[str] = set()
     surnames: set[str] = set()
@@ -208,6 +290,13 @@ def load_name_gazetteer() -> NameGazetteer:
         given |= _latin_names(_provider_lists(provider, "first_romanized"))
         surnames |= _latin_names(_provider_lists(provider, "last_name"))
         surnames |= _latin_names(_provider_lists(provider, "last_romanized"))
+    places: set[str] = set()
+    for module in pkgutil.iter_modules(address_providers.__path__):
+        provider = importlib.import_module(f"{address_providers.__name__}.{module.name}").Provider
+        for attribute in ("countries", "cities", "states", "provinces", "regions", "counties"):
+            places |= _latin_names(getattr(provider, attribute, None) or ())
+    # "dont", "thats", "gonna": spaCy's tokenizer knows these apostrophe-less contractions.
+    contractions = {k.casefold() for k in TOKENIZER_EXCEPTIONS if k.isalpha() and len(k) > 1}
     common = {w.casefold() for w in STOP_WORDS} | {w.casefold() for w in EnglishLorem.word_list}
     common |= _EXTRA_COMMON
     stop_words = frozenset({w.casefold() for w in STOP_WORDS})
@@ -217,6 +306,8 @@ def load_name_gazetteer() -> NameGazetteer:
         frozenset(common),
         stop_words | _EXTRA_COMMON,
         stop_words=stop_words,
+        places=frozenset(places - given),
+        informal_words=frozenset(contractions | _INFORMAL_WORDS),
     )
 
 
@@ -265,6 +356,113 @@ def load_english_lexicon(model_path: str) -> EnglishLexicon:
     )
 
 
+_INFLECTIONS = (
+    ("ies", "y"),
+    ("ves", "f"),
+    ("men", "man"),
+    ("es", ""),
+    ("s", ""),
+    ("er", ""),
+    ("er", "e"),
+    ("est", ""),
+    ("est", "e"),
+    ("ers", ""),
+    ("ers", "e"),
+    ("ly", ""),
+)
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _inflection_bases(word: str) -> list[str]:
+    """Possible bases of a plural, comparative or adverb: ladies → lady, newer → new."""
+    return [
+        word[: -len(suffix)] + base
+        for suffix, base in _INFLECTIONS
+        if word.endswith(suffix) and len(word) > len(suffix) + 2
+    ]
+
+
+def _one_edit(word: str) -> Iterator[str]:
+    """Every string one deletion, transposition, substitution or insertion from ``word``."""
+    for i in range(len(word) + 1):
+        head, tail = word[:i], word[i:]
+        if tail:
+            yield head + tail[1:]
+        if len(tail) > 1:
+            yield head + tail[1] + tail[0] + tail[2:]
+        for letter in _LETTERS:
+            if tail:
+                yield head + letter + tail[1:]
+            yield head + letter + tail
+
+
+@dataclass(frozen=True)
+class NameStatistics:
+    """What word frequencies and word clusters of a large English corpus say about names."""
+
+    usually_capitalised: frozenset[str]
+    name_like: frozenset[str]
+
+
+_CAPITALISED_LOG_RATIO = 1.0
+"""Capitalised at least e (2.7) times as often as in lower case: a proper noun."""
+_NAME_CLUSTER_SHARE = 0.2
+"""A word cluster in which at least this share of words are listed names holds names."""
+_MIN_CLUSTER_SIZE = 20
+
+
+@cache
+def load_name_statistics() -> NameStatistics:
+    """Read spaCy's English lexeme tables (``spacy-lookups-data``): word probabilities and
+    Brown clusters computed on Reddit comments.
+
+    A word whose capitalised form is far more frequent than its lower-case one is a
+    proper noun even when typed in lower case. A Brown cluster groups words used in
+    the same contexts; where Faker's names make up a good share of a cluster, its
+    other words are used as names too. Empty when the package is not installed.
+    Cached; about 2.5 s and 300 MB while reading, about 20 MB kept.
+    """
+    import gzip
+    import importlib.resources
+    import json
+    from collections import defaultdict
+
+    try:
+        folder = importlib.resources.files("spacy_lookups_data") / "data"
+    except ModuleNotFoundError:
+        return NameStatistics(frozenset(), frozenset())
+    gazetteer = load_name_gazetteer()
+    probabilities: dict[str, float] = json.loads(
+        gzip.decompress((folder / "en_lexeme_prob.json.gz").read_bytes())
+    )
+    floor = min(probabilities.values())
+    capitalised = frozenset(
+        word.casefold()
+        for word, probability in probabilities.items()
+        if _title_word(word)
+        and probability - probabilities.get(word.lower(), floor) >= _CAPITALISED_LOG_RATIO
+    )
+    del probabilities
+    clusters: dict[str, int] = json.loads(
+        gzip.decompress((folder / "en_lexeme_cluster.json.gz").read_bytes())
+    )
+    members: defaultdict[int, list[str]] = defaultdict(list)
+    for word, cluster in clusters.items():
+        if cluster and _title_word(word):
+            members[cluster].append(word.casefold())
+    del clusters
+    name_like: set[str] = set()
+    for words in members.values():
+        listed = sum(w in gazetteer.given_names or w in gazetteer.surnames for w in words)
+        if len(words) >= _MIN_CLUSTER_SIZE and listed >= _NAME_CLUSTER_SHARE * len(words):
+            name_like.update(words)
+    return NameStatistics(capitalised, frozenset(name_like))
+
+
+def _title_word(word: str) -> bool:
+    return len(word) >= 2 and word.isalpha() and word[0].isupper() and word[1:].islower()
+
+
 def _verb_stems(word: str) -> list[str]:
     """Possible base forms of an -ing or -ed word: writing → writ, write; stopped → stop."""
     for suffix in ("ing", "ed"):
@@ -297,6 +495,7 @@ class PersonNameFinder:
 
     def __init__(self, gazetteer: NameGazetteer) -> None:
         self.gazetteer = gazetteer
+        self._misspellings: dict[str, bool] = {}
 
     def find(self, text: str, entities: Iterable[tuple[int, int, str]]) -> list[RecognizerResult]:
         """Names in ``text`` given spaCy's entities as ``(start, end, label)``."""
@@ -363,7 +562,132 @@ class PersonNameFinder:
                 index += 1
         results.extend(self._speakers(text))
         results.extend(self._lists(text, words))
+        results.extend(self._informal_names(text, words))
         return results
+
+    def _informal_names(self, text: str, words: list[_Word]) -> list[RecognizerResult]:
+        """Names as people type them in chats and comments, where NER is weakest.
+
+        See :meth:`_informal_name` for the rules; a name found so also makes the
+        unknown word it is coordinated with a name ("emma and kaite").
+        """
+        found = [self._informal_name(text, words, index) for index in range(len(words))]
+        for index in [i for i, is_name in enumerate(found) if is_name]:
+            for other in (index - 2, index + 2):
+                if (
+                    0 <= other < len(words)
+                    and not found[other]
+                    and _coordinated(text, words, index, other)
+                    and self._may_be_name(words[other].text)
+                ):
+                    found[other] = True
+        return [
+            RecognizerResult(self.ENTITY, word.start, word.end, 0.45)
+            for word, is_name in zip(words, found, strict=True)
+            if is_name
+        ]
+
+    def _may_be_name(self, token: str) -> bool:
+        """A known given name, or no English, chat, place or misspelt word."""
+        gazetteer = self.gazetteer
+        base = _POSSESSIVE.sub("", token)
+        if gazetteer.is_given_name(base):
+            return True
+        return (
+            len(base) >= 3
+            and _name_shaped(base)
+            and not gazetteer.is_english_word(base)
+            and not gazetteer.is_informal_word(base)
+            and not gazetteer.is_place(base)
+            and not self._misspelt(base)
+        )
+
+    def _misspelt(self, word: str) -> bool:
+        known = self._misspellings.get(word)
+        if known is None:
+            if len(self._misspellings) >= _MISSPELLING_CACHE:
+                self._misspellings.clear()
+            known = self._misspellings[word] = self.gazetteer.is_misspelling(word)
+        return known
+
+    def _informal_name(self, text: str, words: list[_Word], index: int) -> bool:
+        """One word of informal text that is a name on its own (see the two cases)."""
+        word = words[index]
+        base = _POSSESSIVE.sub("", word.text)
+        gazetteer = self.gazetteer
+        if (
+            len(base) < 3
+            or gazetteer.is_common(base)
+            or gazetteer.is_informal_word(base)
+            or gazetteer.is_function_word(base)
+        ):
+            return False
+        if word.capitalised:
+            return self._capitalised_name(text, word, base)
+        if base.isupper():
+            return base.casefold() in gazetteer.given_names and not gazetteer.is_english_word(base)
+        return base.islower() and self._lower_case_name(text, words, index, base)
+
+    def _capitalised_name(self, text: str, word: _Word, base: str) -> bool:
+        """Inside a sentence, a capitalised word that is no English, chat or place word.
+
+        Such a proper noun is, in chat text, most often a person ("you and Desi");
+        so is a capitalised word used in a large corpus the way names are ("a Trump
+        supporter"), unless it is an adjective or a plural. At a sentence's start,
+        where every word is capitalised, only an unknown word counts ("Tebogo is
+        cute").
+        """
+        gazetteer = self.gazetteer
+        if not _name_shaped(base) or gazetteer.is_place(base):
+            return False
+        if _sentence_start(text, word.start):
+            return not gazetteer.is_english_word(base) and not self._misspelt(base)
+        if not gazetteer.is_english_word(base):
+            return True
+        return (
+            gazetteer.is_name_like(base)
+            and base.casefold() not in gazetteer.descriptive_words
+            and not _plural(base, gazetteer)
+        )
+
+    def _lower_case_name(self, text: str, words: list[_Word], index: int, base: str) -> bool:
+        """A name typed in lower case.
+
+        A word people mostly write capitalised that is a listed name or no English
+        word ("thanks obama", "rick astley"); a known given name that is no
+        English word ("notice gaby"); an unknown word (no English, chat, place or
+        misspelt word) that does something ("momo is the best", "kapil's
+        expression") or is greeted or compared ("better than klay").
+        """
+        gazetteer = self.gazetteer
+        folded = base.casefold()
+        english = gazetteer.is_english_word(base)
+        if gazetteer.is_proper_noun(base) and (
+            not english or folded in gazetteer.given_names or gazetteer.is_name_like(base)
+        ):
+            return True
+        if english:
+            return False
+        if folded in gazetteer.given_names:
+            return True
+        if gazetteer.is_place(base) or self._misspelt(base):
+            return False
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        acts = base != word.text or (
+            following is not None
+            and _adjacent(text, word, following)
+            and (
+                gazetteer.is_verb(following.text) or _POSSESSIVE.search(following.text) is not None
+            )
+        )
+        previous = words[index - 1] if index else None
+        addressed = (
+            previous is not None
+            and previous.text.casefold() in _ADDRESS_CUES
+            and text[previous.end : word.start].strip() == ""
+        )
+        return acts or addressed
 
     def _speakers(self, text: str) -> list[RecognizerResult]:
         """``Ubul: What a wife.`` -- a name labelling a line of dialogue."""
@@ -488,6 +812,47 @@ class PersonNameFinder:
         if words[last].text.isalpha() and len(words[last].text) == 1 and last > index:
             last -= 1  # "benjamin a" ends before a dangling initial
         return last
+
+
+_MISSPELLING_CACHE = 100_000
+_POSSESSIVE = re.compile(r"['’]s$")
+_ADDRESS_CUES = _words("thanks thank thx hey hi hello bye yo dear love miss than like with")
+"""Words after which an unknown lower-case word is someone greeted, thanked or compared."""
+_COORDINATORS = frozenset({"and", "&", "or", ","})
+
+
+def _coordinated(text: str, words: list[_Word], index: int, other: int) -> bool:
+    """True for "A and B", "A & B", "A, B": the two words joined by one coordinator."""
+    left, right = sorted((index, other))
+    between = text[words[left].end : words[right].start]
+    middle = words[left + 1].text.casefold() if right - left == 2 else ""
+    gap = between.replace(words[left + 1].text, " ", 1) if middle else between
+    return middle in _COORDINATORS and gap.strip(" ,") == ""
+
+
+def _plural(word: str, gazetteer: NameGazetteer) -> bool:
+    folded = word.casefold()
+    return (
+        folded.endswith("s")
+        and folded not in gazetteer.english_words
+        and (folded[:-1] in gazetteer.english_words or folded[:-2] in gazetteer.english_words)
+    )
+
+
+_SENTENCE_END = re.compile(r"(?:^|[.!?…:;\n])[^\w]*$")
+_CAMEL_PREFIX = re.compile(r"(?:Mc|Mac|O'|O’|De|Di|Da|Du|Le|La|Van|Von)[A-Z][a-z]+")
+
+
+def _sentence_start(text: str, start: int) -> bool:
+    """True when only punctuation, quotes or emoji separate ``start`` from a sentence's end."""
+    return _SENTENCE_END.search(text, max(0, start - 12), start) is not None
+
+
+def _name_shaped(token: str) -> bool:
+    """One capital then lower case, or a surname prefix ("McAvoy", "LeBron"), not "GoPro"."""
+    if not any(ch.isupper() for ch in token[1:]):
+        return True
+    return _CAMEL_PREFIX.fullmatch(token) is not None
 
 
 def _adjacent(text: str, left: _Word, right: _Word) -> bool:

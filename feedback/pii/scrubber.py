@@ -32,6 +32,7 @@ from feedback.pii.person_names import (
     PersonNameFinder,
     load_english_lexicon,
     load_name_gazetteer,
+    load_name_statistics,
 )
 from feedback.pii.recognizers import (
     CompiledPatternRecognizer,
@@ -484,6 +485,8 @@ def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
         if nlp.path is not None:
             # WordNet's adjectives tell "I'm sorry" from "I'm Ann".
             gazetteer = gazetteer.with_lexicon(load_english_lexicon(str(nlp.path)))
+        # Which words people write capitalised, and which are used like names.
+        gazetteer = gazetteer.with_statistics(load_name_statistics())
     segmenter = chinese_names = chinese_addresses = None
     if "zh" in settings.languages and entities & {"PERSON", "STREET_ADDRESS"}:
         segmenter = ChineseSegmenter()
