@@ -19,6 +19,7 @@ from dashboard import queries
 from dashboard.evals import EvalReview, EvalRun, EvalSample
 from dashboard.filters import BucketFilter, Cursor
 from dashboard.lineage import DatasetBuild, DatasetIndex, TrainingUse, drop_reasons, funnel_steps
+from dashboard.review_queue import ArmReviews, arm_reviews
 from dashboard.scrubbed import Sample, SampleScrubber
 from dashboard.settings import DashboardSettings
 from dashboard.shaping import (
@@ -34,8 +35,10 @@ from dashboard.shaping import (
 from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
 from feedback.shadow import shadow_counts
 from gateway.routing import RoutingTable
+from registry.canary import PASS_RATE
 from registry.decisions import latest_decisions
 from registry.lifecycle import shadow_since, step_started
+from registry.names import adapter_name
 from registry.routes import RouteChangeRecord, RouteStore
 
 DEFAULT_RANGE = timedelta(days=14)
@@ -53,6 +56,8 @@ class CanaryView:
     canary_requests: int
     rows: list[ArmComparison]
     decisions: list[dict[str, Any]]
+    # Reviewers' verdicts on each arm's answers since ``since`` (champion, then canary).
+    reviews: list[ArmReviews] = field(default_factory=list)
 
     @property
     def checks(self) -> list[dict[str, Any]]:
@@ -182,6 +187,15 @@ class Overview:
                     for r in self.canary.rows
                 ],
                 "checks": self.canary.checks,
+                "reviews": [
+                    {
+                        "adapter": r.adapter,
+                        "reviews": r.reviews,
+                        "failures": r.failures,
+                        "pass_rate": r.pass_rate,
+                    }
+                    for r in self.canary.reviews
+                ],
             },
             "funnel": None if self.latest_build is None else funnel_dict(self.latest_build),
             "shadow": None if self.shadow is None else self.shadow.as_dict(),
@@ -224,11 +238,20 @@ class EvalPage:
     samples: list[EvalSample]
     run_urls: dict[str, str | None]
     version_urls: dict[int, str | None]
+    # Reviewers' verdicts on the chosen run's adapter and the champion (all their answers),
+    # and the pass-rate check of the canary flow's latest look at that adapter.
+    reviews: list[ArmReviews] = field(default_factory=list)
+    review_check: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return {
             "business_line": self.business_line,
+            "reviews": [
+                {"adapter": r.adapter, "reviews": r.reviews, "pass_rate": r.pass_rate}
+                for r in self.reviews
+            ],
+            "review_check": self.review_check,
             "runs": [
                 r.as_dict()
                 | {
@@ -381,6 +404,9 @@ class FeedbackPages:
             canary_requests=canary_requests,
             rows=rows,
             decisions=latest_decisions(self.engine, business_line, limit=5),
+            reviews=arm_reviews(
+                self.engine, business_line, [routing.champion, routing.canary], started
+            ),
         )
 
     def bucket_size(self, business_line: str, bucket: BucketFilter) -> int | None:
@@ -464,8 +490,11 @@ class FeedbackPages:
                         flags=s.flags,
                     )
                 )
+        reviews, review_check = self._run_reviews(business_line, chosen)
         return EvalPage(
             business_line=business_line,
+            reviews=reviews,
+            review_check=review_check,
             available=self.evals.available(),
             runs=runs,
             chosen=chosen,
@@ -477,3 +506,25 @@ class FeedbackPages:
                 if r.version is not None
             },
         )
+
+    def _run_reviews(
+        self, business_line: str, run: EvalRun | None
+    ) -> tuple[list[ArmReviews], dict[str, Any] | None]:
+        """Human reviews of a registered run's adapter against the champion's, and the
+        pass-rate check of the canary flow's latest look at it (if it was a canary)."""
+        if run is None or run.version is None:
+            return [], None
+        adapter = adapter_name(business_line, run.version)
+        champion = self.routes.table(business_line).champion
+        adapters = list(dict.fromkeys([champion, adapter]))
+        reviews = arm_reviews(
+            self.engine, business_line, adapters, datetime.min.replace(tzinfo=UTC)
+        )
+        for decision in latest_decisions(self.engine, business_line, limit=50):
+            numbers = decision.get("numbers")
+            if decision.get("adapter") != adapter or not isinstance(numbers, dict):
+                continue
+            for check in numbers.get("checks") or []:
+                if isinstance(check, dict) and check.get("metric") == PASS_RATE:
+                    return reviews, check
+        return reviews, None

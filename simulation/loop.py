@@ -5,9 +5,12 @@ the nightly flow runs for the line (datasets → train → gate → register →
 hot-load → canary); canary traffic follows — users are picked per arm with the
 gateway's own sticky split so a 5% canary gets enough of them in minutes — and
 the canary flow decides (step up, promote, roll back, wait) from their
-reactions alone. After the last night, fresh prompts (another seed) are
-answered by the base model and by the final champion with the traffic's
-sampling settings and scored with the users' hidden ``satisfied()``.
+reactions, and, with ``reviews_per_round`` and a feedback page to review on,
+from simulated reviewers' verdicts too (:mod:`simulation.reviewers`: the users'
+hidden ``satisfied()`` with noise, blind to the arm). After the last night,
+fresh prompts (another seed) are answered by the base model and by the final
+champion with the traffic's sampling settings and scored with the users' hidden
+``satisfied()``.
 
 :func:`run_loop` takes its services as a :class:`LoopServices` value, so the
 same code runs on vLLM and the real flows (``flywheel loop``) and on a stub
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +30,7 @@ import httpx
 
 from gateway.routing import RoutingTable, choose_arm
 from simulation.protocol import LoadedUsers
+from simulation.reviewers import SimulatedReviewers
 from simulation.traffic import Sampling, TrafficReport, UserTraffic, user_requests
 
 
@@ -43,6 +48,8 @@ class LoopPlan:
     canary_rounds: int = 6
     user_pool: int = 0
     sampling: Sampling = field(default_factory=Sampling)
+    reviews_per_round: int = 0
+    review_noise: float = 0.1
 
     def pool(self) -> int:
         """Distinct users per night (returning users, so sticky routing matters)."""
@@ -81,6 +88,9 @@ class LoopServices:
     routes: Callable[[str], RoutingTable]
     transport: httpx.AsyncBaseTransport | None = None
     vllm_transport: httpx.AsyncBaseTransport | None = None
+    # The feedback page and keys with the reviewer role on the line, for simulated reviewers.
+    review_url: str | None = None
+    reviewer_keys: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -97,6 +107,7 @@ class NightRecord:
     canary_decisions: list[dict[str, str]]
     reactions: dict[str, int]
     minutes: float
+    reviews: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -172,6 +183,15 @@ def run_loop(
         sampling=plan.sampling,
         transport=services.transport,
     )
+    reviewers = None
+    if plan.reviews_per_round and services.review_url and services.reviewer_keys:
+        reviewers = SimulatedReviewers(
+            services.review_url,
+            services.reviewer_keys,
+            users,
+            noise=plan.review_noise,
+            seed=plan.seed,
+        )
     nights: list[NightRecord] = []
     for night in range(1, plan.nights + 1):
         night_started = time.monotonic()
@@ -185,6 +205,7 @@ def run_loop(
         nightly = services.nightly(line)
         reports = [day]
         decisions: list[dict[str, str]] = []
+        reviewed: Counter[str] = Counter()
         table = services.routes(line)
         deployed = table.canary
         for round_ in range(1, plan.canary_rounds + 1):
@@ -195,6 +216,9 @@ def run_loop(
                 plan, users, traffic, table, seed, f"{tag}-r{round_}", progress
             )
             reports.append(canary_round)
+            if reviewers is not None:
+                round_reviews = reviewers.review(line, plan.reviews_per_round)
+                reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
             outcome = services.canary(line)
             decisions.append({"action": outcome.action, "reason": outcome.reason})
             if outcome.action == "rollback":
@@ -214,6 +238,7 @@ def run_loop(
             canary_decisions=decisions,
             reactions=merged.reactions(),
             minutes=round((time.monotonic() - night_started) / 60, 2),
+            reviews=dict(reviewed),
         )
         nights.append(record)
         if on_night is not None:

@@ -394,3 +394,33 @@ def test_the_form_needs_the_session_token_and_this_origin(
     client.post("/logout")
     after = client.post(f"/lines/{LINE}/review/{item}", data=form | {"token": token})
     assert after.status_code == 401
+
+
+def test_the_overview_and_eval_review_show_the_pass_rates(
+    world: ReviewWorld, client: TestClient
+) -> None:
+    from dashboard.evals import EvalRun
+
+    queue = _queue(world)
+    while (item := queue.next_item(LINE, "reviewer")) is not None:
+        verdict = "fail" if "-canary-" in item.raw.request_id else "pass"
+        queue.submit(LINE, "reviewer", item.item, ReviewVerdictIn(verdict, "unclear"))
+    overview = client.get(f"/api/lines/{LINE}/overview", headers=world.bearer("viewer")).json()
+    assert overview["canary"]["reviews"] == [
+        {"adapter": world.champion, "reviews": 6, "failures": 0, "pass_rate": 1.0},
+        {"adapter": world.canary, "reviews": 6, "failures": 6, "pass_rate": 0.0},
+    ]
+    page = client.get(f"/lines/{LINE}", headers=world.bearer("viewer")).text
+    table = page.split('id="canary-reviews"', 1)[1].split("</table>", 1)[0]
+    assert "100.0%" in table
+    assert "0.0%" in table
+    pages = client.app.state.pages  # type: ignore[attr-defined]
+    run = EvalRun(
+        "r1", "e1", "run", datetime.now(UTC), "FINISHED", "sft", None, "promote", (), (), 2, (), ()
+    )
+    reviews, check = pages._run_reviews(LINE, run)
+    assert [(r.adapter, r.reviews, r.pass_rate) for r in reviews] == [
+        (world.champion, 6, 1.0),
+        (world.canary, 6, 0.0),
+    ]
+    assert check is None  # the canary flow has not looked yet
