@@ -50,6 +50,7 @@ from dashboard import plots
 from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line
 from dashboard.errors import PageError
 from dashboard.evals import EvalReview
+from dashboard.experiments import add_experiment_routes
 from dashboard.exports import csv_lines, jsonl_lines
 from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_filter
 from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
@@ -361,6 +362,7 @@ def _add_routes(
     _add_access_routes(app, context)
     _add_pages(app, context)
     _add_api(app, context)
+    add_experiment_routes(app, context, pages.engine)
     if review_queue is not None:
         add_review_routes(app, context, review_queue, pages.scrubber)
 

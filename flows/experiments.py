@@ -36,8 +36,8 @@ from registry.experiment_store import (
     PROMOTED,
     STOPPED,
     ExperimentRecord,
-    arm_counts,
     create_experiment,
+    current_look,
     decide,
     end_experiment,
     get_experiment,
@@ -46,12 +46,10 @@ from registry.experiment_store import (
     set_run_id,
 )
 from registry.experiments import (
-    METRICS,
     ArmLabel,
     ExperimentLook,
     ExperimentPolicy,
     arm_reference,
-    judge_experiment,
     metric_named,
     start_refusal,
 )
@@ -230,17 +228,6 @@ def start_experiment(
     return started
 
 
-def current_look(store: FeedbackStore, record: ExperimentRecord, until: datetime) -> ExperimentLook:
-    """The verdict on ``record`` from each arm's requests since it started (to its end, or
-    ``until``), without recording it."""
-    end = record.ended_at or until
-    a = arm_counts(store.engine, record.business_line, "a", record.started_at, end)
-    b = arm_counts(store.engine, record.business_line, "b", record.started_at, end)
-    return judge_experiment(
-        METRICS[record.metric], a[record.metric], b[record.metric], record.policy
-    )
-
-
 def _live(store: FeedbackStore, line: str) -> ExperimentRecord:
     record = live_experiment(store.engine, line)
     if record is None:
@@ -260,7 +247,7 @@ def look_experiment(
     MLflow); the first decision is kept as the experiment's."""
     record = _live(store, line)
     when = _now(now)
-    look = current_look(store, record, when)
+    look = current_look(store.engine, record, when)
     number = record_look(
         store.engine,
         record.id,

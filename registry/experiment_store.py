@@ -27,7 +27,15 @@ from sqlalchemy import (
 from feedback.schema import experiment_looks_table as looks_table
 from feedback.schema import experiments_table as experiments
 from feedback.schema import feedback_table, interactions_table
-from registry.experiments import FLAGS, METRICS, ArmCount, ArmLabel, ExperimentPolicy
+from registry.experiments import (
+    FLAGS,
+    METRICS,
+    ArmCount,
+    ArmLabel,
+    ExperimentLook,
+    ExperimentPolicy,
+    judge_experiment,
+)
 
 RUNNING = "running"
 STOPPED = "stopped"
@@ -322,3 +330,13 @@ def arm_counts(
     with engine.connect() as connection:
         row = connection.execute(select(*columns).select_from(per_request)).one()
     return {name: ArmCount(int(row[2 * i]), int(row[2 * i + 1])) for i, name in enumerate(METRICS)}
+
+
+def current_look(engine: Engine, record: ExperimentRecord, until: datetime) -> ExperimentLook:
+    """The verdict on ``record`` from each arm's requests since it started (to its end, or
+    ``until``), without recording it."""
+    end = record.ended_at or until
+    a = arm_counts(engine, record.business_line, "a", record.started_at, end)
+    b = arm_counts(engine, record.business_line, "b", record.started_at, end)
+    metric = METRICS[record.metric]
+    return judge_experiment(metric, a[metric.name], b[metric.name], record.policy)

@@ -97,8 +97,8 @@ def experiment_status(
 ) -> None:
     """Each line's live experiment looked at now (the look is recorded), and the latest
     ended ones with their decisions."""
-    from flows.experiments import ExperimentStatus, current_look, look_experiment
-    from registry.experiment_store import list_experiments, live_experiment
+    from flows.experiments import ExperimentStatus, look_experiment
+    from registry.experiment_store import current_look, list_experiments, live_experiment
 
     settings = load_settings()
     if business_line is not None:
@@ -112,7 +112,7 @@ def experiment_status(
                 shown.append(look_experiment(settings, store, line, actor=_actor()))
             for record in list_experiments(store.engine, line, limit=10):
                 if record.status != "running":
-                    look = current_look(store, record, record.ended_at or record.started_at)
+                    look = current_look(store.engine, record, record.ended_at or record.started_at)
                     shown.append(ExperimentStatus(record, look))
     finally:
         store.close()

@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from dashboard.app import create_app as create_dashboard
+from dashboard.settings import DashboardSettings
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
 from flows.experiments import (
@@ -232,6 +235,37 @@ def test_the_gateway_splits_users_sticky_and_the_winner_is_promoted(world: World
     assert "p_value" in run.data.metrics
     # An A/B run trained nothing: the page's training runs leave it out.
     assert promoted.record.mlflow_run_id not in {r.run_id for r in world.registry.recent_runs(LINE)}
+    _the_page_shows_it(world, record.id, v2)
+
+
+def _page(world: World, lines: tuple[str, ...]) -> TestClient:
+    keys = KeyRing([ApiKey(name="pm", sha256=key_digest("fw-pm"), business_lines=lines)])
+    app = create_dashboard(world.settings, DashboardSettings(), store=world.store, keys=keys)
+    return TestClient(app, client=("203.0.113.9", 5000), headers={"Authorization": "Bearer fw-pm"})
+
+
+def _the_page_shows_it(world: World, experiment_id: int, winner: str) -> None:
+    with _page(world, (LINE,)) as page:
+        listed = page.get(f"/lines/{LINE}/experiments")
+        assert listed.status_code == 200, listed.text
+        assert f"/lines/{LINE}/experiments/{experiment_id}" in listed.text
+        shown = page.get(f"/lines/{LINE}/experiments/{experiment_id}")
+        assert shown.status_code == 200, shown.text
+        assert f"Decision: B ({winner}) is better" in shown.text
+        assert 'id="confidence-sequence"' in shown.text
+        data = page.get(f"/api/lines/{LINE}/experiments/{experiment_id}").json()
+        assert (data["winner"], data["status"], data["winner_adapter"]) == ("b", "promoted", winner)
+        assert [look["look"] for look in data["looks"]] == [1, 2]
+        assert data["now"]["a_samples"] + data["now"]["b_samples"] == 120
+        overview = page.get(f"/lines/{LINE}")
+        assert f"/lines/{LINE}/experiments" in overview.text
+        # Ids are scoped by line: this line has no experiment 999, another line none of ours.
+        assert page.get(f"/lines/{LINE}/experiments/999").status_code == 404
+        assert page.get(f"/lines/{LINE}/experiments/x1").status_code == 404
+    with _page(world, ("medical",)) as other:
+        assert other.get(f"/lines/{LINE}/experiments/{experiment_id}").status_code == 403
+        assert other.get(f"/api/lines/{LINE}/experiments").status_code == 403
+        assert other.get(f"/lines/medical/experiments/{experiment_id}").status_code == 404
 
 
 def test_too_few_samples_refuse_a_promotion_unless_forced(world: World) -> None:
