@@ -3,19 +3,30 @@
 Every step is a plain function over a list of feedback records (see
 :mod:`feedback.signals`); :func:`clean_line` strings them together and counts,
 per signal, what survives each step and why the rest was dropped. The
-per-record work (:func:`scrub_and_filter`) is pure over a batch, so a flow can
-map it over partitions.
+per-record work (:func:`scrub_and_filter_records`) streams over a window or a
+partition of it, so a flow can map it over partitions.
+
+Scrubbing is most of the cost, so it is spent only where it counts. With
+``scrub_order="dedup_first"``, failed requests are dropped and exact duplicates
+of the raw question and answer are set aside before any scrubbing; only the
+survivors are scrubbed, and near duplicates are found on the scrubbed text, so
+two texts that differ only in their PII still meet. With ``"scrub_first"``
+every record is scrubbed, then filtered and deduplicated. Either way, a text the
+run has analysed before (the system prompt of every request, a templated
+answer) is not analysed again (:class:`DetectionCache`).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
@@ -36,6 +47,8 @@ from feedback.dedup.history import (
     sign_records,
     window_verdicts,
 )
+from feedback.dedup.records import record_time, scope_hash
+from feedback.dedup.signature import exact_text_hash
 from feedback.examples import ExampleKind, TrainingExample, build_examples
 from feedback.signals import pull_records
 
@@ -43,6 +56,11 @@ ScrubBatch = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 SCRUBBED_FIELDS = ("messages", "response", "edit")
 PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
 FUNNEL_STEPS = ("pulled", "filtered", "deduplicated", "in_training")
+FAILED_REQUEST = "failed_request"
+EXACT_DUPLICATE = "exact_duplicate"
+# Distinct texts whose detections a scrubbing function keeps (~200 bytes each).
+SCRUB_CACHE_TEXTS = 50_000
+ScrubOrder = Literal["scrub_first", "dedup_first"]
 
 
 class CleaningSettings(BaseModel):
@@ -53,6 +71,20 @@ class CleaningSettings(BaseModel):
     datasets: DatasetSettings = Field(default_factory=DatasetSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     scrub_batch_size: int = Field(default=256, ge=1, le=100_000)
+    scrub_order: ScrubOrder = Field(
+        default="scrub_first",
+        description="scrub_first: scrub every pulled record, then filter and deduplicate; "
+        "dedup_first: drop failed requests and exact duplicates of the raw text first and "
+        "scrub only the survivors (near duplicates are still found on scrubbed text).",
+    )
+    scrub_cache_texts: int = Field(
+        default=SCRUB_CACHE_TEXTS,
+        ge=0,
+        le=10_000_000,
+        description="Distinct texts whose PII detections a cleaning worker remembers, so a "
+        "repeated text is analysed once (DetectionCache); 0: none. Used where the stage "
+        "builds its own scrubbing function (the partitioned flow's workers).",
+    )
     trained_history_days: float = Field(
         default=90.0,
         ge=0,
@@ -97,10 +129,15 @@ def last_user_text(record: dict[str, Any]) -> str:
     return ""
 
 
+def failed_request(record: dict[str, Any]) -> bool:
+    """Whether the request failed or got an empty answer: unusable whatever its text (pure)."""
+    return record["status"] != "ok" or not record["response"].strip()
+
+
 def drop_reason(record: dict[str, Any], min_prompt_chars: int) -> str | None:
     """Why a scrubbed record cannot be used for training, or ``None`` (pure)."""
-    if record["status"] != "ok" or not record["response"].strip():
-        return "failed_request"
+    if failed_request(record):
+        return FAILED_REQUEST
     prompt = PLACEHOLDER.sub("", last_user_text(record))
     if len(re.sub(r"[\W_]+", "", prompt)) < min_prompt_chars:
         return "pii_only" if PLACEHOLDER.search(last_user_text(record)) else "empty_prompt"
@@ -114,13 +151,10 @@ def scrub_and_filter(
 
     Returns the kept records, dropped counts by reason, and PII counts by type.
     """
-    scrubbed = scrub(records)
     kept: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     pii: Counter[str] = Counter()
-    for record in scrubbed:
-        pii.update(record.get("pii") or {})
-        reason = drop_reason(record, settings.datasets.min_prompt_chars)
+    for record, reason in _scrub_and_judge(records, scrub, settings, pii):
         if reason is None:
             kept.append(record)
         else:
@@ -128,9 +162,131 @@ def scrub_and_filter(
     return kept, dropped, pii
 
 
+def _scrub_and_judge(
+    records: list[dict[str, Any]], scrub: ScrubBatch, settings: CleaningSettings, pii: Counter[str]
+) -> list[tuple[dict[str, Any], str | None]]:
+    scrubbed = scrub(records) if records else []
+    judged = []
+    for record in scrubbed:
+        pii.update(record.get("pii") or {})
+        judged.append((record, drop_reason(record, settings.datasets.min_prompt_chars)))
+    return judged
+
+
 def dedup_text(record: dict[str, Any]) -> str:
     """What dedup compares: the user's question and the answer it got."""
     return f"{last_user_text(record)}\n{record['response']}"
+
+
+@dataclass(slots=True)
+class FilteredRecords:
+    """What scrubbing and filtering made of a stream of pulled records.
+
+    ``filtered`` counts, per signal, the records that passed the filters: the kept ones
+    and, with ``dedup_first``, the raw exact duplicates set aside unscrubbed (already
+    counted in ``dropped`` as exact duplicates).
+    """
+
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    pulled: Counter[str] = field(default_factory=Counter)
+    filtered: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+    pii: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class _RawTwins:
+    """Raw exact duplicates set aside before scrubbing, by ``(scope, exact hash)``."""
+
+    earliest: dict[tuple[int, int], float] = field(default_factory=dict)
+    aside: Counter[tuple[int, int]] = field(default_factory=Counter)
+    signal: dict[tuple[int, int], str] = field(default_factory=dict)
+    fate: dict[tuple[int, int], str | None] = field(default_factory=dict)
+
+    def set_aside(self, record: dict[str, Any], key: tuple[int, int], created: float) -> bool:
+        """Whether an earlier (or same-time) record with this raw text was already seen."""
+        earliest = self.earliest.get(key)
+        if earliest is not None and earliest <= created:
+            self.aside[key] += 1
+            return True
+        # The first of its text, or earlier than the one seen (pulled out of time order):
+        # scrubbed, and any later twin ends as its scrubbed duplicate.
+        self.earliest[key] = created
+        self.signal[key] = str(record.get("signal"))
+        return False
+
+    def settle(self, out: FilteredRecords) -> None:
+        """Twins share the filter verdict of their scrubbed twin, then count as duplicates."""
+        for key, count in self.aside.items():
+            reason = self.fate[key]
+            if reason is None:
+                out.filtered[self.signal[key]] += count
+                out.dropped[EXACT_DUPLICATE] += count
+            else:
+                out.dropped[reason] += count
+
+
+def raw_duplicate_key(record: dict[str, Any], settings: DedupSettings) -> tuple[int, int]:
+    """The record's scope and the exact hash of its raw question and answer (pure)."""
+    return scope_hash(record, settings), exact_text_hash(dedup_text(record), settings)
+
+
+def scrub_and_filter_records(
+    records: Iterable[dict[str, Any]],
+    scrub: ScrubBatch,
+    settings: CleaningSettings,
+    on_progress: Callable[[int], None] | None = None,
+) -> FilteredRecords:
+    """Scrub and filter a stream of pulled records a batch at a time; kept ones in order.
+
+    With ``settings.scrub_order == "dedup_first"``, failed requests are dropped unscrubbed,
+    and a record whose raw question and answer equal an earlier one's in its scope is set
+    aside unscrubbed: it gets its twin's filter verdict, and if that keeps the twin, it is
+    an exact duplicate. Only the survivors are scrubbed; near duplicates are left to the
+    dedup step, on the scrubbed text.
+    """
+    out = FilteredRecords()
+    dedup_first = settings.scrub_order == "dedup_first"
+    twins = _RawTwins()
+    batch: list[dict[str, Any]] = []
+    keys: list[tuple[int, int]] = []
+    seen = 0
+
+    def flush() -> None:
+        nonlocal seen
+        for position, (record, reason) in enumerate(
+            _scrub_and_judge(batch, scrub, settings, out.pii)
+        ):
+            if dedup_first:
+                twins.fate[keys[position]] = reason
+            if reason is None:
+                out.kept.append(record)
+                out.filtered[record["signal"]] += 1
+            else:
+                out.dropped[reason] += 1
+        batch.clear()
+        keys.clear()
+        if on_progress is not None:
+            on_progress(seen)
+        seen = 0
+
+    for record in records:
+        out.pulled[record["signal"]] += 1
+        seen += 1
+        if dedup_first:
+            if failed_request(record):
+                out.dropped[FAILED_REQUEST] += 1
+                continue
+            key = raw_duplicate_key(record, settings.dedup)
+            if twins.set_aside(record, key, record_time(record, settings.dedup.created_at_field)):
+                continue
+            keys.append(key)
+        batch.append(record)
+        if len(batch) >= settings.scrub_batch_size:
+            flush()
+    flush()
+    twins.settle(out)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,19 +373,12 @@ def clean_records(
     near duplicates past their cluster's cap over the nights are dropped too.
     """
     funnel = Funnel()
-    funnel.count("pulled", records)
-    kept: list[dict[str, Any]] = []
-    size = settings.scrub_batch_size
-    for start in range(0, len(records), size):
-        chunk = records[start : start + size]
-        batch, dropped, pii = scrub_and_filter(chunk, scrub, settings)
-        kept.extend(batch)
-        funnel.dropped.update(dropped)
-        funnel.pii.update(pii)
-        if on_progress is not None:
-            on_progress(len(chunk))
-    funnel.count("filtered", kept)
-    outcome = deduplicate_window(kept, settings.dedup, history)
+    filtered = scrub_and_filter_records(records, scrub, settings, on_progress)
+    funnel.steps["pulled"] = filtered.pulled
+    funnel.steps["filtered"] = filtered.filtered
+    funnel.dropped.update(filtered.dropped)
+    funnel.pii.update(filtered.pii)
+    outcome = deduplicate_window(filtered.kept, settings.dedup, history)
     funnel.dropped.update(outcome.dropped)
     return finish_dataset(
         outcome.kept, business_line, funnel, settings, dataset_root, source, outcome.signed
@@ -286,9 +435,65 @@ def window_source(since: datetime | None, until: datetime | None, records: int) 
     return {"since": iso(since), "until": iso(until), "records": records}
 
 
-def scrub_with(scrubber: Any) -> ScrubBatch:
-    """A batch scrubber over the record fields that hold user or model text."""
+def text_digest(text: str) -> bytes:
+    """A 128-bit digest of a text: a key that does not hold the text (pure)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class DetectionCache:
+    """The scrubber's detections of texts analysed before, the most recent ``max_texts``.
+
+    A text repeated across records (the system prompt of every request, a templated
+    answer, a retried question) is analysed once. What the scrubber detects in a text
+    depends on that text alone; placeholders and names shared across a record's texts
+    are worked out per record after detection, so records scrub the same with or without
+    the cache. Texts are keyed by a 128-bit digest, so the cache holds offsets and types,
+    never the text or its PII; two texts share a digest with odds far below any leak
+    the scrubber itself has.
+    """
+
+    def __init__(self, detect: Callable[[Sequence[str]], list[list[Any]]], max_texts: int) -> None:
+        self._detect = detect
+        self._max_texts = max_texts
+        self._known: dict[bytes, list[Any]] = {}
+        self.texts = 0
+        self.analysed = 0
+
+    def __call__(self, texts: Sequence[str]) -> list[list[Any]]:
+        """Detections for each text, analysing only those not seen before (one call)."""
+        keys = [text_digest(text) for text in texts]
+        missing = {
+            key: text for key, text in zip(keys, texts, strict=True) if key not in self._known
+        }
+        fresh = (
+            dict(zip(missing, self._detect(list(missing.values())), strict=True)) if missing else {}
+        )
+        self.texts += len(texts)
+        self.analysed += len(missing)
+        found = [list(fresh[key] if key in fresh else self._known[key]) for key in keys]
+        for key in keys:
+            # Most recently used last, so the oldest entry is the first to go.
+            self._known[key] = fresh[key] if key in fresh else self._known.pop(key)
+        while len(self._known) > self._max_texts:
+            del self._known[next(iter(self._known))]
+        return found
+
+
+def scrub_with(scrubber: Any, *, cache_texts: int = SCRUB_CACHE_TEXTS) -> ScrubBatch:
+    """A batch scrubber over the record fields that hold user or model text.
+
+    The returned function remembers the detections of up to ``cache_texts`` texts
+    (:class:`DetectionCache`; 0: none) for as long as it lives: make one per run or
+    partition. ``scrubber`` itself is left as it is.
+    """
     from feedback.pii import scrub_records
+
+    if cache_texts:
+        cached = copy.copy(scrubber)
+        # scrub_records finds PII through the scrubber's public detect(); this copy's
+        # detect() consults the cache first.
+        cached.detect = DetectionCache(scrubber.detect, cache_texts)
+        scrubber = cached
 
     def scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return scrub_records(batch, SCRUBBED_FIELDS, scrubber)

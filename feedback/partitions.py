@@ -31,7 +31,7 @@ from feedback.cleaning import (
     ScrubBatch,
     dedup_text,
     finish_dataset,
-    scrub_and_filter,
+    scrub_and_filter_records,
     window_source,
 )
 from feedback.dedup.history import (
@@ -85,28 +85,19 @@ def clean_partition(
 ) -> PartitionSummary:
     """Pull, scrub, filter and sign one partition; write its records and signatures.
 
+    Scrubbing and filtering are :func:`feedback.cleaning.scrub_and_filter_records`, as
+    in the one-process stage (``settings.scrub_order`` included).
+
     With ``trained`` (the history's keys), records already trained on in an earlier
     window are dropped after the filter count, as in the one-process stage.
     """
-    summary = PartitionSummary(partition)
-    kept: list[dict[str, Any]] = []
-    batch: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        records, dropped, pii = scrub_and_filter(batch, scrub, settings)
-        kept.extend(records)
-        summary.dropped.update(dropped)
-        summary.pii.update(pii)
-        batch.clear()
-
-    for record in pull_records(engine, business_line, since=since, until=until, ids=ids):
-        summary.pulled[record["signal"]] += 1
-        batch.append(record)
-        if len(batch) >= settings.scrub_batch_size:
-            flush()
-    if batch:
-        flush()
-    summary.filtered.update(r["signal"] for r in kept)
+    filtered = scrub_and_filter_records(
+        pull_records(engine, business_line, since=since, until=until, ids=ids), scrub, settings
+    )
+    summary = PartitionSummary(
+        partition, filtered.pulled, filtered.filtered, filtered.dropped, filtered.pii
+    )
+    kept = filtered.kept
     signed = sign_records(
         [{**r, "dedup_text": dedup_text(r)} for r in kept],
         field="dedup_text",

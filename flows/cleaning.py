@@ -36,12 +36,14 @@ STALE_STAGING_S = 24 * 3600
 
 
 @cache
-def _worker_scrub() -> ScrubBatch:
-    # Loading spaCy and the recognizers takes seconds: once per worker process.
+def _worker_scrub(cache_texts: int) -> ScrubBatch:
+    # Loading spaCy and the recognizers takes seconds, and the detection cache pays off
+    # across partitions and lines (system prompts, templated answers): once per worker
+    # process. The cache keeps digests and offsets, never text.
     from feedback.cleaning import scrub_with
     from feedback.pii import build_scrubber
 
-    return scrub_with(build_scrubber())
+    return scrub_with(build_scrubber(), cache_texts=cache_texts)
 
 
 @task(retries=1, retry_delay_seconds=5)
@@ -68,7 +70,7 @@ def clean_partition_task(
             ids=ids,
             since=since,
             until=until,
-            scrub=_worker_scrub(),
+            scrub=_worker_scrub(cleaning.scrub_cache_texts),
             settings=cleaning,
             staging=staging,
             partition=partition,

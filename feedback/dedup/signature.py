@@ -148,6 +148,15 @@ class TextSignatures:
         )
 
 
+def exact_text_hash(text: str, settings: DedupSettings) -> int:
+    """The exact hash of one text alone, as in its signature, without the MinHash work."""
+    return _exact_form_hash(message_forms(text, mask_digits=False)[0], settings)
+
+
+def _exact_form_hash(exact: str, settings: DedupSettings) -> int:
+    return xxhash.xxh3_64_intdigest(exact.encode("utf-8", "surrogatepass"), seed=settings.seed)
+
+
 def sign_text(text: str, settings: DedupSettings) -> TextSignature:
     """Normalise one text, hash it exactly and cut its MinHash into LSH band keys."""
     return sign_texts([text], settings).row(0)
@@ -186,9 +195,7 @@ def _sign_slice(texts: Sequence[str | None], settings: DedupSettings) -> TextSig
             shingle_texts.append("")
             continue
         exact, shingle_text = message_forms(text, mask_digits=settings.mask_digits)
-        exact_hash[index] = xxhash.xxh3_64_intdigest(
-            exact.encode("utf-8", "surrogatepass"), seed=settings.seed
-        )
+        exact_hash[index] = _exact_form_hash(exact, settings)
         has_text[index] = True
         shingle_texts.append(shingle_text if settings.near_duplicates else "")
 

@@ -98,3 +98,46 @@ def test_funnel_counts_each_step_and_reason(tmp_path: Path) -> None:
     assert counts["sft"]["train"] + counts["sft"]["eval"] == 1
     rules = sorted(e["rule"] for e in result.dataset.manifest["examples"] if e["kind"] == "kto")
     assert rules == ["thumbs_down", "thumbs_up"]  # the negative survives as a KTO label
+
+
+def test_dedup_first_scrubs_only_what_passes_the_cheap_filters(tmp_path: Path) -> None:
+    scrubbed: list[str] = []
+
+    def counting_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        scrubbed.extend(record["request_id"] for record in batch)
+        return fake_scrub(batch)
+
+    records = [
+        rec("a", "My landlord keeps the deposit, SECRET1 says.", "Write first.", "thumbs_up"),
+        rec("bb", "My landlord keeps the deposit, SECRET1 says.", "Write first.", "thumbs_up"),
+        rec("ccc", "My landlord keeps the deposit, SECRET2 says.", "Write first.", "thumbs_up"),
+        rec("dddd", "Can I break my lease?", "", "none", status="error"),
+        # Same raw text as "f" but earlier, though pulled after it: both are scrubbed.
+        rec("eeeee", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:09:00Z"},
+        rec("ffffff", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:08:00Z"},
+        rec("ggggggg", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:10:00Z"},
+        rec("hhhhhhhh", "Is a verbal contract valid?", "No idea.", "thumbs_down"),
+    ]
+    funnels = {}
+    for order in ("scrub_first", "dedup_first"):
+        scrubbed.clear()
+        result = clean_records(
+            records,
+            "legal",
+            scrub=counting_scrub,
+            settings=CleaningSettings(scrub_order=order),  # type: ignore[arg-type]
+            dataset_root=tmp_path / order,
+            source={"records": len(records)},
+        )
+        assert result.dataset is not None
+        funnels[order] = (result.funnel.as_dict(), result.dataset.content_hash, list(scrubbed))
+    first, dedup_first = funnels["scrub_first"], funnels["dedup_first"]
+    assert first[2] == [r["request_id"] for r in records]
+    assert dedup_first[2] == ["a", "ccc", "eeeee", "ffffff", "hhhhhhhh"]
+    assert dedup_first[1] == first[1]
+    assert dedup_first[0]["steps"] == first[0]["steps"]
+    assert dedup_first[0]["dropped"] == first[0]["dropped"]
+    assert first[0]["dropped"] == {"exact_duplicate": 2, "failed_request": 1, "pii_only": 3}
+    # Only what was scrubbed counts: not the set-aside twin's nor the failed request's PII.
+    assert first[0]["pii"] == {"PERSON": 6}
+    assert dedup_first[0]["pii"] == {"PERSON": 4}
