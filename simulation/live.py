@@ -8,6 +8,7 @@ ends, a SIGTERM included.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -36,6 +37,26 @@ def gateway_process(settings: Settings, upstream: str, port: int, log_path: Path
     url = f"http://127.0.0.1:{port}"
     with service_process(
         argv, name="the gateway", ready_url=f"{url}/healthz", log_path=log_path, env=env
+    ):
+        yield url
+
+
+@contextmanager
+def dashboard_process(settings: Settings, port: int, log_path: Path) -> Iterator[str]:
+    """The feedback page as its own process (uvicorn), for simulated reviewers; yields its
+    URL."""
+    env = {
+        **os.environ,
+        "FLYWHEEL_HOME": str(settings.home),
+        **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
+    }
+    argv = [
+        sys.executable, "-m", "uvicorn", "dashboard.app:app_from_env", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with service_process(
+        argv, name="the feedback page", ready_url=f"{url}/healthz", log_path=log_path, env=env
     ):
         yield url
 
@@ -101,8 +122,10 @@ def live_services(
     *,
     report: Callable[[str], None],
     bad_canary: Callable[[], bool] = lambda: False,
+    reviewers: int = 0,
 ) -> Iterator[LoopServices]:
-    """vLLM and the gateway up, the flows pointed at them; yields the loop's services."""
+    """vLLM and the gateway up, the flows pointed at them; yields the loop's services. With
+    ``reviewers``, the feedback page too and that many keys with the reviewer role."""
     from feedback.store import FeedbackStore
     from flows.prefect_env import configure_prefect
     from flows.rollout import sync_adapters
@@ -121,11 +144,20 @@ def live_services(
     logs.mkdir(parents=True, exist_ok=True)
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
     keys = GatewaySettings().resolved_keys_file(settings.home)
-    key = add_key(keys, f"loop-{int(time.time())}", ["*"])
+    stamp = int(time.time())
+    key = add_key(keys, f"loop-{stamp}", ["*"])
+    reviewer_keys = tuple(
+        add_key(keys, f"loop-{stamp}-reviewer-{n}", ["*"], ["*"]) for n in range(reviewers)
+    )
     with (
         VllmServer(vllm, python=python, log_path=logs / "loop-vllm.log", report=report) as llm,
         gateway_process(settings, llm.base_url, free_port(), logs / "loop-gateway.log") as url,
+        contextlib.ExitStack() as stack,
     ):
+        review_url = None
+        if reviewer_keys:
+            page_log = logs / "loop-dashboard.log"
+            review_url = stack.enter_context(dashboard_process(settings, free_port(), page_log))
         # The flows read their settings from the environment, like a scheduled run would.
         os.environ.update(
             FLYWHEEL_HOME=str(settings.home),
@@ -146,6 +178,8 @@ def live_services(
                 nightly=flow_nightly(bad_canary),
                 canary=flow_canary,
                 routes=routes.table,
+                review_url=review_url,
+                reviewer_keys=reviewer_keys,
             )
         finally:
             store.close()

@@ -47,6 +47,21 @@ def loop(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the summary here.")
     ] = None,
+    reviewers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Simulated reviewers on the feedback page's review queue (the users' "
+            "satisfied() with noise, blind to the arm); the line's recipe needs a review block.",
+        ),
+    ] = 0,
+    reviews_per_round: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Reviews after each canary round.")
+    ] = 40,
+    review_noise: Annotated[
+        float, typer.Option(min=0.0, max=0.5, help="Share of verdicts a reviewer gets wrong.")
+    ] = 0.1,
 ) -> None:
     """Run N nights of the loop with simulated users who react to the real answers, then score
     the base model and the final champion on fresh prompts."""
@@ -57,6 +72,15 @@ def loop(
         raise UsageError(
             f"unknown business line {line!r}; known: {', '.join(settings.business_lines)}"
         )
+    if reviewers:
+        from training.recipes import load_recipe
+
+        assert settings.recipes_dir is not None
+        if load_recipe(line, settings.recipes_dir).review is None:
+            raise UsageError(
+                f"--reviewers needs a review block in {line}'s recipe "
+                f"({settings.recipes_dir / (line + '.yaml')}): share, rubric, min_reviews"
+            )
     loaded = load_users(users)
     loaded.check(line)
     result = run_loop_command(
@@ -69,6 +93,9 @@ def loop(
         seed=seed,
         canary_users=canary_users,
         bad_canary=bad_canary,
+        reviewers=reviewers,
+        reviews_per_round=reviews_per_round,
+        review_noise=review_noise,
     )
     document = scrub_examples(result.as_dict())
     plot_path = settings.home / "loop" / f"{line}-seed{seed}.png"
@@ -102,6 +129,9 @@ def run_loop_command(
     seed: int,
     canary_users: int,
     bad_canary: bool,
+    reviewers: int = 0,
+    reviews_per_round: int = 40,
+    review_noise: float = 0.1,
 ) -> Any:
     """The loop on live services, with progress and a table per night."""
     from simulation.live import live_services
@@ -115,6 +145,8 @@ def run_loop_command(
         seed=seed,
         canary_users=canary_users,
         champion_users=canary_users,
+        reviews_per_round=reviews_per_round if reviewers else 0,
+        review_noise=review_noise,
     )
     out.print(
         f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
@@ -132,7 +164,9 @@ def run_loop_command(
         _print_night(record)
 
     with (
-        live_services(settings, report=out.print, bad_canary=is_bad_night) as services,
+        live_services(
+            settings, report=out.print, bad_canary=is_bad_night, reviewers=reviewers
+        ) as services,
         _progress() as progress,
     ):
         return run_loop(plan, users, services, progress=progress, on_night=on_night)
@@ -174,7 +208,7 @@ def _print_night(record: Any) -> None:
         out.print(f"  canary flow: {decision['action']}: {decision['reason']}")
     out.print(
         f"  champion now {record.champion or 'base model'}; decision: {record.decision}; "
-        f"reactions {record.reactions}"
+        f"reactions {record.reactions}" + (f"; reviews {record.reviews}" if record.reviews else "")
     )
 
 

@@ -247,6 +247,13 @@ def gateway_add_key(
     lines: Annotated[
         str, typer.Option(help="Comma-separated business lines it may use, or '*' for all.")
     ],
+    review_lines: Annotated[
+        str,
+        typer.Option(
+            help="Lines whose review queue it works on the feedback page (the reviewer role), "
+            "comma-separated or '*'; none by default."
+        ),
+    ] = "",
 ) -> None:
     """Create an API key for the gateway; it is printed once (the file keeps a digest)."""
     from gateway.keys import add_key
@@ -257,9 +264,14 @@ def gateway_add_key(
     for line in chosen:
         if line != "*":
             _check_line(settings, line)
+    reviewing = [line.strip() for line in review_lines.split(",") if line.strip()]
+    for line in reviewing:
+        if line != "*":
+            _check_line(settings, line)
     path = GatewaySettings().resolved_keys_file(settings.home)
-    token = add_key(path, name, chosen)
-    out.print(f"key for {name} ({', '.join(chosen)}), stored as a digest in {path}:")
+    token = add_key(path, name, chosen, reviewing)
+    role = f"; reviewer on {', '.join(reviewing)}" if reviewing else ""
+    out.print(f"key for {name} ({', '.join(chosen)}{role}), stored as a digest in {path}:")
     out.print(token, highlight=False)
 
 

@@ -10,6 +10,8 @@ and DPO with lineage) and whose pass rate the canary's test reads; bad input is 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -424,3 +426,56 @@ def test_the_overview_and_eval_review_show_the_pass_rates(
         (world.canary, 6, 0.0),
     ]
     assert check is None  # the canary flow has not looked yet
+
+
+# --- keys and the CLI --------------------------------------------------------------------
+
+
+def test_a_key_file_without_review_lines_keeps_working_and_grants_no_role(tmp_path: Path) -> None:
+    from gateway.keys import ApiKey, KeyRing, key_digest
+
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        f"keys:\n  - name: old\n    sha256: {key_digest('fw-old')}\n    business_lines: ['*']\n",
+        encoding="utf-8",
+    )
+    key = KeyRing.load(path).authorize("fw-old")
+    assert key is not None
+    assert key.may_use(LINE)
+    assert not key.may_review(LINE)
+    # A reviewer role only counts on a line the key may use.
+    partial = ApiKey(name="r", sha256="0" * 64, business_lines=(OTHER_LINE,), review_lines=("*",))
+    assert partial.may_review(OTHER_LINE)
+    assert not partial.may_review(LINE)
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from flywheel.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
+        check=False,
+    )
+
+
+def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    made = _cli(
+        tmp_path, "gateway", "add-key", "ana", "--lines", "medical", "--review-lines", "medical"
+    )
+    assert made.returncode == 0, made.stderr
+    assert "reviewer on medical" in made.stdout
+    stored = yaml.safe_load((tmp_path / "gateway-keys.yaml").read_text())
+    assert stored["keys"][0]["review_lines"] == ["medical"]
+    unknown = _cli(
+        tmp_path, "gateway", "add-key", "bo", "--lines", "medical", "--review-lines", "nope"
+    )
+    assert unknown.returncode == 2
+    # The demo recipes have no review block: simulated reviewers are refused up front.
+    loop = _cli(tmp_path, "loop", "--line", "customer_service", "--reviewers", "2")
+    assert loop.returncode == 2, loop.stderr
+    assert "--reviewers needs a review block" in loop.stderr
