@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, delete, func, select, update
 
-from feedback.schema import feedback_table, interactions_table, shadow_outputs_table
+from feedback.schema import (
+    feedback_table,
+    interactions_table,
+    review_claims_table,
+    shadow_outputs_table,
+)
 
 if TYPE_CHECKING:
     from training.recipes import RetentionPolicy
@@ -143,6 +148,9 @@ def apply_retention(
             report.feedback_events = connection.execute(
                 delete(f).where(f.c.request_id.in_(owned))
             ).rowcount
+            connection.execute(
+                delete(review_claims_table).where(review_claims_table.c.request_id.in_(owned))
+            )
             report.interactions = connection.execute(delete(i).where(old)).rowcount
         return report
     targets = (

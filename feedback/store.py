@@ -45,6 +45,7 @@ from feedback.schema import (
     forgotten_users_table,
     interactions_table,
     quarantine_table,
+    review_claims_table,
     rollup_watermarks_table,
     shadow_outputs_table,
     signal_rollup_table,
@@ -797,6 +798,10 @@ class FeedbackStore:
                     delete(trained_records_table).where(
                         trained_records_table.c.request_id.in_(owned)
                     )
+                )
+                # Which reviewer was handed their answers (the foreign key cascades too).
+                connection.execute(
+                    delete(review_claims_table).where(review_claims_table.c.request_id.in_(owned))
                 )
                 given = connection.execute(delete(feedback_table).where(f.user_id == form))
                 interactions = connection.execute(

@@ -479,3 +479,24 @@ def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block
     loop = _cli(tmp_path, "loop", "--line", "customer_service", "--reviewers", "2")
     assert loop.returncode == 2, loop.stderr
     assert "--reviewers needs a review block" in loop.stderr
+
+
+def test_forgetting_a_user_takes_the_reviews_and_claims_of_their_answers(
+    world: ReviewWorld,
+) -> None:
+    from feedback.schema import review_claims_table
+
+    queue = _queue(world)
+    item = queue.next_item(LINE, "reviewer")
+    assert item is not None
+    queue.submit(LINE, "reviewer", item.item, ReviewVerdictIn("fail", "unclear", "Better."))
+    user = f"user-{item.raw.request_id}"
+    erasure = world.store.forget_user(user)
+    assert erasure.total("interactions") == 1
+    with world.store.engine.connect() as connection:
+        claims = connection.execute(select(review_claims_table)).all()
+        reviews = connection.execute(
+            select(feedback_table).where(feedback_table.c.request_id == item.raw.request_id)
+        ).all()
+    assert claims == []
+    assert reviews == []
