@@ -101,14 +101,16 @@ def interaction(
     }
 
 
-def build_review_world(home: Path, *, per_arm: int = 6, share: float = 1.0) -> ReviewWorld:
+def build_review_world(
+    home: Path, *, per_arm: int = 6, share: float = 1.0, database_url: str | None = None
+) -> ReviewWorld:
     """Routes first (the canary's window starts then), then each arm's answers."""
     recipes = home / "recipes"
     write_recipe(recipes, LINE, share=share)
     write_recipe(recipes, OTHER_LINE, share=share)
     settings = load_settings(
         home=home,
-        database_url=f"sqlite:///{home / 'flywheel.db'}",
+        database_url=database_url or f"sqlite:///{home / 'flywheel.db'}",
         recipes_dir=recipes,
         business_lines=(LINE, OTHER_LINE),
     )
