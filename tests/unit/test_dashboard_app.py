@@ -210,6 +210,7 @@ def test_overview_api_counts_match_the_store(home: PageHome, client: TestClient)
         "shadow": None,
         "shadow_fraction": 0.0,
         "replicas": None,
+        "experiment": None,
     }
     assert body["canary"]["canary_requests"] == totals["legal-v3"]["requests"]
     assert body["funnel"]["steps"][0]["step"] == "raw"
