@@ -31,11 +31,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
     Engine,
+    Table,
     and_,
     delete,
     exists,
@@ -48,14 +49,22 @@ from sqlalchemy import (
 
 from dashboard.errors import PageError
 from dashboard.queries import RawSample
-from feedback.events import REVIEW_REASON, REVIEWER, FeedbackType, ReviewVerdict
-from feedback.schema import feedback_table, interactions_table, review_claims_table
+from feedback.events import (
+    REVIEW_REASON,
+    REVIEWER,
+    FeedbackType,
+    InvalidEventError,
+    ReviewVerdict,
+    validate_event,
+)
+from feedback.schema import ReviewClaim, feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from gateway.routing import RoutingTable
 from registry.lifecycle import step_started
 from registry.routes import RouteStore
 from training.recipes import Recipe, ReviewPolicy
 
+review_claims_table = cast(Table, ReviewClaim.__table__)
 # Candidates read per arm and query, and the most pages walked to find sampled ones.
 PAGE_ROWS = 200
 MAX_PAGES = 25
@@ -439,10 +448,18 @@ class ReviewQueue:
             "idempotency_key": key,
             "created_at": now.isoformat(),
         }
+        limits = self.store.limits
+        try:
+            validate_event(
+                event, max_text_chars=limits.max_text_chars, max_messages=limits.max_messages
+            )
+        except InvalidEventError as exc:  # the reason names the field, never the request
+            raise PageError(422, f"review not stored: {exc.field}: {exc.reason}") from None
         report = self.store.ingest([event], source="review-queue")
         if report.quarantined:
-            reasons = "; ".join(r.reason for r in report.rejections) or "refused by the store"
-            raise PageError(422, f"review not stored: {reasons}")
+            raise PageError(
+                410, f"review item {item}'s answer is no longer stored (forgotten or expired)"
+            )
         with self.engine.begin() as connection:
             connection.execute(
                 update(review_claims_table).where(c.id == item).values(reviewed_at=now)
@@ -489,7 +506,7 @@ def arm_reviews(
     with engine.connect() as connection:
         for adapter in adapters:
             served = i.adapter_name.is_(None) if adapter is None else i.adapter_name == adapter
-            counts = dict(
+            counts: dict[str | None, int] = dict(
                 connection.execute(
                     select(f.outcome, func.count())
                     .select_from(joined)

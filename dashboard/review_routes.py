@@ -193,10 +193,13 @@ def add_review_routes(
         unknown = sorted(set(body) - {"verdict", "reason", "correction"})
         if unknown:
             raise PageError(422, f"unknown fields {unknown}: send verdict, reason, correction")
-        values = [body.get("verdict"), body.get("reason"), body.get("correction")]
-        if not all(isinstance(v, str) for v in values[:2]) or not isinstance(values[2], str | None):
-            raise PageError(422, "verdict and reason are text, correction text or null")
-        submitted = ReviewVerdictIn(values[0], values[1], values[2])
+        verdict, reason = body.get("verdict"), body.get("reason")
+        correction = body.get("correction")
+        if not isinstance(verdict, str) or not isinstance(reason, str):
+            raise PageError(422, "verdict and reason are required, as text")
+        if not isinstance(correction, str | None):
+            raise PageError(422, "correction is text or null")
+        submitted = ReviewVerdictIn(verdict, reason, correction)
         await run_in_threadpool(queue.submit, business_line, reviewer, number, submitted)
         # Never the request id: it would lead a reviewer to the sample and its adapter.
         stored = {"item": number, "verdict": submitted.verdict, "reason": submitted.reason}

@@ -77,7 +77,7 @@ class SimulatedReviewers:
     def review(self, business_line: str, count: int) -> ReviewReport:
         """Up to ``count`` verdicts, the reviewers taking turns, until the queue is empty."""
         report = ReviewReport()
-        idle = set()
+        idle: set[str] = set()
         with httpx.Client(base_url=self.page_url, timeout=60, transport=self.transport) as client:
             turn = 0
             while report.reviewed < count and len(idle) < len(self.keys):
