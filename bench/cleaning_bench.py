@@ -1,23 +1,31 @@
 """Scale-out of the cleaning stage on Dask workers, and a nightly run broken down by stage.
 
-Run: ``.venv/bin/python bench/cleaning_bench.py [--requests 69000] [--no-nightly]``
+Run: ``.venv/bin/python bench/cleaning_bench.py [--requests 69000] [--no-baseline]
+[--no-nightly]``
 
 1. Generates simulated traffic into a fresh PostgreSQL database (69,000
-   requests give about 100,000 stored events: interactions plus feedback).
+   requests give about 100,000 stored events: interactions plus feedback;
+   ``--requests 14000`` about 20,000).
 2. Cleans every business line (pull, Presidio scrub, filter, exact and
    near-duplicate removal by band-key shuffle, datasets) with the partitioned
-   Prefect flow on a local Dask cluster of 1 worker, then of 2 workers, in
-   the same run; prints wall times (cluster start-up included), the seconds of
-   each step and the ratio of 2 workers to 1, and checks that both built the
-   same datasets (content hashes).
+   Prefect flow on a fresh local Dask cluster per run, in the same process:
+   the baseline (1 worker, every text analysed: no detection cache, as before
+   the cache existed; skipped with ``--no-baseline``), both scrub orders on 1
+   worker (``scrub_first``: scrub everything, then filter and deduplicate;
+   ``dedup_first``: failed requests and raw exact duplicates set aside before
+   scrubbing), the kept order on 2 workers, then the one-process path
+   (:func:`feedback.cleaning.clean_line`, the whole window in this process).
+   Prints wall times (cluster start-up included), events/s per worker, the
+   seconds of each step, ratios against the baseline and the load average, and
+   checks that every run built the same datasets (content hashes) and that the
+   kept order's funnels equal the one-process path's.
 3. Unless ``--no-nightly``: starts vLLM on the CPU, runs the nightly flow for
    one line on the same store with 2 cleaning workers (datasets, DPO training
    with the demo recipe, offline eval, gate, MLflow registration, hot-load,
    probe, 5% canary) and prints the seconds of each stage.
 
-On this 2-core machine the defaults take about 20 minutes (most of it is
-Presidio scrubbing, twice); ``--requests 5000 --no-nightly`` takes ~2 minutes.
-The machine is shared and noisy: read the ratio, not the absolute times.
+The machine is shared and noisy: read the ratios, measured in the same run, and
+the load average printed beside each run.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from bench_db import drop_database, fresh_database
 from rich.console import Console
 from rich.table import Table
 
-out = Console()
+# Wide enough for the runs table when the output goes to a file.
+out = Console(width=160)
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
@@ -61,25 +70,79 @@ def fill_store(url: str, home: Path, requests: int) -> dict[str, int]:
     }
 
 
-def clean_all(home: Path, url: str, workers: int, lines: list[str]) -> dict[str, Any]:
+def clean_all(
+    home: Path, url: str, name: str, workers: int, lines: list[str], cleaning: Any
+) -> dict[str, Any]:
     """Every line through the partitioned flow on a fresh local cluster of ``workers``."""
     from flows.cleaning import local_cluster, run_partitioned
     from flywheel.settings import load_settings
 
-    settings = load_settings(home=home / f"workers-{workers}", database_url=url)
+    settings = load_settings(home=home / name, database_url=url)
     steps: dict[str, float] = {}
     hashes: dict[str, str | None] = {}
+    funnels: dict[str, Any] = {}
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     # One cluster for every line, as the nightly flow does: workers load Presidio once.
     with local_cluster(workers) as address:
         for line in lines:
-            with out.status(f"cleaning {line} on {workers} Dask worker(s)"):
-                result = run_partitioned(settings, line, workers=workers, address=address)
+            with out.status(f"{name}: cleaning {line} on {workers} Dask worker(s)"):
+                result = run_partitioned(
+                    settings, line, workers=workers, address=address, cleaning=cleaning
+                )
             hashes[line] = result.dataset
+            funnels[line] = result.funnel
             for step, seconds in result.seconds.items():
                 steps[step] = steps.get(step, 0.0) + seconds
-            out.print(f"  {line}: {result.partitions} partitions, {result.seconds}")
-    return {"seconds": time.perf_counter() - started, "steps": steps, "hashes": hashes}
+            out.print(f"  {name} {line}: {result.partitions} partitions, {result.seconds}")
+    return {
+        "workers": workers,
+        "seconds": time.perf_counter() - started,
+        "steps": steps,
+        "hashes": hashes,
+        "funnels": funnels,
+        "load": [load, os.getloadavg()[0]],
+        "cleaning": cleaning,
+    }
+
+
+def clean_one_process(home: Path, url: str, lines: list[str], cleaning: Any) -> dict[str, Any]:
+    """Every line through the one-process stage (:func:`feedback.cleaning.clean_line`)."""
+    from feedback.cleaning import clean_line, scrub_with
+    from feedback.pii import build_scrubber
+    from feedback.store import FeedbackStore
+    from flywheel.settings import load_settings
+
+    settings = load_settings(home=home / "one-process", database_url=url)
+    hashes: dict[str, str | None] = {}
+    funnels: dict[str, Any] = {}
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    scrub = scrub_with(build_scrubber(), cache_texts=cleaning.scrub_cache_texts)
+    store = FeedbackStore.open(settings)
+    try:
+        for line in lines:
+            with out.status(f"one process: cleaning {line}"):
+                result = clean_line(
+                    store.engine,
+                    line,
+                    scrub=scrub,
+                    settings=cleaning,
+                    dataset_root=settings.datasets_dir,
+                )
+            hashes[line] = result.dataset.content_hash if result.dataset else None
+            funnels[line] = result.funnel.as_dict()
+    finally:
+        store.close()
+    return {
+        "workers": 1,
+        "seconds": time.perf_counter() - started,
+        "steps": {},
+        "hashes": hashes,
+        "funnels": funnels,
+        "load": [load, os.getloadavg()[0]],
+        "cleaning": cleaning,
+    }
 
 
 def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str, Any]:
@@ -111,9 +174,63 @@ def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str
     return report
 
 
+KEPT_ORDER = "scrub_first"
+
+
+def compare_runs(home: Path, url: str, lines: list[str], *, baseline: bool) -> dict[str, Any]:
+    """The baseline, both scrub orders on 1 worker, the kept order on 2, one process."""
+    from feedback.cleaning import CleaningSettings
+
+    plans: list[tuple[str, int, CleaningSettings]] = []
+    if baseline:
+        plans.append(("baseline (no cache), 1 worker", 1, CleaningSettings(scrub_cache_texts=0)))
+    other = "dedup_first" if KEPT_ORDER == "scrub_first" else "scrub_first"
+    plans += [
+        (f"{KEPT_ORDER}, 1 worker", 1, CleaningSettings(scrub_order=KEPT_ORDER)),
+        (f"{other}, 1 worker", 1, CleaningSettings(scrub_order=other)),
+        (f"{KEPT_ORDER}, 2 workers", 2, CleaningSettings(scrub_order=KEPT_ORDER)),
+    ]
+    runs = {
+        name: clean_all(home, url, f"run-{index}", workers, lines, cleaning)
+        for index, (name, workers, cleaning) in enumerate(plans)
+    }
+    runs["one process"] = clean_one_process(
+        home, url, lines, CleaningSettings(scrub_order=KEPT_ORDER)
+    )
+    return runs
+
+
+def print_runs(runs: dict[str, Any], events: int) -> None:
+    """A table of the runs: wall seconds, events/s per worker, steps, ratios, load."""
+    reference = next(iter(runs.values()))
+    steps = list(reference["steps"])
+    table = Table(title=f"cleaning {events:,} events, every line")
+    table.add_column("run")
+    table.add_column("wall s", justify="right")
+    table.add_column("events/s per worker", justify="right")
+    for step in steps:
+        table.add_column(f"{step} s", justify="right")
+    table.add_column(f"speed vs {next(iter(runs))}", justify="right")
+    table.add_column("load before-after", justify="right")
+    for name, run in runs.items():
+        run["events_per_s_per_worker"] = events / run["seconds"] / run["workers"]
+        table.add_row(
+            name,
+            f"{run['seconds']:.1f}",
+            f"{run['events_per_s_per_worker']:.0f}",
+            *[f"{run['steps'].get(step, 0.0):.1f}" if run["steps"] else "-" for step in steps],
+            f"{reference['seconds'] / run['seconds']:.2f}x",
+            "-".join(f"{load:.1f}" for load in run["load"]),
+        )
+    out.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=69_000)
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="Skip the run without the detection cache."
+    )
     parser.add_argument("--no-nightly", action="store_true", help="Skip the nightly breakdown.")
     parser.add_argument("--json", type=Path, help="Also write the results here.")
     args = parser.parse_args()
@@ -129,25 +246,22 @@ def main() -> None:
         results["store"] = fill_store(url, home, args.requests)
         out.print(f"store: {results['store']}")
         lines = list(load_settings().business_lines)
-        runs = {workers: clean_all(home, url, workers, lines) for workers in (1, 2)}
-        results["cleaning"] = {str(k): v for k, v in runs.items()}
-        table = Table(title=f"cleaning {results['store']['events']:,} events, every line")
-        table.add_column("Dask workers", justify="right")
-        table.add_column("wall s", justify="right")
-        for step in runs[1]["steps"]:
-            table.add_column(f"{step} s", justify="right")
-        table.add_column("time vs 1 worker", justify="right")
-        for workers, run in runs.items():
-            table.add_row(
-                str(workers),
-                f"{run['seconds']:.1f}",
-                *[f"{v:.1f}" for v in run["steps"].values()],
-                f"{run['seconds'] / runs[1]['seconds']:.2f}x",
-            )
-        out.print(table)
-        same = runs[1]["hashes"] == runs[2]["hashes"]
-        results["same_datasets"] = same
-        out.print(f"same datasets with 1 and 2 workers: {same}")
+        runs = compare_runs(home, url, lines, baseline=not args.no_baseline)
+        results["cleaning"] = runs
+        results["uptime"] = os.getloadavg()
+        print_runs(runs, results["store"]["events"])
+        kept = runs[f"{KEPT_ORDER}, 1 worker"]
+        checks = {
+            "same datasets in every run": all(r["hashes"] == kept["hashes"] for r in runs.values()),
+            f"same funnels in every {KEPT_ORDER} run (1, 2 workers, one process, baseline)": all(
+                run["funnels"] == kept["funnels"]
+                for run in runs.values()
+                if run["cleaning"].scrub_order == KEPT_ORDER
+            ),
+        }
+        results["checks"] = checks
+        for check, passed in checks.items():
+            out.print(f"{check}: {passed}")
         if not args.no_nightly:
             report = nightly_breakdown(home, url, lines[0], workers=2)
             results["nightly"] = report
