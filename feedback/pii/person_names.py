@@ -123,6 +123,8 @@ class NameGazetteer:
     """Chat words: abbreviations, interjections, contractions written without apostrophe."""
     usually_capitalised: frozenset[str] = frozenset()
     """Words written capitalised far more often than not ("obama", "messi"): proper nouns."""
+    often_capitalised: frozenset[str] = frozenset()
+    """Words written capitalised clearly more often than not ("mason", "tanner")."""
     name_like: frozenset[str] = frozenset()
     """Words used the way given names and surnames are (see :func:`load_name_statistics`)."""
 
@@ -165,6 +167,7 @@ class NameGazetteer:
         return replace(
             self,
             usually_capitalised=statistics.usually_capitalised,
+            often_capitalised=statistics.often_capitalised,
             name_like=statistics.name_like,
         )
 
@@ -205,10 +208,16 @@ class NameGazetteer:
     def is_misspelling(self, word: str) -> bool:
         """True for a longer word one typo away from an English word ("borring", "freinds").
 
-        Short words are left out: "kaite" or "grian" are one typo from a word too.
+        Short words are left out: "kaite" or "grian" are one typo from a word too;
+        so are proper nouns and name-like words of the corpus statistics ("Kimmel").
         """
         folded = word.casefold()
-        if len(folded) < 6 or not self.english_words:
+        if (
+            len(folded) < 6
+            or not self.english_words
+            or folded in self.usually_capitalised
+            or folded in self.name_like
+        ):
             return False
         return any(
             candidate in self.english_words or candidate in self.common_words
@@ -401,11 +410,14 @@ class NameStatistics:
     """What word frequencies and word clusters of a large English corpus say about names."""
 
     usually_capitalised: frozenset[str]
+    often_capitalised: frozenset[str]
     name_like: frozenset[str]
 
 
 _CAPITALISED_LOG_RATIO = 1.0
 """Capitalised at least e (2.7) times as often as in lower case: a proper noun."""
+_OFTEN_CAPITALISED_LOG_RATIO = 0.5
+"""Capitalised at least 1.6 times as often: a proper noun if it is also a listed name."""
 _NAME_CLUSTER_SHARE = 0.2
 """A word cluster in which at least this share of words are listed names holds names."""
 _MIN_CLUSTER_SIZE = 20
@@ -430,18 +442,17 @@ def load_name_statistics() -> NameStatistics:
     try:
         folder = importlib.resources.files("spacy_lookups_data") / "data"
     except ModuleNotFoundError:
-        return NameStatistics(frozenset(), frozenset())
+        return NameStatistics(frozenset(), frozenset(), frozenset())
     gazetteer = load_name_gazetteer()
     probabilities: dict[str, float] = json.loads(
         gzip.decompress((folder / "en_lexeme_prob.json.gz").read_bytes())
     )
     floor = min(probabilities.values())
-    capitalised = frozenset(
-        word.casefold()
+    ratios = {
+        word.casefold(): probability - probabilities.get(word.lower(), floor)
         for word, probability in probabilities.items()
         if _title_word(word)
-        and probability - probabilities.get(word.lower(), floor) >= _CAPITALISED_LOG_RATIO
-    )
+    }
     del probabilities
     clusters: dict[str, int] = json.loads(
         gzip.decompress((folder / "en_lexeme_cluster.json.gz").read_bytes())
@@ -456,7 +467,11 @@ def load_name_statistics() -> NameStatistics:
         listed = sum(w in gazetteer.given_names or w in gazetteer.surnames for w in words)
         if len(words) >= _MIN_CLUSTER_SIZE and listed >= _NAME_CLUSTER_SHARE * len(words):
             name_like.update(words)
-    return NameStatistics(capitalised, frozenset(name_like))
+    return NameStatistics(
+        frozenset(w for w, ratio in ratios.items() if ratio >= _CAPITALISED_LOG_RATIO),
+        frozenset(w for w, ratio in ratios.items() if ratio >= _OFTEN_CAPITALISED_LOG_RATIO),
+        frozenset(name_like),
+    )
 
 
 def _title_word(word: str) -> bool:
@@ -655,8 +670,9 @@ class PersonNameFinder:
 
         A word people mostly write capitalised that is a listed name or no English
         word ("thanks obama", "rick astley"); a known given name that is no
-        English word ("notice gaby"); an unknown word (no English, chat, place or
-        misspelt word) that does something ("momo is the best", "kapil's
+        English word ("notice gaby"), or one that is but is used like a name and
+        written capitalised clearly more often ("help mason"); an unknown word (no
+        English, chat, place or misspelt word) that does something ("momo is the best", "kapil's
         expression") or is greeted or compared ("better than klay").
         """
         gazetteer = self.gazetteer
@@ -667,7 +683,11 @@ class PersonNameFinder:
         ):
             return True
         if english:
-            return False
+            return (
+                folded in gazetteer.given_names
+                and gazetteer.is_name_like(base)
+                and folded in gazetteer.often_capitalised
+            )
         if folded in gazetteer.given_names:
             return True
         if gazetteer.is_place(base) or self._misspelt(base):

@@ -145,7 +145,7 @@ _SPEAK_TO = re.compile(f"对([{_HAN}]{{2,4}}?)说")
 _TRANSLITERATION = re.compile(
     "[阿埃艾爱安巴贝比波伯布达丹德迪蒂杜多厄尔法菲费夫弗盖戈格古哈海汉赫亨胡华霍基吉加杰卡凯科克库"
     "拉莱兰劳勒雷里丽利莉连林琳卢鲁路伦罗洛马玛迈麦曼梅米敏莫姆默穆娜纳奈内尼妮诺帕佩皮普奇乔切萨塞"
-    "桑瑟森沙莎尚舍施什史斯索塔泰汤特提托瓦威维温沃乌西希谢辛休雅亚扬伊因英尤约泽詹朱兹佐东]{3,6}"
+    "桑瑟森沙莎尚舍施什史斯索塔泰汤特提托瓦威维温沃乌西希谢辛休雅亚扬伊因英尤约泽扎詹朱兹佐东]{3,8}"
 )
 _SPECIFIC_TRANSLITERATION = frozenset(
     "埃贝蒂厄弗赫亨杰凯莱勒玛迈姆默娜纳奈妮诺帕佩瑟莎舍兹佐斯尔曼克"
@@ -161,6 +161,8 @@ _TITLES = frozenset(
     }
 )  # fmt: skip
 _NICKNAME_SUFFIXES = frozenset("哥姐子君叔")
+_ADDRESS_FORMS = ("哥哥", "姐姐", "大人", "老师", "先生", "哥", "姐", "君", "叔", "总")
+"""Forms of address said right after a name, longest first."""
 _SIBLING_SUFFIXES = frozenset("哥姐")
 _SURNAME_DOUBLED = re.compile(f"([{''.join(sorted(SINGLE_SURNAMES))}])(?=([{_HAN}])\\2)..")
 _NAME_SUFFIXES = frozenset("哥姐君")
@@ -295,7 +297,7 @@ class ChineseNameRecognizer(EntityRecognizer):
         for new_word in new_words:
             self._new_word(new_word, char_flags, found)
         self._mentions(text, found)
-        self._patterns(text, found)
+        self._patterns(text, tokens, found)
         self._latin_nicknames(text, found)
         for cue in _NAMING_CUE.finditer(text):
             # On characters: jieba often glues 叫 to the surname (叫屈, 叫安).
@@ -324,7 +326,20 @@ class ChineseNameRecognizer(EntityRecognizer):
             elif word in _THANKING_CUES and index + 1 < len(tokens):
                 self._after_thanks(text, tokens, index, found)
         self._surnames_before_pet_names(text, found)
+        self._forms_of_address(text, found)
         return [RecognizerResult(self.ENTITY, s, e, score) for (s, e), score in found.items()]
+
+    def _forms_of_address(self, text: str, found: _NameSpans) -> None:
+        """宋茜姐姐, 阿明哥, 卫庄大人: the form of address right after a name goes with it.
+
+        Said together they are how the person is called; leaving the suffix
+        would keep half of a nickname (明哥) next to the placeholder.
+        """
+        for (start, end), score in list(found.items()):
+            for form in _ADDRESS_FORMS:
+                if text.startswith(form, end):
+                    found.add(start, end + len(form), score)
+                    break
 
     def _surnames_before_pet_names(self, text: str, found: _NameSpans) -> None:
         """陈芭芭, 王菲菲: a surname right before a doubled given name belongs to the name.
@@ -367,18 +382,26 @@ class ChineseNameRecognizer(EntityRecognizer):
                 end = start + (len(first) if 2 <= len(first) <= 4 else 3)
             found.add(start, end, 0.7)
 
-    def _patterns(self, text: str, found: _NameSpans) -> None:
-        """对X说 (said to X) and transliterated foreign names (弗里曼)."""
+    def _patterns(self, text: str, tokens: list[Token], found: _NameSpans) -> None:
+        """对X说 (said to X) and transliterated foreign names (弗里曼, 兰德里).
+
+        A run of transliteration characters counts when it holds a character
+        used almost only in transliterations, or a word jieba's dictionary tags
+        as a transliterated name (``nrt``: 兰德, 扎克).
+        """
         for match in _SPEAK_TO.finditer(text):
             name = match.group(1)
             if self.segmenter.frequency(name) < _COMMON_WORD and name[0] not in "我你他她您大自":
                 found.add(*match.span(1), 0.5)
+        transliterated = [t for t in tokens if t.flag == "nrt" and len(t.word) > 1]
         for match in _TRANSLITERATION.finditer(text):
             name = match.group()
-            if any(ch in _SPECIFIC_TRANSLITERATION for ch in name) and (
-                self.segmenter.frequency(name) < _COMMON_WORD
-            ):
-                found.add(*match.span(), 0.45)
+            start, end = match.span()
+            if (
+                any(ch in _SPECIFIC_TRANSLITERATION for ch in name)
+                or any(start <= t.start and t.end <= end for t in transliterated)
+            ) and self.segmenter.frequency(name) < _COMMON_WORD:
+                found.add(start, end, 0.45)
 
     def _after_surname(self, tokens: list[Token], index: int, found: _NameSpans) -> None:
         """A lone surname followed by a title, a given name of loose characters, or a rare word."""

@@ -57,6 +57,7 @@ from feedback.pii.recognizers_zh import (
     ChineseSegmenter,
 )
 from feedback.pii.settings import ScrubberSettings, load_scrubber_settings
+from feedback.pii.surnames_zh import COMPOUND_SURNAMES, SINGLE_SURNAMES
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 _CAPITALISED = re.compile(r"\b[A-Z][\w'’-]*")
 _LATIN_NAME_PART = re.compile(r"[^\W\d_]{3,}")
 _CJK = re.compile(r"[\u3400-\u9fff]")
+_CJK_NAME = re.compile(r"[\u3400-\u9fff]{2}")
 _CJK_RUN = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+")
 
 
@@ -253,7 +255,8 @@ class Scrubber:
     def _propagate(self, texts: Sequence[str], found: list[list[RecognizerResult]]) -> None:
         """Mark every other mention of a name already found in the same record.
 
-        "Brad L Key ... starring Key": the second mention would otherwise leak.
+        "Brad L Key ... starring Key": the second mention would otherwise leak; so
+        would "厚林" after "李厚林".
         """
         parts: set[str] = set()
         for text, results in zip(texts, found, strict=True):
@@ -264,6 +267,9 @@ class Scrubber:
                 if _CJK.search(value):
                     if len(value) >= 2:
                         parts.add(value)
+                    given = _chinese_given_name(value)
+                    if given:
+                        parts.add(given)
                     continue
                 for part in _LATIN_NAME_PART.findall(value):
                     if part[0].isupper() and not self._gazetteer.is_function_word(part):
@@ -275,7 +281,7 @@ class Scrubber:
                 RecognizerResult("PERSON", start, start + len(part), 0.5)
                 for part in parts
                 for start in _whole_word_occurrences(text, part)
-                if not any(r.start < start + len(part) and start < r.end for r in found[index])
+                if not any(r.start <= start and start + len(part) <= r.end for r in found[index])
             ]
             if extra:
                 found[index] = self._merge(found[index] + extra)
@@ -347,6 +353,18 @@ class Scrubber:
         for output, summary in zip(outputs, summaries, strict=True):
             output["pii"] = dict(sorted(summary.items()))
         return outputs
+
+
+def _chinese_given_name(name: str) -> str | None:
+    """The two-character given name of a full Chinese name (李厚林 → 厚林), which friends use
+    on its own; ``None`` for anything else."""
+    if len(name) == 4 and name[:2] in COMPOUND_SURNAMES:
+        given = name[2:]
+    elif len(name) == 3 and name[0] in SINGLE_SURNAMES:
+        given = name[1:]
+    else:
+        return None
+    return given if _CJK_NAME.fullmatch(given) and given[0] != given[1] else None
 
 
 def _latin_view(text: str, language: TextLanguage) -> str:
