@@ -144,24 +144,6 @@ def drop_reason(record: dict[str, Any], min_prompt_chars: int) -> str | None:
     return None
 
 
-def scrub_and_filter(
-    records: list[dict[str, Any]], scrub: ScrubBatch, settings: CleaningSettings
-) -> tuple[list[dict[str, Any]], Counter[str], Counter[str]]:
-    """Scrub PII from a batch and drop unusable records (pure over the batch).
-
-    Returns the kept records, dropped counts by reason, and PII counts by type.
-    """
-    kept: list[dict[str, Any]] = []
-    dropped: Counter[str] = Counter()
-    pii: Counter[str] = Counter()
-    for record, reason in _scrub_and_judge(records, scrub, settings, pii):
-        if reason is None:
-            kept.append(record)
-        else:
-            dropped[reason] += 1
-    return kept, dropped, pii
-
-
 def _scrub_and_judge(
     records: list[dict[str, Any]], scrub: ScrubBatch, settings: CleaningSettings, pii: Counter[str]
 ) -> list[tuple[dict[str, Any], str | None]]:
