@@ -514,6 +514,16 @@ class PersonNameFinder:
 
     def find(self, text: str, entities: Iterable[tuple[int, int, str]]) -> list[RecognizerResult]:
         """Names in ``text`` given spaCy's entities as ``(start, end, label)``."""
+        return self.from_entities(text, entities) + self.from_rules(text)
+
+    def from_rules(self, text: str) -> list[RecognizerResult]:
+        """Names the gazetteer and the cue, chat and corpus rules find, without NER."""
+        return self._gazetteer_names(text)
+
+    def from_entities(
+        self, text: str, entities: Iterable[tuple[int, int, str]]
+    ) -> list[RecognizerResult]:
+        """Names among spaCy's entities: persons, and organisations or works that look like one."""
         results: list[RecognizerResult] = []
         for ent_start, ent_end, label in entities:
             trimmed = self._trim(text, ent_start, ent_end)
@@ -525,7 +535,6 @@ class PersonNameFinder:
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.85))
             elif label in _NER_TO_PERSON and self._looks_like_name(span):
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.6))
-        results.extend(self._gazetteer_names(text))
         return results
 
     def _trim(self, text: str, start: int, end: int) -> tuple[int, int] | None:

@@ -46,6 +46,8 @@ class CompiledPatternRecognizer(EntityRecognizer):
 
     Subclasses set ``ENTITY``, ``PATTERN`` and ``SCORE`` and may override
     :meth:`score_match` to validate a match (return ``None`` to drop it).
+    ``PREFILTER``, when set, is a cheap pattern every match contains (a digit,
+    an ``@``): a text without it is not scanned with the full pattern.
     """
 
     ENTITY: ClassVar[str]
@@ -53,6 +55,7 @@ class CompiledPatternRecognizer(EntityRecognizer):
     SCORE: ClassVar[float] = 0.8
     LANGUAGE: ClassVar[str] = "en"
     GROUP: ClassVar[int | str] = 0
+    PREFILTER: ClassVar[re.Pattern[str] | None] = None
 
     def __init__(self) -> None:
         super().__init__(
@@ -77,6 +80,8 @@ class CompiledPatternRecognizer(EntityRecognizer):
         """Find the entity in ``text`` (Presidio's recognizer interface)."""
         if entities and self.ENTITY not in entities:
             return []
+        if self.PREFILTER is not None and self.PREFILTER.search(text) is None:
+            return []
         results = []
         for match in self.PATTERN.finditer(text):
             score = self.score_match(match, text)
@@ -99,6 +104,10 @@ def fuse_overlaps(results: list[RecognizerResult]) -> list[RecognizerResult]:
     return fused
 
 
+ANY_DIGIT = re.compile(r"\d")
+"""The prefilter of every recognizer of numbers."""
+
+
 def has_context(text: str, start: int, words: re.Pattern[str], window: int = 40) -> bool:
     """True when one of ``words`` occurs in the ``window`` characters before ``start``."""
     return words.search(text, max(0, start - window), start) is not None
@@ -108,6 +117,7 @@ class EmailAddressRecognizer(CompiledPatternRecognizer):
     """E-mail addresses whose domain ends in a public suffix (offline suffix list)."""
 
     ENTITY = "EMAIL_ADDRESS"
+    PREFILTER = re.compile("@")
     PATTERN = re.compile(
         r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]*[A-Za-z0-9_%+-])?"
         r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9-])"
@@ -127,6 +137,7 @@ class PaymentCardRecognizer(CompiledPatternRecognizer):
     """
 
     ENTITY = "CREDIT_CARD"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(r"(?<![0-9A-Za-z])(?:\d[ -]?){11,18}\d(?![0-9A-Za-z])")
     SCORE = 1.0
 
@@ -142,6 +153,7 @@ class IbanCodeRecognizer(CompiledPatternRecognizer):
     """IBANs, compact or in groups of four, any case, with a valid mod-97 check."""
 
     ENTITY = "IBAN_CODE"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z])[A-Za-z]{2}\d{2}(?:[ ]?[A-Za-z0-9]{4}){2,7}(?:[ ]?[A-Za-z0-9]{1,3})?"
         r"(?![0-9A-Za-z])"
@@ -157,6 +169,7 @@ class IpAddressRecognizer(CompiledPatternRecognizer):
     """IPv4 and IPv6 addresses (validated by :mod:`ipaddress`)."""
 
     ENTITY = "IP_ADDRESS"
+    PREFILTER = re.compile(r"[\d:]")
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z.:])(?:"
         r"(?:\d{1,3}\.){3}\d{1,3}"
@@ -181,6 +194,7 @@ class CredentialUrlRecognizer(CompiledPatternRecognizer):
     """URLs that carry a user name and password (``scheme://user:secret@host/...``)."""
 
     ENTITY = "URL"
+    PREFILTER = re.compile("://")
     PATTERN = re.compile(
         r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s/?#@:]+:[^\s/?#@]+@[^\s<>\"'`]+"
     )

@@ -14,7 +14,12 @@ import re
 from presidio_analyzer import EntityRecognizer, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpArtifacts
 
-from feedback.pii.recognizers import CompiledPatternRecognizer, fuse_overlaps, has_context
+from feedback.pii.recognizers import (
+    ANY_DIGIT,
+    CompiledPatternRecognizer,
+    fuse_overlaps,
+    has_context,
+)
 
 _SSN_CONTEXT = re.compile(r"ssn|social security|social sec|ss#|ss #", re.I)
 _PHONE_CONTEXT = re.compile(
@@ -29,6 +34,7 @@ class SocialSecurityNumberRecognizer(CompiledPatternRecognizer):
     """
 
     ENTITY = "US_SSN"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(r"(?<![0-9A-Za-z-])(\d{3})([- ]?)(\d{2})\2(\d{4})(?![0-9A-Za-z-])")
     SCORE = 0.85
 
@@ -51,6 +57,7 @@ class PhoneNumberRecognizer(CompiledPatternRecognizer):
     """
 
     ENTITY = "PHONE_NUMBER"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z_.+/-])"
         r"(?P<number>(?:(?:\+|00)\d{1,3}[ .-]?(?:\(0\)[ ]?)?)?"
@@ -187,6 +194,8 @@ _ADDRESS_CUES = re.compile(
     r"\bsent\s+to|\bmoved\s+to|\bstop\s+at|\bdeliver(?:ed)?\s+to|\bship(?:ped)?\s+to)[\s:]*$",
     re.I,
 )
+_MAY_HOLD_ADDRESS = re.compile(r"\d|corner", re.I)
+"""Every address pattern holds a number but "the corner of A and B"."""
 _LABEL_LINE = re.compile(r"[A-Za-z -]{2,20}:")
 
 
@@ -209,6 +218,8 @@ class StreetAddressRecognizer(EntityRecognizer):
     ) -> list[RecognizerResult]:
         """Find street addresses in ``text`` (Presidio's recognizer interface)."""
         if entities and self.ENTITY not in entities:
+            return []
+        if _MAY_HOLD_ADDRESS.search(text) is None:
             return []
         results = []
         for match in _ADDRESS_CORES.finditer(text):

@@ -20,7 +20,12 @@ from presidio_analyzer import EntityRecognizer, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpArtifacts
 
 from feedback.pii.checksums import cn_resident_id_valid
-from feedback.pii.recognizers import CompiledPatternRecognizer, fuse_overlaps, has_context
+from feedback.pii.recognizers import (
+    ANY_DIGIT,
+    CompiledPatternRecognizer,
+    fuse_overlaps,
+    has_context,
+)
 from feedback.pii.surnames_zh import COMPOUND_SURNAMES, GIVEN_NAME_CHARS, SINGLE_SURNAMES
 
 _PHONE_CONTEXT = re.compile(r"电话|手机|座机|联系|致电|打给|拨打|号码|tel|phone|mobile|call", re.I)
@@ -31,6 +36,7 @@ class ChineseMobileRecognizer(CompiledPatternRecognizer):
 
     ENTITY = "PHONE_NUMBER"
     LANGUAGE = "zh"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z+])(?:(?:\+|00)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2}(?![0-9A-Za-z])"
     )
@@ -42,6 +48,7 @@ class ChineseLandlineRecognizer(CompiledPatternRecognizer):
 
     ENTITY = "PHONE_NUMBER"
     LANGUAGE = "zh"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z])(?:(?:\+|00)86[ -]?)?(?:[(（]0?\d{2,3}[)）]|0\d{2,3})[ -]?"
         r"[2-9]\d{2,3}[ -]?\d{4}(?:-\d{1,5})?(?![0-9A-Za-z])"
@@ -58,6 +65,7 @@ class ChineseResidentIdRecognizer(CompiledPatternRecognizer):
 
     ENTITY = "CN_RESIDENT_ID"
     LANGUAGE = "zh"
+    PREFILTER = ANY_DIGIT
     PATTERN = re.compile(
         r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])"
         r"\d{3}[0-9Xx](?![0-9A-Za-z])"

@@ -4,8 +4,10 @@ The scrubber runs Presidio recognizers directly rather than through
 ``AnalyzerEngine``: pattern recognizers over every text, spaCy's NER (and
 nothing else of the pipeline) over a whole batch at once with ``nlp.pipe``,
 and the Chinese recognizers on one jieba segmentation per text. Replacement
-goes through Presidio's ``AnonymizerEngine``. Within one record the same
-value always gets the same placeholder, so a conversation stays readable.
+writes what Presidio's ``AnonymizerEngine`` writes for these spans (``<TYPE_n>``,
+same-placeholder neighbours across spaces merged) without its per-call
+overhead. Within one record the same value always gets the same placeholder,
+so a conversation stays readable.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from presidio_analyzer import (
     RecognizerResult,
 )
 from presidio_analyzer.nlp_engine import NoOpNlpEngine
-from presidio_anonymizer import AnonymizerEngine
-from presidio_anonymizer.entities import RecognizerResult as AnonymizerResult
 
 from feedback.pii.language import TextLanguage, detect_language
 from feedback.pii.person_names import (
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 _CAPITALISED = re.compile(r"\b[A-Z][\w'’-]*")
 _LATIN_NAME_PART = re.compile(r"[^\W\d_]{3,}")
 _CJK = re.compile(r"[\u3400-\u9fff]")
+_SPACES = re.compile(" +")
 _CJK_NAME = re.compile(r"[\u3400-\u9fff]{2}")
 _CJK_RUN = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+")
 
@@ -141,7 +142,6 @@ class Scrubber:
         self._entities = frozenset(settings.entities) | {
             entity for recognizer in self._patterns for entity in recognizer.supported_entities
         }
-        self._anonymizer = AnonymizerEngine()  # type: ignore[no-untyped-call]
 
     def detect(self, texts: Sequence[str]) -> list[list[RecognizerResult]]:
         """PII found in each text: merged, non-overlapping spans above the score threshold."""
@@ -149,10 +149,26 @@ class Scrubber:
         languages = [
             detect_language(piece, self.settings.zh_share_threshold) for _, _, piece in pieces
         ]
-        entities = self._spacy_entities([piece for _, _, piece in pieces], languages)
+        by_rules = [
+            self._detect_one(piece, language)
+            for (_, _, piece), language in zip(pieces, languages, strict=True)
+        ]
+        selected = [
+            position
+            for position, ((_, _, piece), language) in enumerate(
+                zip(pieces, languages, strict=True)
+            )
+            if self._needs_ner(piece, language, by_rules[position])
+        ]
+        if selected and self._names is not None:
+            views = [_latin_view(pieces[p][2], languages[p]) for p in selected]
+            for position, view, ents in zip(
+                selected, views, self._spacy_entities(views), strict=True
+            ):
+                by_rules[position].extend(self._names.from_entities(view, ents))
         found: list[list[RecognizerResult]] = [[] for _ in texts]
-        for (index, offset, piece), language, ents in zip(pieces, languages, entities, strict=True):
-            for result in self._detect_one(piece, language, ents):
+        for (index, offset, _), results in zip(pieces, by_rules, strict=True):
+            for result in results:
                 result.start += offset
                 result.end += offset
                 found[index].append(result)
@@ -173,37 +189,35 @@ class Scrubber:
                 offset = cut
             yield index, offset, text[offset:]
 
-    def _needs_ner(self, text: str, language: TextLanguage) -> bool:
-        if self._nlp is None or language is TextLanguage.ZH:
+    def _needs_ner(self, text: str, language: TextLanguage, found: list[RecognizerResult]) -> bool:
+        """NER only where it can add a name: a capitalised word, not a common word, that
+        the rules left outside every span they found (most texts need none, or have
+        every name found already)."""
+        if self._nlp is None or self._names is None or language is TextLanguage.ZH:
             return False
-        # Without a capitalised word that is not a common word, NER finds no name.
-        return any(not self._gazetteer.is_common(m.group()) for m in _CAPITALISED.finditer(text))
-
-    def _spacy_entities(
-        self, texts: Sequence[str], languages: Sequence[TextLanguage]
-    ) -> list[list[tuple[int, int, str]]]:
-        entities: list[list[tuple[int, int, str]]] = [[] for _ in texts]
-        selected = [i for i, text in enumerate(texts) if self._needs_ner(text, languages[i])]
-        if not selected or self._nlp is None:
-            return entities
-        docs = self._nlp.pipe(
-            (_latin_view(texts[i], languages[i]) for i in selected),
-            batch_size=self.settings.batch_size,
+        spans = self._merge(list(found))
+        return any(
+            not self._gazetteer.is_common(match.group())
+            and not any(s.start <= match.start() and match.end() <= s.end for s in spans)
+            for match in _CAPITALISED.finditer(text)
         )
-        for index, doc in zip(selected, docs, strict=True):
-            entities[index] = [(e.start_char, e.end_char, e.label_) for e in doc.ents]
-        return entities
 
-    def _detect_one(
-        self, text: str, language: TextLanguage, ents: list[tuple[int, int, str]]
-    ) -> list[RecognizerResult]:
+    def _spacy_entities(self, texts: Sequence[str]) -> list[list[tuple[int, int, str]]]:
+        """spaCy's entities, ``(start, end, label)``, of each text: one ``nlp.pipe`` pass."""
+        if self._nlp is None:
+            return [[] for _ in texts]
+        docs = self._nlp.pipe(texts, batch_size=self.settings.batch_size)
+        return [[(e.start_char, e.end_char, e.label_) for e in doc.ents] for doc in docs]
+
+    def _detect_one(self, text: str, language: TextLanguage) -> list[RecognizerResult]:
+        """What the pattern, name, address and Chinese recognizers find without NER."""
         results: list[RecognizerResult] = []
         for recognizer in self._patterns:
             results.extend(recognizer.analyze(text, recognizer.supported_entities, None))
         if language is not TextLanguage.ZH and "en" in self.settings.languages:
             latin = _latin_view(text, language)
             if self._names is not None:
-                results.extend(self._names.find(latin, ents))
+                results.extend(self._names.from_rules(latin))
             if self._street_addresses is not None:
                 results.extend(self._street_addresses.analyze(latin))
         if language is not TextLanguage.EN and self._segmenter is not None:
@@ -289,13 +303,16 @@ class Scrubber:
     def _apply(
         self, text: str, results: list[RecognizerResult], book: PlaceholderBook
     ) -> ScrubResult:
-        spans = []
-        operations = []
-        for result in results:
-            name = book.placeholder(result.entity_type, text[result.start : result.end])
-            spans.append(ScrubbedSpan(result.start, result.end, result.entity_type, f"<{name}>"))
-            operations.append(AnonymizerResult(name, result.start, result.end, result.score))
-        scrubbed = self._anonymizer.anonymize(text, operations).text if operations else text
+        spans = [
+            ScrubbedSpan(
+                result.start,
+                result.end,
+                result.entity_type,
+                f"<{book.placeholder(result.entity_type, text[result.start : result.end])}>",
+            )
+            for result in results
+        ]
+        scrubbed = replace_spans(text, spans)
         summary = dict(Counter(span.entity_type for span in spans))
         language = detect_language(text, self.settings.zh_share_threshold)
         return ScrubResult(scrubbed, summary, tuple(spans), language)
@@ -353,6 +370,30 @@ class Scrubber:
         for output, summary in zip(outputs, summaries, strict=True):
             output["pii"] = dict(sorted(summary.items()))
         return outputs
+
+
+def replace_spans(text: str, spans: Sequence[ScrubbedSpan]) -> str:
+    """``text`` with each span replaced by its placeholder, as Presidio's ``AnonymizerEngine``
+    replaces sorted, non-overlapping results: neighbours with the same placeholder and only
+    spaces between them become one placeholder."""
+    pieces: list[str] = []
+    position = 0
+    previous: ScrubbedSpan | None = None
+    for span in spans:
+        gap = text[position : span.start]
+        if (
+            previous is not None
+            and previous.placeholder == span.placeholder
+            and _SPACES.fullmatch(gap)
+        ):
+            position = span.end
+            continue
+        pieces.append(gap)
+        pieces.append(span.placeholder)
+        position = span.end
+        previous = span
+    pieces.append(text[position:])
+    return "".join(pieces)
 
 
 def _chinese_given_name(name: str) -> str | None:
