@@ -14,6 +14,12 @@ absent. Definitions used in the table:
 * leak: share of gold values that still appear verbatim in the output;
 * over-replacement: share of non-space characters outside every gold span
   that were replaced;
+* non-PII tokens kept: share of the word tokens (whitespace-separated, holding a
+  letter or digit) outside every gold span that come out with no character
+  replaced; on wnut17 every token outside a gold person counts as non-PII;
+* weibo names: "whole" is the share of PER.NAM names replaced entirely, "partly"
+  the share with some but not all characters replaced (PER.NOM such as 老师 is
+  not PII and not scored);
 * chars/s: input characters per second of wall time on the same records,
   one process, models loaded beforehand, no caching across records.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -52,6 +59,8 @@ TARGET_TYPES = (
 )
 LEAK_TYPES = ("EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "US_SSN", "IBAN_CODE", "IP_ADDRESS")
 console = Console(stderr=True)
+_WORD_TOKEN = re.compile(r"\S+")
+_HAS_ALNUM = re.compile(r"[^\W_]")
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,27 @@ def evaluate(examples: Sequence[Example], scored: Sequence[Scored]) -> Evaluatio
                 evaluation.outside_chars += 1
                 evaluation.outside_replaced += result.replaced[i]
     return evaluation
+
+
+def tokens_kept(
+    examples: Sequence[Example], scored: Sequence[Scored], pii_types: Iterable[str] | None = None
+) -> float:
+    """Share of word tokens outside the gold spans of ``pii_types`` (all types when ``None``)
+    that no replacement touched."""
+    wanted = None if pii_types is None else set(pii_types)
+    total = kept = 0
+    for example, result in zip(examples, scored, strict=True):
+        inside = [False] * len(example.text)
+        for span in example.gold:
+            if wanted is None or span.entity_type in wanted:
+                inside[span.start : span.end] = [True] * (span.end - span.start)
+        for match in _WORD_TOKEN.finditer(example.text):
+            start, end = match.span()
+            if not _HAS_ALNUM.search(match.group()) or any(inside[start:end]):
+                continue
+            total += 1
+            kept += not any(result.replaced[start:end])
+    return kept / total if total else 1.0
 
 
 def load_synth(limit: int | None) -> list[Example]:
@@ -328,6 +358,11 @@ def run_vanilla(analyzer: Any, anonymizer: Any, texts: Sequence[str]) -> tuple[l
     return results, elapsed
 
 
+def _share(evaluation: Evaluation, entity_type: str, field: str) -> float:
+    score = evaluation.by_type.get(entity_type, TypeScore())
+    return getattr(score, field) / score.spans if score.spans else 0.0
+
+
 def _fmt(value: float) -> str:
     return f"{value:.3f}"
 
@@ -395,8 +430,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     weibo_eval = evaluate(weibo, weibo_scored)
     wnut = load_wnut(args.wnut_n or None)
-    wnut_scored, _ = run_ours(scrubber, [e.text for e in wnut], args.batch_size, "ours on wnut17")
+    wnut_texts = [e.text for e in wnut]
+    wnut_scored, _ = run_ours(scrubber, wnut_texts, args.batch_size, "ours on wnut17")
     wnut_eval = evaluate(wnut, wnut_scored)
+    wnut_vanilla, _ = run_vanilla(analyzer, anonymizer, wnut_texts)
+    wnut_vanilla_eval = evaluate(wnut, wnut_vanilla)
 
     overall = ours_eval.overall(TARGET_TYPES)
     leak_all = ours_eval.overall(LEAK_TYPES)
@@ -409,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if leak_all.spans
             else 0,
             "over_replacement": round(ours_eval.over_replacement, 4),
+            "non_pii_tokens_kept": round(tokens_kept(synth, ours_synth), 4),
             "chars_per_s": round(sum(len(e.text) for e in synth) / ours_synth_seconds),
         },
         "same_records": {
@@ -433,6 +472,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "split": args.weibo_split,
             "n": len(weibo),
             "person": weibo_eval.by_type.get("PER.NAM", TypeScore()).as_dict(),
+            "names_whole": round(_share(weibo_eval, "PER.NAM", "full"), 4),
+            "names_partly": round(
+                _share(weibo_eval, "PER.NAM", "hit") - _share(weibo_eval, "PER.NAM", "full"), 4
+            ),
             "over_replacement": round(weibo_eval.over_replacement, 4),
             "chars_per_s": round(sum(len(e.text) for e in weibo) / weibo_seconds),
         },
@@ -440,6 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "n": len(wnut),
             "person": wnut_eval.by_type.get("person", TypeScore()).as_dict(),
             "over_replacement": round(wnut_eval.over_replacement, 4),
+            "non_pii_tokens_kept": round(tokens_kept(wnut, wnut_scored, ["person"]), 4),
+            "vanilla_person": wnut_vanilla_eval.by_type.get("person", TypeScore()).as_dict(),
+            "vanilla_non_pii_tokens_kept": round(tokens_kept(wnut, wnut_vanilla, ["person"]), 4),
         },
         "load_seconds": round(load_ours, 2),
     }
@@ -491,7 +537,8 @@ def print_tables(results: dict[str, Any]) -> None:
     out.print(
         f"* vanilla on the {same['n']} records of the speed run. "
         f"Leak rate over email/phone/card/SSN/IBAN/IP: {synth['leak_rate_six_types']:.3%}. "
-        f"Over-replacement (non-gold characters replaced): ours {synth['over_replacement']:.2%}."
+        f"Over-replacement (non-gold characters replaced): ours {synth['over_replacement']:.2%}; "
+        f"non-PII tokens kept: {synth['non_pii_tokens_kept']:.2%}."
     )
 
     speed = Table(title=f"Same {same['n']} records ({same['chars']:,} characters), one process")
@@ -510,31 +557,65 @@ def print_tables(results: dict[str, Any]) -> None:
     speed.add_row("[b]speed-up", f"[b]{same['speedup']:.2f}x", "", "", "", "")
     out.print(speed)
 
-    names = Table(title="Person names on real text (ours)")
-    for column in ("data set", "names", "recall", "hit", "full", "leak", "over-repl.", "chars/s"):
+    names = Table(title="Person names on real text")
+    for column in (
+        "data set",
+        "names",
+        "recall",
+        "hit",
+        "full",
+        "leak",
+        "over-repl.",
+        "non-PII tokens kept",
+        "chars/s",
+    ):
         names.add_column(column, justify="right" if column != "data set" else "left")
     weibo, wnut = results["weibo"], results["wnut17"]
     names.add_row(
-        f"weibo-ner {weibo['split']} PER.NAM",
+        f"weibo-ner {weibo['split']} PER.NAM, ours",
         str(weibo["person"]["spans"]),
         _fmt(weibo["person"]["recall"]),
         _fmt(weibo["person"]["hit"]),
         _fmt(weibo["person"]["full"]),
         _fmt(weibo["person"]["leak"]),
         f"{weibo['over_replacement']:.2%}",
+        "",
         f"{weibo['chars_per_s']:,}",
     )
-    names.add_row(
-        "wnut17 dev person",
-        str(wnut["person"]["spans"]),
-        _fmt(wnut["person"]["recall"]),
-        _fmt(wnut["person"]["hit"]),
-        _fmt(wnut["person"]["full"]),
-        _fmt(wnut["person"]["leak"]),
-        f"{wnut['over_replacement']:.2%}",
-        "",
-    )
+    for label, person, kept, over in (
+        (
+            "wnut17 dev person, ours",
+            wnut["person"],
+            wnut["non_pii_tokens_kept"],
+            f"{wnut['over_replacement']:.2%}",
+        ),
+        (
+            "wnut17 dev person, vanilla",
+            wnut["vanilla_person"],
+            wnut["vanilla_non_pii_tokens_kept"],
+            "",
+        ),
+    ):
+        names.add_row(
+            label,
+            str(person["spans"]),
+            _fmt(person["recall"]),
+            _fmt(person["hit"]),
+            _fmt(person["full"]),
+            _fmt(person["leak"]),
+            over,
+            f"{kept:.2%}",
+            "",
+        )
     out.print(names)
+    out.print(
+        f"weibo {weibo['split']} names replaced whole: {weibo['names_whole']:.1%}, "
+        f"partly: {weibo['names_partly']:.1%}; wnut17 dev person names leaked: ours "
+        f"{wnut['person']['leak']:.1%}, vanilla Presidio {wnut['vanilla_person']['leak']:.1%}; "
+        f"non-PII tokens kept on wnut17: ours {wnut['non_pii_tokens_kept']:.1%}, "
+        f"vanilla {wnut['vanilla_non_pii_tokens_kept']:.1%}; "
+        f"speed-up {results['same_records']['speedup']:.2f}x vanilla Presidio (same run)."
+    )
 
 
 if __name__ == "__main__":
