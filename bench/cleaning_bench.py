@@ -16,9 +16,10 @@ Run: ``.venv/bin/python bench/cleaning_bench.py [--requests 69000] [--no-baselin
    scrubbing), the kept order on 2 workers, then the one-process path
    (:func:`feedback.cleaning.clean_line`, the whole window in this process).
    Prints wall times (cluster start-up included), events/s per worker, the
-   seconds of each step, ratios against the baseline and the load average, and
-   checks that every run built the same datasets (content hashes) and that the
-   kept order's funnels equal the one-process path's.
+   seconds of each step, the workers' CPU seconds for pull + scrub + sign (much
+   less moved by other jobs than wall time), ratios against the baseline and
+   the load average, and checks that every run built the same datasets
+   (content hashes) and that the kept order's runs have the same funnels.
 3. Unless ``--no-nightly``: starts vLLM on the CPU, runs the nightly flow for
    one line on the same store with 2 cleaning workers (datasets, DPO training
    with the demo recipe, offline eval, gate, MLflow registration, hot-load,
@@ -98,6 +99,7 @@ def clean_all(
     return {
         "workers": workers,
         "seconds": time.perf_counter() - started,
+        "cpu_seconds": steps["pull_scrub_sign_cpu"],
         "steps": steps,
         "hashes": hashes,
         "funnels": funnels,
@@ -118,6 +120,7 @@ def clean_one_process(home: Path, url: str, lines: list[str], cleaning: Any) -> 
     funnels: dict[str, Any] = {}
     load = os.getloadavg()[0]
     started = time.perf_counter()
+    cpu_started = time.process_time()
     scrub = scrub_with(build_scrubber(), cache_texts=cleaning.scrub_cache_texts)
     store = FeedbackStore.open(settings)
     try:
@@ -137,6 +140,8 @@ def clean_one_process(home: Path, url: str, lines: list[str], cleaning: Any) -> 
     return {
         "workers": 1,
         "seconds": time.perf_counter() - started,
+        # Everything here, dedup and writing included: close to pull + scrub + sign.
+        "cpu_seconds": time.process_time() - cpu_started,
         "steps": {},
         "hashes": hashes,
         "funnels": funnels,
@@ -211,6 +216,8 @@ def print_runs(runs: dict[str, Any], events: int) -> None:
     for step in steps:
         table.add_column(f"{step} s", justify="right")
     table.add_column(f"speed vs {next(iter(runs))}", justify="right")
+    table.add_column("events per CPU s (pull+scrub+sign)", justify="right")
+    table.add_column("CPU speed vs first", justify="right")
     table.add_column("load before-after", justify="right")
     for name, run in runs.items():
         run["events_per_s_per_worker"] = events / run["seconds"] / run["workers"]
@@ -220,6 +227,8 @@ def print_runs(runs: dict[str, Any], events: int) -> None:
             f"{run['events_per_s_per_worker']:.0f}",
             *[f"{run['steps'].get(step, 0.0):.1f}" if run["steps"] else "-" for step in steps],
             f"{reference['seconds'] / run['seconds']:.2f}x",
+            f"{events / run['cpu_seconds']:.0f}",
+            f"{reference['cpu_seconds'] / run['cpu_seconds']:.2f}x",
             "-".join(f"{load:.1f}" for load in run["load"]),
         )
     out.print(table)

@@ -181,6 +181,7 @@ def clean_line_partitioned(
             ]
         ]
         seconds["pull_scrub_sign"] = round(time.monotonic() - started, 2)
+        seconds["pull_scrub_sign_cpu"] = round(sum(s.cpu_seconds for s in summaries), 2)
         started = time.monotonic()
         staged_history = (
             stage_history(

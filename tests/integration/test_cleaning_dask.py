@@ -49,7 +49,13 @@ def test_two_dask_workers_build_the_one_process_dataset(
     result = run_partitioned(pg_settings, "medical", workers=2, until=until)
     assert result.partitions == 4
     assert result.dataset is not None
-    assert set(result.seconds) == {"pull_scrub_sign", "dedup_shards", "join_build_write"}
+    assert set(result.seconds) == {
+        "pull_scrub_sign",
+        "pull_scrub_sign_cpu",
+        "dedup_shards",
+        "join_build_write",
+    }
+    assert result.seconds["pull_scrub_sign_cpu"] > 0
     assert result.funnel["pii"], "the workers' scrubber found nothing"
     assert not list((pg_settings.home / "staging").iterdir()), "staging left behind"
 
