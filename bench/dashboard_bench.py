@@ -34,6 +34,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from composition.recipes import start_training_run
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -105,10 +107,9 @@ def add_dataset(site: Site) -> int:
 
 def add_eval_runs(site: Site) -> None:
     """Two training runs with evaluations in the home's local MLflow (no training)."""
+    from composition.recipes import Recipe, recipe_hash
     from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
-    from registry.records import recipe_hash
     from registry.tracking import Registry
-    from training.recipes import Recipe
 
     registry = Registry.for_home(site.home)
     recipe = Recipe(business_line=LINE, method="dpo", max_steps=2)
@@ -117,7 +118,7 @@ def add_eval_runs(site: Site) -> None:
         manifest = site.home / "runs" / content[:8] / "manifest.json"
         manifest.parent.mkdir(parents=True)
         manifest.write_text(json.dumps({"business_line": LINE, "content_hash": content}))
-        run = registry.start_training_run(LINE, recipe, content, manifest, "base", "bench")
+        run = start_training_run(registry, recipe, content, manifest, "base", "bench")
         samples = tuple(
             GenerationSample(prompt=f"question {i}?", answer=f"answer {i}.", refused=False)
             for i in range(8)

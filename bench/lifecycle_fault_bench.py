@@ -56,7 +56,7 @@ def _recipes(folder: Path, lines: list[str], rank: int) -> None:
     """The demo recipes, trained for four steps, gated loosely, rollout in seconds."""
     folder.mkdir(parents=True, exist_ok=True)
     for line in lines:
-        recipe = yaml.safe_load((REPO / "training/recipes/demo" / f"{line}.yaml").read_text())
+        recipe = yaml.safe_load((REPO / "recipes/demo" / f"{line}.yaml").read_text())
         recipe.update(
             lora={"rank": rank, "alpha": 2 * rank, "dropout": 0.0},
             # A high rate so four steps change the greedy answers (the probe refuses an

@@ -166,9 +166,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from composition.recipes import Recipe
     from eval.paired import compare_paired
     from training.base_model import ensure_base_model
-    from training.recipes import LoraShape, Recipe
+    from training.config import LoraShape
     from training.train import cpu_has_bf16, train_adapter
 
     console = Console()

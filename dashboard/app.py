@@ -61,12 +61,12 @@ from dashboard.scrubbed import SampleScrubber
 from dashboard.sessions import LoginSessions
 from dashboard.settings import DashboardSettings
 from dashboard.shaping import RATE_SIGNALS
+from feedback.reviews import ReviewPolicy
 from feedback.rollup import SignalRollup
 from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
-from training.recipes import load_recipe, packaged_recipes_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -229,10 +229,12 @@ def create_app(
     keys_file: Path | None = None,
     scrubber_factory: Callable[[], Scrubber] | None = None,
     mlflow_client_factory: Callable[[], MlflowClient] | None = None,
+    review_policy_of: Callable[[str], ReviewPolicy | None] | None = None,
     clock: Callable[[], datetime] | None = None,
 ) -> FastAPI:
     """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
     or the configured one); when that file does not exist the page is open on loopback.
+    ``review_policy_of`` gives each line's review block (its recipe's; none without it).
     Login sessions live in the store; ``clock`` (UTC now) ends them, for tests."""
     from gateway.settings import GatewaySettings
 
@@ -288,12 +290,16 @@ def create_app(
     app.state.gatekeeper = gatekeeper
     review_queue = ReviewQueue(
         feedback_store,
-        lambda line: load_recipe(line, settings.recipes_dir or packaged_recipes_dir()),
+        review_policy_of or _no_review_policy,
         **({"clock": clock} if clock is not None else {}),
     )
     app.state.review_queue = review_queue
     _add_routes(app, pages, gatekeeper, known_lines, _templates(), review_queue)
     return app
+
+
+def _no_review_policy(business_line: str) -> None:
+    return None
 
 
 def _warm(rollup: SignalRollup) -> None:
@@ -600,11 +606,3 @@ def _add_api(app: FastAPI, context: _Context) -> None:
     def api_evals(request: Request, business_line: str) -> Response:
         line_view(request, business_line)
         return _json(pages.eval_page(business_line, request.query_params.get("run")).as_dict())
-
-
-def app_from_env() -> FastAPI:
-    """The page configured from the environment (``flywheel serve dashboard``;
-    ``uvicorn dashboard.app:app_from_env --factory``)."""
-    from flywheel.settings import load_settings
-
-    return create_app(load_settings(), DashboardSettings())

@@ -57,12 +57,12 @@ from feedback.events import (
     ReviewVerdict,
     validate_event,
 )
+from feedback.reviews import ReviewPolicy
 from feedback.schema import ReviewClaim, feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from gateway.routing import RoutingTable
 from registry.lifecycle import step_started
 from registry.routes import RouteStore
-from training.recipes import Recipe, ReviewPolicy
 
 review_claims_table = cast(Table, ReviewClaim.__table__)
 # Candidates read per arm and query, and the most pages walked to find sampled ones.
@@ -148,13 +148,14 @@ def check_verdict(submitted: ReviewVerdictIn, rubric: Sequence[str]) -> ReviewVe
 
 
 class ReviewQueue:
-    """The review queues of every line, in the feedback store; ``recipe_of`` gives a line's
-    recipe (its review block), ``clock`` the time and ``rng`` the draws (tests fix them)."""
+    """The review queues of every line, in the feedback store; ``review_policy_of`` gives a
+    line's review block (``None``: the line has none; an exception: its recipe is missing or
+    broken), ``clock`` the time and ``rng`` the draws (tests fix them)."""
 
     def __init__(
         self,
         store: FeedbackStore,
-        recipe_of: Callable[[str], Recipe],
+        review_policy_of: Callable[[str], ReviewPolicy | None],
         *,
         clock: Callable[[], datetime] = _utc_now,
         rng: random.Random | None = None,
@@ -162,23 +163,23 @@ class ReviewQueue:
         self.store = store
         self.engine: Engine = store.engine
         self.routes = RouteStore(store.engine)
-        self.recipe_of = recipe_of
+        self.review_policy_of = review_policy_of
         self.clock = clock
         self.rng = rng or random.SystemRandom()
 
     def policy(self, business_line: str) -> ReviewPolicy:
         """The line's review block; 404 when its recipe has none."""
         try:
-            recipe = self.recipe_of(business_line)
+            policy = self.review_policy_of(business_line)
         except Exception as exc:  # FlywheelError: no recipe, or a broken one
             raise PageError(404, f"no review queue on {business_line}: {exc}") from None
-        if recipe.review is None:
+        if policy is None:
             raise PageError(
                 404,
                 f"no review queue on {business_line}: its recipe has no 'review' block "
                 "(share, rubric, min_reviews)",
             )
-        return recipe.review
+        return policy
 
     # ------------------------------------------------------------------ handing out
 

@@ -14,10 +14,69 @@ Too few pairs decide nothing.
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from eval.paired import compare_paired
 from eval.reports import EvalReport, GateCheck, GateDecision
-from training.recipes import GatePolicy
+
+
+class GatePolicy(BaseModel):
+    """What a candidate must show against the champion before it may serve users.
+
+    Preference accuracy is judged by a paired test on the held-out pairs both
+    models answered (:mod:`eval.paired`), never on point estimates alone:
+    ``superior`` needs the exact McNemar one-sided p-value below ``alpha`` and
+    a gain of at least ``min_preference_gain``; ``non_inferior`` needs the
+    lower bound of the (1 - ``alpha``) interval of the difference above
+    ``-non_inferiority_margin``. Fewer than ``min_eval_pairs`` pairs decide nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preference_test: Literal["superior", "non_inferior"] = Field(
+        default="superior",
+        description="superior: must beat the champion; non_inferior: must not be worse.",
+    )
+    alpha: float = Field(
+        default=0.05, gt=0, le=0.5, description="Error rate of the paired preference test."
+    )
+    non_inferiority_margin: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Largest accuracy loss non_inferior tolerates (lower bound > -margin).",
+    )
+    min_preference_gain: float = Field(
+        default=0.0,
+        ge=-1,
+        le=1,
+        description="Held-out preference accuracy gain over the champion (superior test).",
+    )
+    min_margin_gain: float | None = Field(
+        default=None,
+        ge=-100,
+        le=100,
+        description="Mean margin gain over the champion (a point estimate: off unless set; "
+        "the paired accuracy test is the decision with its uncertainty).",
+    )
+    max_preferred_loss_increase: float = Field(
+        default=0.05, ge=0, le=10, description="Relative increase of loss on preferred answers."
+    )
+    max_general_loss_increase: float = Field(
+        default=0.10, ge=0, le=10, description="Relative increase of loss on the fixed general set."
+    )
+    max_refusal_rate_increase: float = Field(default=0.10, ge=0, le=1)
+    max_length_ratio: float = Field(default=2.0, ge=1, le=100)
+    min_length_ratio: float = Field(default=0.3, gt=0, le=1)
+    min_eval_pairs: int = Field(
+        default=50,
+        ge=1,
+        le=1_000_000,
+        description="Held-out pairs needed before the gate decides anything.",
+    )
+    allow_pii_in_generations: bool = False
 
 
 def decide_promotion(

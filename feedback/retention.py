@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Table, delete, func, select, update
 
 from feedback.schema import (
@@ -25,14 +26,29 @@ from feedback.schema import (
     shadow_outputs_table,
 )
 
-if TYPE_CHECKING:
-    from training.recipes import RetentionPolicy
-
 SCRUBBED_AT = "scrubbed_at"
 # Rows scrubbed per transaction: a long night is resumable, a lock is short.
 BATCH = 256
 
 ScrubRecords = Callable[[list[dict[str, Any]], Sequence[str]], list[dict[str, Any]]]
+
+
+class RetentionPolicy(BaseModel):
+    """How long a line keeps raw prompts and answers in the store (``flywheel retention``).
+
+    Older rows keep only their scrubbed text (``scrub``: PII replaced by placeholders,
+    the row and its feedback kept for counts and lineage) or go entirely (``delete``: the
+    interaction with its feedback and shadow answers; datasets keep their scrubbed
+    examples, whose lineage then names requests no longer stored). Not part of the
+    recipe's hash: it changes nothing about training.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    raw_days: float = Field(
+        default=30, gt=0, le=3_650, description="Days raw text is kept before the action."
+    )
+    action: Literal["scrub", "delete"] = "scrub"
 
 
 def retention_cutoff(policy: RetentionPolicy, now: datetime) -> datetime:

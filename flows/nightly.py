@@ -273,7 +273,7 @@ DEPLOY_STATUS = {
 
 def _live_canary(settings: Settings, line: str) -> str | None:
     """Why the line is skipped tonight: a canary still live under ``on_live_canary: keep``."""
-    from flows.stages import recipe_for
+    from composition.recipes import recipe_for
     from registry.routes import RouteStore
 
     if recipe_for(settings, line).rollout.on_live_canary != "keep":

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from composition.recipes import recipe_for
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
-from flows.stages import recipe_for
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from gateway.routing import RoutingTable

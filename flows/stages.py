@@ -15,18 +15,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from composition.recipes import (
+    Recipe,
+    recipe_for,
+    recipe_hash,
+    recipes_dir,
+    start_training_run,
+)
 from eval.reports import EvalReport, GateDecision
 from feedback.datasets import DatasetBuild
-from feedback.retention import RetentionReport, apply_retention
+from feedback.retention import RetentionPolicy, RetentionReport, apply_retention
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from training.recipes import (
-    Recipe,
-    RetentionPolicy,
-    load_recipe,
-    packaged_recipes_dir,
-    training_method,
-)
+from training.config import training_method
 
 # High-precision PII types only: a place name in a correct answer must not block a release.
 GENERATION_PII_TYPES = frozenset(
@@ -62,11 +63,6 @@ def code_version(repo: Path | None = None) -> str:
     except (OSError, subprocess.SubprocessError):
         return __version__
     return done.stdout.strip() or __version__
-
-
-def recipe_for(settings: Settings, line: str) -> Recipe:
-    """The recipe of a line from the configured folder."""
-    return load_recipe(line, settings.recipes_dir or packaged_recipes_dir())
 
 
 class TrainingStatus(StrEnum):
@@ -194,7 +190,7 @@ def train_line(
     from eval.gate import decide_promotion
     from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
     from feedback.pii import build_scrubber
-    from registry.records import TAG_ENDED_BECAUSE, recipe_hash, truncate
+    from registry.records import TAG_ENDED_BECAUSE, truncate
     from registry.tracking import Registry
     from training.base_model import ensure_base_model
     from training.train import cpu_has_bf16, train_adapter
@@ -221,8 +217,13 @@ def train_line(
             version=existing,
             metrics={"gate": gate, "rolled_back": rolled_back},
         )
-    run_id = registry.start_training_run(
-        line, recipe, build.content_hash, build.path / "manifest.json", base_name, version_of_code
+    run_id = start_training_run(
+        registry,
+        recipe,
+        build.content_hash,
+        build.path / "manifest.json",
+        base_name,
+        version_of_code,
     )
     try:
         if recipe.lora.rank > settings.vllm_max_lora_rank:
@@ -319,7 +320,7 @@ def train_line(
 def retention_policy_for(settings: Settings, line: str) -> RetentionPolicy:
     """The line's retention policy: its recipe's, or the default for a line with none
     (data imported for a line never trained is kept no longer than any other)."""
-    recipes = settings.recipes_dir or packaged_recipes_dir()
+    recipes = recipes_dir(settings)
     if not (recipes / f"{line}.yaml").exists():
         return RetentionPolicy()
     return recipe_for(settings, line).retention

@@ -587,11 +587,3 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def app_from_env() -> FastAPI:
-    """The gateway configured from the environment (``flywheel serve gateway`` serves it,
-    with the header guards of :mod:`flywheel.http_guard`)."""
-    from flywheel.settings import load_settings
-
-    return create_app(load_settings(), GatewaySettings())

@@ -162,7 +162,7 @@ class CanaryPolicy(BaseModel):
     reviews: ReviewTest | None = Field(
         default=None,
         description="The human pass rate's test; set from the recipe's review block "
-        "(training.recipes.Recipe.canary_policy), None: reviews are not judged.",
+        "(composition.recipes.Recipe.canary_policy), None: reviews are not judged.",
     )
 
     @field_validator("margins")

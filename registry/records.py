@@ -7,8 +7,6 @@ unit tests check it directly.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +16,6 @@ from typing import Any
 
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
-from training.recipes import Recipe
 
 # MLflow's limits (mlflow.utils.validation): run tag values, param values, dataset digests.
 MAX_RUN_TAG_CHARS = 8_000
@@ -62,16 +59,6 @@ class FlaggedModels:
     runs: list[str] = field(default_factory=list)
 
 
-def recipe_hash(recipe: Recipe) -> str:
-    """A stable hash of everything in a recipe but its retention policy and review block
-    (key order and formatting do not matter)."""
-    # Retention is about the store and the review block about the feedback page's queue,
-    # not training: changing them must not look like a new recipe.
-    trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
-    canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def flatten_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested settings as MLflow params: dotted keys, lists joined by commas, ``None`` kept.
 
@@ -88,11 +75,6 @@ def flatten_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str
         else:
             flat[name] = truncate(str(value), MAX_PARAM_CHARS)
     return flat
-
-
-def recipe_params(recipe: Recipe) -> dict[str, str]:
-    """A recipe flattened into MLflow params."""
-    return flatten_params(recipe.model_dump(mode="json"))
 
 
 def trainer_is_gone(trainer: str, host: str, alive: Callable[[int], bool]) -> bool:

@@ -58,14 +58,11 @@ from registry.records import (
     gate_text,
     history_metrics,
     metrics_table,
-    recipe_hash,
-    recipe_params,
     samples_table,
     summarize_run,
     trainer_is_gone,
     truncate,
 )
-from training.recipes import Recipe
 
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 ADAPTER_ARTIFACT = "adapter"
@@ -211,7 +208,10 @@ class Registry:
     def start_training_run(
         self,
         line: str,
-        recipe: Recipe,
+        *,
+        method: str,
+        recipe_hash: str,
+        recipe_params: Mapping[str, str],
         dataset_hash: str,
         dataset_manifest_path: Path,
         base_model: str,
@@ -219,32 +219,30 @@ class Registry:
     ) -> str:
         """Open a run for one training of ``line``; returns its run id.
 
-        Logs the recipe as params, lineage as tags, and the dataset as a run
-        input whose digest is the manifest's content hash and whose source is
-        the manifest's path.
+        Logs the recipe's params, lineage as tags (the recipe by its hash), and the
+        dataset as a run input whose digest is the manifest's content hash and whose
+        source is the manifest's path.
         """
         from mlflow.data.dataset_source_registry import get_dataset_source_from_json
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-        if recipe.business_line != line:
-            raise FlywheelError(f"recipe is for {recipe.business_line!r}, not {line!r}")
         tags = {
             TAG_LINE: line,
             TAG_DATASET_HASH: dataset_hash,
-            TAG_RECIPE_HASH: recipe_hash(recipe),
+            TAG_RECIPE_HASH: recipe_hash,
             TAG_BASE_MODEL: base_model,
             TAG_CODE_VERSION: code_version,
-            TAG_METHOD: recipe.method,
+            TAG_METHOD: method,
             TAG_TRAINER: f"{os.uname().nodename}:{os.getpid()}",
         }
         run = self.client.create_run(
             self.experiment_id(line),
-            run_name=f"{line}-{recipe.method}-{dataset_hash[:8]}",
+            run_name=f"{line}-{method}-{dataset_hash[:8]}",
             tags={key: truncate(value) for key, value in tags.items()},
         )
         run_id = str(run.info.run_id)
-        params = [Param(key, value) for key, value in recipe_params(recipe).items()]
+        params = [Param(key, value) for key, value in recipe_params.items()]
         for chunk in _chunks(params, _PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=list(chunk))
         manifest = dataset_manifest_path.resolve()

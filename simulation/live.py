@@ -31,7 +31,7 @@ def gateway_process(settings: Settings, upstream: str, port: int, log_path: Path
         "FLYWHEEL_GATEWAY_UPSTREAMS": upstream,
     }
     argv = [
-        sys.executable, "-m", "uvicorn", "gateway.app:app_from_env", "--factory",
+        sys.executable, "-m", "uvicorn", "composition.servers:gateway_app", "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -51,7 +51,7 @@ def dashboard_process(settings: Settings, port: int, log_path: Path) -> Iterator
         **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
     }
     argv = [
-        sys.executable, "-m", "uvicorn", "dashboard.app:app_from_env", "--factory",
+        sys.executable, "-m", "uvicorn", "composition.servers:dashboard_app", "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"

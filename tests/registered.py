@@ -6,10 +6,9 @@ import json
 import time
 from pathlib import Path
 
+from composition.recipes import load_recipe, packaged_recipes_dir, recipe_hash, start_training_run
 from flywheel.settings import Settings
-from registry.records import recipe_hash
 from registry.tracking import Registry
-from training.recipes import load_recipe, packaged_recipes_dir
 
 
 def register_version(
@@ -22,7 +21,7 @@ def register_version(
     manifest = work / "datasets" / marker / "manifest.json"
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"business_line": line, "content_hash": marker}))
-    run_id = registry.start_training_run(line, recipe, marker, manifest, "base", "test")
+    run_id = start_training_run(registry, recipe, marker, manifest, "base", "test")
     registry.log_adapter(run_id, adapter_dir)
     lineage = {
         "base_model": "base",

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from composition.recipes import recipe_for
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
@@ -57,6 +58,7 @@ class ReviewWorld:
             store=self.store,
             keys_file=self.settings.home / "gateway-keys.yaml",
             scrubber_factory=shared_scrubber,
+            review_policy_of=lambda line: recipe_for(self.settings, line).review,
         )
 
     def bearer(self, name: str) -> dict[str, str]:

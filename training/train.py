@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
-from training.recipes import Recipe
+from training.config import TrainingConfig
 
 TRAIN_COLUMNS = {
     "sft": ("prompt", "completion"),
@@ -107,7 +107,7 @@ def _last_checkpoint(folder: Path) -> str | None:
 
 
 def train_adapter(
-    recipe: Recipe,
+    recipe: TrainingConfig,
     *,
     base_model_dir: Path,
     dataset_dir: Path | None = None,
@@ -231,7 +231,7 @@ def train_adapter(
 
 
 def _trainer(
-    recipe: Recipe,
+    recipe: TrainingConfig,
     model: Any,
     dataset: Any,
     tokenizer: Any,

@@ -73,7 +73,7 @@ def loop(
             f"unknown business line {line!r}; known: {', '.join(settings.business_lines)}"
         )
     if reviewers:
-        from training.recipes import load_recipe
+        from composition.recipes import load_recipe
 
         assert settings.recipes_dir is not None
         if load_recipe(line, settings.recipes_dir).review is None:
@@ -112,7 +112,7 @@ def loop(
 
 def _loop_settings(settings: Settings) -> Settings:
     if settings.recipes_dir is None:
-        from training.recipes import packaged_recipes_dir
+        from composition.recipes import packaged_recipes_dir
 
         return settings.model_copy(update={"recipes_dir": packaged_recipes_dir() / "demo"})
     return settings

@@ -313,7 +313,7 @@ def serve_gateway(
         f"gateway on http://{bind}:{port} in front of {', '.join(gateway.upstreams)}; "
         f"metrics at /metrics; Ctrl-C stops it"
     )
-    _run_app("gateway.app:app_from_env", "gateway", bind, port, workers)
+    _run_app("composition.servers:gateway_app", "gateway", bind, port, workers)
 
 
 def _run_app(factory: str, name: str, host: str, port: int, workers: int) -> None:
@@ -360,7 +360,7 @@ def serve_dashboard(
             "`flywheel gateway add-key` makes one"
         )
     out.print(f"feedback page on http://{bind}:{listen}; Ctrl-C stops it")
-    _run_app("dashboard.app:app_from_env", "feedback page", bind, listen, workers)
+    _run_app("composition.servers:dashboard_app", "feedback page", bind, listen, workers)
 
 
 @canary_app.command("status")
@@ -462,8 +462,8 @@ def shadow_report_command(
     users would be satisfied by each answer (paired, with its interval)."""
     from datetime import UTC, datetime
 
+    from composition.recipes import recipe_for
     from flows.rollout import shadow_report
-    from flows.stages import recipe_for
     from registry.routes import RouteStore
     from registry.shadow import judge_shadow
 

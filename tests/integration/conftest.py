@@ -52,7 +52,8 @@ def base_model_dir() -> Path:
 def lora_adapter(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An adapter made by flywheel's own trainer (SFT, r=8 on q/k/v/o_proj), overfitted on
     a few lessons so its answers differ from the base model's."""
-    from training.recipes import LoraShape, Recipe
+    from composition.recipes import Recipe
+    from training.config import LoraShape
     from training.train import train_adapter
 
     started = time.monotonic()

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from composition.recipes import Recipe, start_training_run
 from flywheel.cli import app
 from flywheel.commands.evaluate import RUN_KIND, TAG_RUN_KIND
 from registry.names import experiment_name
 from registry.tracking import Registry
 from tests.conftest import shared_file
-from training.recipes import Recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,9 +78,7 @@ def test_eval_of_the_champion_compares_it_with_the_base_on_the_same_pairs(
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
     recipe = Recipe(business_line=line, method="sft", max_steps=1)
-    run_id = registry.start_training_run(
-        line, recipe, "d" * 64, manifest, base_model_dir.name, "test"
-    )
+    run_id = start_training_run(registry, recipe, "d" * 64, manifest, base_model_dir.name, "test")
     registry.log_adapter(run_id, lora_adapter)
     lineage = {
         "base_model": base_model_dir.name,

@@ -50,7 +50,8 @@ APOLOGY = "I'm sorry for the delay. "
 def _train(base_model_dir: Path, folder: Path, reply: str) -> Path:
     """A tiny SFT adapter taught to answer :data:`PROMPTS` with ``reply`` (and the probe's
     lessons, so the rollout's probe sees it differ from the base model)."""
-    from training.recipes import LoraShape, Recipe
+    from composition.recipes import Recipe
+    from training.config import LoraShape
     from training.train import train_adapter
 
     recipe = Recipe(

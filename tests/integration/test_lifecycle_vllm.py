@@ -60,7 +60,7 @@ class Fleet:
         return f"{LINE}-v{version}"
 
     def settings_recipe_steps(self) -> tuple[float, ...]:
-        from flows.stages import recipe_for
+        from composition.recipes import recipe_for
 
         return recipe_for(self.settings, LINE).canary_steps
 

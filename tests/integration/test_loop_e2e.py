@@ -30,6 +30,7 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
+from composition.recipes import start_training_run
 from feedback.schema import watermarks_table
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
@@ -414,9 +415,9 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
 
 
 def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: Path) -> None:
+    from composition.recipes import recipe_for
     from flows.canary import canary_watch
     from flows.rollout import canary_decisions, deploy_canary
-    from flows.stages import recipe_for
 
     # A registered version by hand (the tiny adapter of the session, which answers unlike
     # the base model), deployed as a canary by the same function the nightly flow uses.
@@ -430,8 +431,13 @@ def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: P
         "recipe_hash": "cd" * 32,
         "code_version": "test",
     }
-    run_id = registry.start_training_run(
-        LINE, recipe_for(loop.settings, LINE), dataset_hash, manifest, lineage["base_model"], "test"
+    run_id = start_training_run(
+        registry,
+        recipe_for(loop.settings, LINE),
+        dataset_hash,
+        manifest,
+        lineage["base_model"],
+        "test",
     )
     registry.log_adapter(run_id, lora_adapter)
     version = registry.register_adapter(run_id, LINE, lineage)

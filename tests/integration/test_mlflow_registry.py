@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from composition.recipes import Recipe, recipe_hash, start_training_run
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from flywheel.errors import FlywheelError
-from registry.records import recipe_hash
 from registry.tracking import Registry, artifact_root_for, tracking_uri_for
 from tests.conftest import services_required
-from training.recipes import Recipe
 
 pytestmark = pytest.mark.integration
 
@@ -83,8 +82,8 @@ def _manifest(root: Path, content_hash: str) -> Path:
 def _train(registry: Registry, root: Path, content_hash: str, promote: bool) -> tuple[str, int]:
     """One training as the nightly flow records it; returns the run id and its version."""
     recipe = _recipe()
-    run_id = registry.start_training_run(
-        LINE, recipe, content_hash, _manifest(root, content_hash), BASE_MODEL, "abc1234"
+    run_id = start_training_run(
+        registry, recipe, content_hash, _manifest(root, content_hash), BASE_MODEL, "abc1234"
     )
     registry.log_loss_curve(run_id, HISTORY)
     registry.log_evaluation(
@@ -312,9 +311,7 @@ def test_runs_of_a_dead_trainer_are_closed_and_live_ones_kept(tmp_path: Path) ->
         "alive": f"{host}:{os.getpid()}",
         "elsewhere": "another-host:1",
     }.items():
-        runs[name] = registry.start_training_run(
-            LINE, _recipe(), "d" * 64, manifest, BASE_MODEL, "test"
-        )
+        runs[name] = start_training_run(registry, _recipe(), "d" * 64, manifest, BASE_MODEL, "test")
         registry.client.set_tag(runs[name], TAG_TRAINER, trainer)
 
     assert registry.close_orphan_runs(LINE) == [runs["dead"]]

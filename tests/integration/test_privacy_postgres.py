@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from feedback.retention import apply_retention
+from feedback.retention import RetentionPolicy, apply_retention
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore, create_store_engine, upgrade_schema
-from training.recipes import RetentionPolicy
 
 pytestmark = pytest.mark.integration
 NOW = datetime(2026, 12, 10, 3, 0, tzinfo=UTC)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from composition.recipes import load_recipe
 from dashboard.review_queue import ReviewQueue, ReviewVerdictIn
 from feedback.online import adapter_windows
 from tests.review_world import LINE, build_review_world
-from training.recipes import load_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,9 @@ def test_concurrent_reviewers_share_items_only_at_the_end_and_their_verdicts_cou
     world = build_review_world(tmp_path / "home", per_arm=10, database_url=postgres_url)
     recipes = world.settings.recipes_dir
     assert recipes is not None
-    queue = ReviewQueue(world.store, lambda line: load_recipe(line, recipes), rng=random.Random(1))
+    queue = ReviewQueue(
+        world.store, lambda line: load_recipe(line, recipes).review, rng=random.Random(1)
+    )
     got: dict[str, list[str]] = {}
     failures: list[BaseException] = []
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from eval.gate import decide_promotion
+from composition.recipes import Recipe
+from eval.gate import GatePolicy, decide_promotion
 from eval.offline import EvalData, HeldOutPair, PromptAnswer, evaluate_model, load_for_eval
-from training.recipes import GatePolicy, LoraShape, Recipe
+from training.config import LoraShape
 from training.train import train_adapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

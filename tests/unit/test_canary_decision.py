@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 from statsmodels.stats import proportion
 
+from composition.recipes import packaged_recipes_dir, read_recipe
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
@@ -32,7 +33,6 @@ from registry.canary import (
     score_test,
     sequential_p_values,
 )
-from training.recipes import packaged_recipes_dir, read_recipe
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
 DEMO_RECIPES = sorted((packaged_recipes_dir() / "demo").glob("*.yaml"))

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from composition.recipes import Recipe
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flows.rollout import _arm as arm_of_window
@@ -26,7 +27,6 @@ from registry.canary import (
     ReviewTest,
     decide_canary,
 )
-from training.recipes import Recipe
 
 # Users say the same of both arms: every user rate is shown non-inferior on its own.
 USERS = ArmStats(adapter="x", requests=4000, thumbs_down=200, regenerate=120, dissatisfied=400)

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from composition.recipes import Recipe, recipe_hash, start_training_run
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
-from registry.records import recipe_hash
 from registry.tracking import Registry
 from tests.dashboard_store import PageHome, build_page_home
-from training.recipes import Recipe
 
 LINE = "medical"
 PLANTED_EMAIL = "jane.roe1987@example.org"
@@ -49,7 +48,7 @@ def _train(registry: Registry, root: Path, content_hash: str, promote: bool) -> 
     manifest = root / content_hash[:8] / "manifest.json"
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"business_line": LINE, "content_hash": content_hash}))
-    run_id = registry.start_training_run(LINE, recipe, content_hash, manifest, "base", "abc1234")
+    run_id = start_training_run(registry, recipe, content_hash, manifest, "base", "abc1234")
     checks = (
         GateCheck("preference_accuracy", promote, "0.80 vs 0.60: gain +0.20 >= +0.02"),
         GateCheck("general_loss", True, "2.00 vs 2.00: +0.00 <= +0.05"),

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
+from composition.recipes import Recipe, recipe_hash, start_training_run
 from feedback.cleaning import CleaningSettings, clean_line
 from feedback.datasets import FORGOTTEN_REWRITES, DatasetSettings, iter_manifests
 from feedback.events import stored_identity
@@ -34,13 +35,12 @@ from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.recorder import InteractionRecorder, Spool
 from gateway.settings import GatewaySettings
-from registry.records import TAG_FORGOTTEN_USER_DATA, TAG_FORGOTTEN_USER_DATA_AT, recipe_hash
+from registry.records import TAG_FORGOTTEN_USER_DATA, TAG_FORGOTTEN_USER_DATA_AT
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
-from training.recipes import Recipe
 
 LINE = "customer_service"
 KEY = "fw-cs-secret"
@@ -118,8 +118,8 @@ def _register(registry: Registry, dataset: Path, tmp_path: Path) -> tuple[str, i
     """An adapter version trained (in name only) on ``dataset``, as the nightly flow logs it."""
     manifest = orjson.loads((dataset / "manifest.json").read_bytes())
     recipe = Recipe(business_line=LINE, method="kto", max_steps=1)
-    run_id = registry.start_training_run(
-        LINE, recipe, manifest["content_hash"], dataset / "manifest.json", "base", "abc1234"
+    run_id = start_training_run(
+        registry, recipe, manifest["content_hash"], dataset / "manifest.json", "base", "abc1234"
     )
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval.gate import decide_promotion
+from eval.gate import GatePolicy, decide_promotion
 from eval.paired import compare_paired
 from eval.reports import EvalReport
-from training.recipes import GatePolicy
 
 POLICY = GatePolicy(min_preference_gain=0.02, min_margin_gain=0.0, min_eval_pairs=50)
 ALL_CHECKS = {

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from composition.recipes import recipe_for
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flows.rollout import _arm
@@ -60,7 +61,7 @@ class Stage:
     canary decision is the product's, with the recipe's pass-rate test."""
 
     def __init__(self, settings: Settings, store: FeedbackStore, app: Any) -> None:
-        from training.recipes import load_recipe
+        from composition.recipes import load_recipe
 
         self.store, self.app = store, app
         self.routes = RouteStore(store.engine)
@@ -123,6 +124,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Any, Stage, LoopServices]]:
         store=store,
         keys_file=keys_file,
         scrubber_factory=shared_scrubber,
+        review_policy_of=lambda line: recipe_for(settings, line).review,
     )
     with running_stub(StubBehaviour(adapters={ADAPTER})) as stub:
         config = GatewaySettings(

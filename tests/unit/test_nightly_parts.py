@@ -129,8 +129,8 @@ def test_no_flow_takes_settings_or_a_secret_as_a_parameter() -> None:
     import inspect
     import re
 
-    from flows.cleaning import clean_line_partitioned
     from flows.canary import canary_watch
+    from flows.cleaning import clean_line_partitioned
     from flows.nightly import line_nightly, nightly
 
     for flow in (clean_line_partitioned, line_nightly, nightly, canary_watch):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from composition.recipes import iter_recipe_files, load_recipe, packaged_recipes_dir, read_recipe
 from flywheel.errors import FlywheelError
-from training.recipes import iter_recipe_files, load_recipe, packaged_recipes_dir, read_recipe
 
 RECIPES = list(iter_recipe_files(packaged_recipes_dir()))
 
@@ -65,7 +65,8 @@ def test_load_recipe_checks_the_line(tmp_path: Path) -> None:
 
 
 def test_kto_is_chosen_where_pairs_are_scarce() -> None:
-    from training.recipes import Recipe, training_method
+    from composition.recipes import Recipe
+    from training.config import training_method
 
     fields = {"business_line": "legal", "max_steps": 10}
     auto = Recipe(method="dpo", kto_below_pairs=200, **fields)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from composition.recipes import Recipe, recipe_hash, recipe_params
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from flywheel.errors import FlywheelError
 from registry.names import adapter_name, experiment_name, model_name
@@ -26,14 +27,11 @@ from registry.records import (
     gate_text,
     history_metrics,
     metrics_table,
-    recipe_hash,
-    recipe_params,
     samples_table,
     summarize_run,
     truncate,
 )
 from registry.tracking import tracking_uri_for
-from training.recipes import Recipe
 
 
 def _recipe(**overrides: object) -> Recipe:

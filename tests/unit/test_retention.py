@@ -10,14 +10,13 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+from composition.recipes import Recipe, recipe_hash
 from feedback.pii import ScrubberSettings, build_scrubber
 from feedback.pii.scrubber import Scrubber
-from feedback.retention import SCRUBBED_AT, apply_retention
+from feedback.retention import SCRUBBED_AT, RetentionPolicy, apply_retention
 from feedback.schema import feedback_table, interactions_table, shadow_outputs_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
-from registry.records import recipe_hash
-from training.recipes import Recipe, RetentionPolicy
 
 LINE = "legal"
 NOW = datetime(2026, 12, 10, 3, 0, tzinfo=UTC)

@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from composition.recipes import load_recipe
 from dashboard.errors import PageError
 from dashboard.review_queue import ReviewQueue, ReviewVerdictIn, arm_reviews, in_sample
 from dashboard.review_routes import review_token
@@ -31,7 +32,6 @@ from feedback.signals import pull_records
 from flows.rollout import _arm
 from registry.canary import CanaryAction, CanaryPolicy, ReviewTest, decide_canary
 from tests.review_world import LINE, OTHER_LINE, RUBRIC, ReviewWorld, build_review_world
-from training.recipes import load_recipe
 
 REMOTE = ("10.1.2.3", 40000)
 
@@ -48,7 +48,7 @@ def _queue(world: ReviewWorld, **options: object) -> ReviewQueue:
     assert recipes is not None
     return ReviewQueue(
         world.store,
-        lambda line: load_recipe(line, recipes),
+        lambda line: load_recipe(line, recipes).review,
         rng=random.Random(7),
         **options,  # type: ignore[arg-type]
     )

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from mlflow.entities import LoggedModelStatus
 
+from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from flows.rollout import (
     deploy_canary,
@@ -40,7 +41,6 @@ from tests.reactions import arm_events
 from tests.registered import fake_adapter, register_version
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
-from training.recipes import packaged_recipes_dir
 
 LINE = "legal"
 KEY = "fw-rollout-key"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from flows.rollout import deploy_canary, judge_canary, judge_shadow_stage, lifecycle_check
 from flywheel.settings import Settings, load_settings
@@ -41,7 +42,6 @@ from registry.shadow import ShadowAction, ShadowPolicy
 from registry.tracking import Registry
 from tests.registered import fake_adapter, register_version
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
-from training.recipes import packaged_recipes_dir
 
 LINE = "legal"
 STEPS = (0.05, 1.0)

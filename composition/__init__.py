@@ -1,0 +1,1 @@
+"""The composition root: recipes composing the policies, and the clients built from the settings."""

@@ -1,0 +1,155 @@
+"""Recipes: one typed YAML file per business line (the top-level ``recipes/`` folder).
+
+A recipe composes the policies of the packages that apply them: the training
+configuration (:class:`training.config.TrainingConfig`, its fields at the top
+level), the offline gate (``gate``: :class:`eval.gate.GatePolicy`), the canary
+(``canary``: :class:`registry.canary.CanaryPolicy`) and the rollout (``rollout``:
+:class:`registry.lifecycle.RolloutPolicy`), raw-text retention (``retention``:
+:class:`feedback.retention.RetentionPolicy`) and human review (``review``:
+:class:`feedback.reviews.ReviewPolicy`). Unknown keys are refused so a typo
+cannot silently fall back to a default; a test parses every recipe in the
+repository. The registry records a recipe by :func:`recipe_hash`, a plain value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from eval.gate import GatePolicy
+from feedback.events import BUSINESS_LINE
+from feedback.retention import RetentionPolicy
+from feedback.reviews import ReviewPolicy
+from flywheel.errors import FlywheelError
+from flywheel.settings import Settings
+from registry.canary import CanaryPolicy, ReviewTest
+from registry.lifecycle import RolloutPolicy
+from registry.records import flatten_params
+from training.config import TrainingConfig
+
+if TYPE_CHECKING:
+    from registry.tracking import Registry
+
+
+class Recipe(TrainingConfig):
+    """How one business line's adapter is trained (:class:`TrainingConfig`) and judged: the
+    offline gate, the canary, the rollout, raw-text retention and human review."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    business_line: str = Field(pattern=BUSINESS_LINE)
+    min_new_examples: int = Field(default=1_000, ge=1, le=100_000_000)
+    eval_generations: int = Field(default=8, ge=0, le=1_000)
+    gate: GatePolicy = Field(default_factory=GatePolicy)
+    canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)
+    canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
+    review: ReviewPolicy | None = None
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Recipe:
+        steps = list(self.canary_steps)
+        if steps != sorted(steps) or not 0 < steps[0] <= steps[-1] <= 1:
+            raise ValueError("canary_steps must rise within (0, 1], e.g. [0.05, 0.25, 1.0]")
+        return self
+
+    def canary_policy(self) -> CanaryPolicy:
+        """The canary's test, with the human pass rate when the recipe has a review block."""
+        if self.review is None:
+            return self.canary
+        test = ReviewTest(min_reviews=self.review.min_reviews, margin=self.review.margin)
+        return self.canary.model_copy(update={"reviews": test})
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """A stable hash of everything in a recipe but its retention policy and review block
+    (key order and formatting do not matter)."""
+    # Retention is about the store and the review block about the feedback page's queue,
+    # not training: changing them must not look like a new recipe.
+    trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
+    canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def recipe_params(recipe: Recipe) -> dict[str, str]:
+    """A recipe flattened into MLflow params."""
+    return flatten_params(recipe.model_dump(mode="json"))
+
+
+def start_training_run(
+    registry: Registry,
+    recipe: Recipe,
+    dataset_hash: str,
+    dataset_manifest_path: Path,
+    base_model: str,
+    code_version: str,
+) -> str:
+    """Open the MLflow run of one training with ``recipe``: its params, its hash as lineage."""
+    return registry.start_training_run(
+        recipe.business_line,
+        method=recipe.method,
+        recipe_hash=recipe_hash(recipe),
+        recipe_params=recipe_params(recipe),
+        dataset_hash=dataset_hash,
+        dataset_manifest_path=dataset_manifest_path,
+        base_model=base_model,
+        code_version=code_version,
+    )
+
+
+def packaged_recipes_dir() -> Path:
+    """The recipes shipped with flywheel (the top-level ``recipes`` folder, installed as a
+    package of data files)."""
+    spec = importlib.util.find_spec("recipes")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise FlywheelError("flywheel's packaged recipes are missing: reinstall flywheel")
+    return Path(locations[0])
+
+
+def recipes_dir(settings: Settings) -> Path:
+    """The configured recipes folder (``FLYWHEEL_RECIPES_DIR``), else the packaged one."""
+    return settings.recipes_dir or packaged_recipes_dir()
+
+
+def recipe_for(settings: Settings, line: str) -> Recipe:
+    """The recipe of a line from the configured folder."""
+    return load_recipe(line, recipes_dir(settings))
+
+
+def read_recipe(path: Path) -> Recipe:
+    """Parse one recipe file; errors name the file and the key."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return Recipe.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise FlywheelError(f"{path}: not valid YAML: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(recipe)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise FlywheelError(f"{path}: {problems}") from None
+
+
+def load_recipe(business_line: str, recipes_dir: Path) -> Recipe:
+    """The recipe of a line from ``recipes_dir/<line>.yaml``."""
+    path = recipes_dir / f"{business_line}.yaml"
+    if not path.exists():
+        raise FlywheelError(f"no recipe for business line {business_line!r}: {path} is missing")
+    recipe = read_recipe(path)
+    if recipe.business_line != business_line:
+        raise FlywheelError(f"{path} is for {recipe.business_line!r}, not {business_line!r}")
+    return recipe
+
+
+def iter_recipe_files(root: Path) -> Iterator[Path]:
+    """Every recipe file under ``root`` (recursively)."""
+    yield from sorted(root.rglob("*.yaml"))
