@@ -400,7 +400,7 @@ def report(server: str, cells: dict[int, dict[str, Cell]]) -> list[dict[str, Any
 
 def split_check(users: int = 100_000) -> dict[str, Any]:
     """The sticky split over ``users`` distinct users on a 5% canary."""
-    from gateway.routing import RoutingTable, choose_arm
+    from registry.routing import RoutingTable, choose_arm
 
     table = RoutingTable(business_line=LINE, champion=f"{LINE}-v1", canary=f"{LINE}-v2")
     arms = [choose_arm(table, f"user-{i}")[0] for i in range(users)]

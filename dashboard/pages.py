@@ -34,12 +34,12 @@ from dashboard.shaping import (
 )
 from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
 from feedback.shadow import shadow_counts
-from gateway.routing import RoutingTable
 from registry.canary import PASS_RATE
 from registry.decisions import latest_decisions
 from registry.lifecycle import shadow_since, step_started
 from registry.names import adapter_name
 from registry.routes import RouteChangeRecord, RouteStore
+from registry.routing import RoutingTable
 
 DEFAULT_RANGE = timedelta(days=14)
 

@@ -60,9 +60,9 @@ from feedback.events import (
 from feedback.reviews import ReviewPolicy
 from feedback.schema import ReviewClaim, feedback_table, interactions_table
 from feedback.store import FeedbackStore
-from gateway.routing import RoutingTable
 from registry.lifecycle import step_started
 from registry.routes import RouteStore
+from registry.routing import RoutingTable
 
 review_claims_table = cast(Table, ReviewClaim.__table__)
 # Candidates read per arm and query, and the most pages walked to find sampled ones.

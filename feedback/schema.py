@@ -166,7 +166,7 @@ class Route(Base):
     shadow_fraction: Mapped[float | None] = mapped_column(Float)
     # The replicas (upstream URLs) that hold the line's adapters; NULL: every replica.
     replicas: Mapped[list[str] | None] = mapped_column(JsonDocument, nullable=True)
-    # A live A/B experiment's split (gateway.routing.ExperimentSplit); NULL: none.
+    # A live A/B experiment's split (registry.routing.ExperimentSplit); NULL: none.
     experiment: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument, nullable=True)
     revision: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -30,7 +30,6 @@ from feedback.store import FeedbackStore
 from flows.rollout import Rollout, RoutesChangedError, rollout, set_champion
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
-from gateway.routing import ExperimentSplit, RoutingTable
 from registry.experiment_store import (
     FAILED,
     PROMOTED,
@@ -57,6 +56,7 @@ from registry.lifecycle import LoraBudget, Transition
 from registry.names import adapter_name
 from registry.placement import placed
 from registry.records import TAG_LINE
+from registry.routing import ExperimentSplit, RoutingTable
 
 ACTOR = "flywheel:experiment"
 RUN_KIND = "ab_experiment"

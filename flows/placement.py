@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 from feedback.store import FeedbackStore
 from flows.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
 from flywheel.settings import Settings
-from gateway.routing import RoutingTable
 from registry.names import version_of
 from registry.placement import Placement, placement_moves, plan_placement, traffic_shares
 from registry.routes import RouteStore
+from registry.routing import RoutingTable
 
 logger = logging.getLogger(__name__)
 

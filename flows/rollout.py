@@ -35,7 +35,6 @@ from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from gateway.routing import RoutingTable
 from registry.canary import ArmStats, CanaryAction, CanaryDecision, decide_canary
 from registry.decisions import latest_decisions, looks_since, record_decision
 from registry.lifecycle import (
@@ -64,6 +63,7 @@ from registry.lifecycle import (
 from registry.names import adapter_name, version_of
 from registry.placement import placed
 from registry.routes import RouteStore
+from registry.routing import RoutingTable
 from registry.shadow import ShadowReport, compare_shadow, judge_shadow
 
 ACTOR = "flywheel:canary"

@@ -50,7 +50,6 @@ from gateway.recorder import (
     FinishedRequest,
     InteractionRecorder,
 )
-from gateway.routing import parse_adapter_name
 from gateway.sessions import SessionPins, route_request
 from gateway.settings import GatewaySettings
 from gateway.shadow import maybe_shadow
@@ -82,6 +81,7 @@ from gateway.wire import (
     documented,
 )
 from registry.routes import RouteStore
+from registry.routing import parse_adapter_name
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from gateway.recorder import STORE_DOWN_ERRORS
-from gateway.routing import RoutingTable, arm_of, choose_arm
+from registry.routing import RoutingTable, arm_of, choose_arm
 
 if TYPE_CHECKING:  # the state holds the pins; the routes only read it
     from gateway.state import GatewayState

@@ -30,9 +30,9 @@ import orjson
 
 from feedback.answers import output_tokens
 from gateway.recorder import SHADOW_OUTPUT, FinishedRequest, answer_text
-from gateway.routing import RoutingTable, split_point
 from gateway.upstream import Replica, UpstreamUnavailableError, spawn
 from registry.names import parse_adapter_name
+from registry.routing import RoutingTable, split_point
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState

@@ -1,6 +1,6 @@
 """A/B experiments between two adapters of a line, judged on a business metric (pure).
 
-An experiment splits a line's users (sticky, ``gateway.routing``) between arm A and
+An experiment splits a line's users (sticky, ``registry.routing``) between arm A and
 arm B and compares them on one metric from :data:`METRICS`, each a rate per request:
 
 - ``task_success``: of the requests with a task outcome, the share whose outcome is a
@@ -35,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.routing import RoutingTable
 from registry.canary import always_valid_p_value, score_test
 from registry.names import adapter_name, parse_adapter_name
+from registry.routing import RoutingTable
 
 # Facts about one request the metrics are made of (the store computes them per request).
 FLAGS = (

@@ -42,10 +42,10 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.routing import RoutingTable
 from registry.canary import CanaryAction
 from registry.names import adapter_name, version_of
 from registry.placement import adapters_by_replica, placed
+from registry.routing import RoutingTable
 from registry.shadow import ShadowAction, ShadowPolicy
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
-from gateway.routing import RoutingTable
+from registry.routing import RoutingTable
 
 Placement = tuple[str, ...] | None
 

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 
 from feedback.schema import route_changes_table, routes_table
 from flywheel.errors import UsageError
-from gateway.routing import DEFAULT_CANARY_FRACTION, ExperimentSplit, RoutingTable
+from registry.routing import DEFAULT_CANARY_FRACTION, ExperimentSplit, RoutingTable
 
 
 @dataclass(frozen=True, slots=True)

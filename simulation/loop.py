@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from gateway.routing import RoutingTable, choose_arm
+from registry.routing import RoutingTable, choose_arm
 from simulation.protocol import LoadedUsers
 from simulation.reviewers import SimulatedReviewers
 from simulation.traffic import Sampling, TrafficReport, UserTraffic, user_requests

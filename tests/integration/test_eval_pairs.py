@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.commands.evaluate import RUN_KIND, TAG_RUN_KIND
+from cli.main import app
 from composition.recipes import Recipe, start_training_run
-from flywheel.cli import app
-from flywheel.commands.evaluate import RUN_KIND, TAG_RUN_KIND
 from registry.names import experiment_name
 from registry.tracking import Registry
 from tests.conftest import shared_file

@@ -31,9 +31,9 @@ from feedback.store import FeedbackStore, create_store_engine, upgrade_schema
 from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import RoutingTable, choose_arm
 from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
+from registry.routing import RoutingTable, choose_arm
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 from tests.conftest import services_required

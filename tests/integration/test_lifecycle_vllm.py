@@ -21,10 +21,10 @@ from flows.rollout import deploy_canary, judge_canary, lifecycle_check, sync_ada
 from flywheel.settings import Settings, load_settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import choose_arm
 from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
 from registry.routes import RouteStore
+from registry.routing import choose_arm
 from registry.tracking import Registry
 from registry.vllm_admin import busy_adapters
 from registry.vllm_server import VllmServer, VllmServerSettings, free_port

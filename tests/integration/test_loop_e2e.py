@@ -38,11 +38,11 @@ from feedback.watermarks import WatermarkStore
 from flywheel.settings import Settings, load_settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import RoutingTable, choose_arm
 from gateway.settings import GatewaySettings
 from registry.names import model_name
 from registry.records import TAG_DATASET_HASH
 from registry.routes import RouteStore
+from registry.routing import RoutingTable, choose_arm
 from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port

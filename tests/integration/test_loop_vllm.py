@@ -69,7 +69,7 @@ def test_one_night_of_the_loop_on_vllm(
     }
     env.pop("FLYWHEEL_DATABASE_URL", None)
     done = subprocess.run(
-        [sys.executable, "-c", "from flywheel.cli import main; main()", "loop",
+        [sys.executable, "-c", "from cli.main import main; main()", "loop",
          "--line", "customer_service", "--nights", "1", "--requests", "60",
          "--eval-prompts", "12", "--canary-users", "12", "--json", str(summary)],
         env=env, capture_output=True, text=True, timeout=1_500, check=False,

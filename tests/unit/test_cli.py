@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flywheel.cli import app
+from cli.main import app
 from flywheel.settings import Settings
 
 runner = CliRunner()

@@ -302,7 +302,7 @@ def test_the_settings_of_each_project_service_validate(
 
 
 def _check_flywheel_command(name: str, argv: list[str], tmp_path: Path) -> None:
-    from flywheel.cli import app
+    from cli.main import app
 
     service = SERVICES[name]
     result = CliRunner().invoke(app, [*argv[1:], "--help"])

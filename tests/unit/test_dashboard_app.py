@@ -217,7 +217,7 @@ def test_overview_api_counts_match_the_store(home: PageHome, client: TestClient)
 
 
 def test_buckets_command_prints_the_page_numbers(home: PageHome, client: TestClient) -> None:
-    from flywheel.cli import app
+    from cli.main import app
 
     runner = CliRunner()
     env = {
@@ -243,7 +243,7 @@ def test_buckets_command_prints_the_page_numbers(home: PageHome, client: TestCli
 
 
 def test_a_rebuilt_rollup_counts_the_same(home: PageHome) -> None:
-    from flywheel.cli import app
+    from cli.main import app
 
     runner = CliRunner()
     env = {

@@ -82,7 +82,7 @@ def test_no_planted_pii_leaves_the_page(
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert [value for value in planted if value in logged] == []
 
-    from flywheel.cli import app as cli
+    from cli.main import app as cli
 
     env = {
         "FLYWHEEL_HOME": str(home.settings.home),

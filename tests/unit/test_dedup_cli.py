@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flywheel.commands.dedup import dedup
+from cli.commands.dedup import dedup
 
 
 @pytest.fixture

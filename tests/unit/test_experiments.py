@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 from statsmodels.stats import proportion
 
-from gateway.routing import ExperimentSplit, RoutingTable, arm_of, choose_arm, split_point
 from registry.canary import normal_sf, score_test
 from registry.experiments import (
     FLAGS,
@@ -24,6 +23,7 @@ from registry.experiments import (
     judge_experiment,
     start_refusal,
 )
+from registry.routing import ExperimentSplit, RoutingTable, arm_of, choose_arm, split_point
 
 LINE = "customer_service"
 A, B = f"{LINE}-v1", f"{LINE}-v2"

@@ -35,11 +35,11 @@ from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import choose_arm
 from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
 from registry.experiment_store import experiment_looks, get_experiment
 from registry.routes import RouteStore
+from registry.routing import choose_arm
 from registry.tracking import Registry
 from registry.vllm_server import free_port
 from tests.registered import fake_adapter, register_version

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
+from cli.commands.privacy import forget_everywhere
 from composition.recipes import Recipe, recipe_hash, start_training_run
 from feedback.cleaning import CleaningSettings, clean_line
 from feedback.datasets import FORGOTTEN_REWRITES, DatasetSettings, iter_manifests
@@ -29,7 +30,6 @@ from feedback.schema import (
     quarantine_table,
 )
 from feedback.store import FeedbackStore
-from flywheel.commands.privacy import forget_everywhere
 from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
@@ -312,7 +312,7 @@ def test_a_spooled_batch_of_a_forgotten_user_is_dropped_on_replay(
 def test_the_forget_command_says_which_form_matched(settings: Settings) -> None:
     from typer.testing import CliRunner
 
-    from flywheel.cli import app
+    from cli.main import app
 
     hashed = stored_identity(CHINESE)
     assert hashed is not None

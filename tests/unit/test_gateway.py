@@ -17,9 +17,9 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import choose_arm
 from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
+from registry.routing import choose_arm
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub

@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
+from cli.main import app
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
-from flywheel.cli import app
 from flywheel.errors import UsageError
 from flywheel.settings import Settings
 from gateway.keys import KeyRing, add_key, bearer_token

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.routing import RoutingTable
 from registry.canary import CanaryAction
 from registry.lifecycle import (
     CanaryLooked,
@@ -32,6 +31,7 @@ from registry.lifecycle import (
     step_started,
 )
 from registry.routes import RouteChangeRecord
+from registry.routing import RoutingTable
 
 LINE = "legal"
 STEPS = (0.05, 0.3, 1.0)

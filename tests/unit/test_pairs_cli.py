@@ -13,7 +13,7 @@ import orjson
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from flywheel.cli import app
+from cli.main import app
 from flywheel.settings import Settings
 
 runner = CliRunner()

@@ -17,7 +17,6 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.routing import RoutingTable
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from registry.placement import (
@@ -28,6 +27,7 @@ from registry.placement import (
     rendezvous_order,
 )
 from registry.routes import RouteStore
+from registry.routing import RoutingTable
 from registry.vllm_server import free_port
 from tests.registered import fake_adapter
 from tests.servers import serving

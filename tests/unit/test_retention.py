@@ -143,7 +143,7 @@ def test_delete_removes_old_interactions_with_their_feedback(store: FeedbackStor
 def test_the_command_runs_each_line_by_its_recipe(
     settings: Settings, store: FeedbackStore, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flywheel.cli import app
+    from cli.main import app
 
     recipes = tmp_path / "recipes"
     recipes.mkdir()

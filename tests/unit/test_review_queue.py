@@ -451,7 +451,7 @@ def test_a_key_file_without_review_lines_keeps_working_and_grants_no_role(tmp_pa
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from flywheel.cli import main; main()", *args],
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},

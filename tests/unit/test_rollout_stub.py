@@ -322,7 +322,7 @@ def test_placement_plan_packs_a_cold_line_and_moves_its_adapters(
 ) -> None:
     from typer.testing import CliRunner
 
-    from flywheel.cli import app
+    from cli.main import app
     from flywheel.errors import UsageError
 
     runner = CliRunner()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.routing import RoutingTable, choose_arm, split_point
+from registry.routing import RoutingTable, choose_arm, split_point
 
 TABLE = RoutingTable(
     business_line="customer_service",

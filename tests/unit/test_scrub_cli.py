@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flywheel.commands.scrub import scrub
+from cli.commands.scrub import scrub
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ from flywheel.settings import Settings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.recorder import FinishedRequest
-from gateway.routing import RoutingTable
 from gateway.settings import GatewaySettings
 from gateway.shadow import shadow_body, shadow_for, shadow_output_event
 from registry.routes import RouteStore
+from registry.routing import RoutingTable
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub

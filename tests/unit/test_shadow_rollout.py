@@ -19,7 +19,6 @@ from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from flows.rollout import deploy_canary, judge_canary, judge_shadow_stage, lifecycle_check
 from flywheel.settings import Settings, load_settings
-from gateway.routing import RoutingTable
 from registry.canary import CanaryAction
 from registry.decisions import latest_decisions
 from registry.lifecycle import (
@@ -38,6 +37,7 @@ from registry.lifecycle import (
     shadow_since,
 )
 from registry.routes import RouteChangeRecord, RouteStore
+from registry.routing import RoutingTable
 from registry.shadow import ShadowAction, ShadowPolicy
 from registry.tracking import Registry
 from tests.registered import fake_adapter, register_version
@@ -260,7 +260,7 @@ def test_a_candidate_goes_shadow_then_canary_and_a_bad_one_is_rejected(world: Wo
 def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
     from typer.testing import CliRunner
 
-    from flywheel.cli import app
+    from cli.main import app
 
     runner = CliRunner()
     version = world.register()
@@ -294,7 +294,7 @@ def test_the_shadow_report_scores_both_answers_with_a_user_model(
     want the question's number quoted back, which only the shadow does."""
     from typer.testing import CliRunner
 
-    from flywheel.cli import app
+    from cli.main import app
     from flywheel.errors import UsageError
 
     judge = tmp_path / "judge.py"

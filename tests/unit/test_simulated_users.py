@@ -97,7 +97,7 @@ def test_unknown_reaction_types_and_bad_specs_are_refused(users_file: Path) -> N
 
 def test_the_cli_exits_2_naming_the_spec_before_any_traffic(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", "from flywheel.cli import main; main()",
+        [sys.executable, "-c", "from cli.main import main; main()",
          "loop", "--line", "legal", "--users", f"{tmp_path}/none.py:Users"],
         capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
         check=False,

@@ -12,17 +12,17 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.buckets import buckets as buckets_command
-from flywheel.commands.common import SHORT_NAMES, err, open_store, out, safe_url
-from flywheel.commands.dedup import dedup as dedup_command
-from flywheel.commands.evaluate import evaluate as evaluate_command
-from flywheel.commands.experiments import experiment_app
-from flywheel.commands.loop import loop as loop_command
-from flywheel.commands.placement import placement_app
-from flywheel.commands.privacy import forget as forget_command
-from flywheel.commands.privacy import retention_app
-from flywheel.commands.scrub import scrub as scrub_command
-from flywheel.commands.serving import (
+from cli.commands.buckets import buckets as buckets_command
+from cli.commands.common import SHORT_NAMES, err, open_store, out, safe_url
+from cli.commands.dedup import dedup as dedup_command
+from cli.commands.evaluate import evaluate as evaluate_command
+from cli.commands.experiments import experiment_app
+from cli.commands.loop import loop as loop_command
+from cli.commands.placement import placement_app
+from cli.commands.privacy import forget as forget_command
+from cli.commands.privacy import retention_app
+from cli.commands.scrub import scrub as scrub_command
+from cli.commands.serving import (
     canary_app,
     gateway_app,
     lifecycle_app,
@@ -772,14 +772,14 @@ def demo(
     funnel, then a short loop on vLLM and the gateway (users react to the real answers, the
     nightly flow puts a candidate on a 5% canary, the canary flow decides from their
     reactions) and the final champion against the base model on fresh prompts."""
-    from feedback.simulate import SimulationSettings, TrafficSimulator
-    from flywheel.commands.loop import (
+    from cli.commands.loop import (
         _loop_settings,
         log_loop,
         plot_loop,
         run_loop_command,
         scrub_examples,
     )
+    from feedback.simulate import SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
     from simulation.protocol import load_users
 

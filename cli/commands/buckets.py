@@ -15,7 +15,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.common import SHORT_NAMES, open_store, out
+from cli.commands.common import SHORT_NAMES, open_store, out
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
 

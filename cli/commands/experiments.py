@@ -9,8 +9,8 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.common import open_store, out
-from flywheel.commands.serving import _actor, _check_line
+from cli.commands.common import open_store, out
+from cli.commands.serving import _actor, _check_line
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
 from registry.experiments import METRICS, ArmLabel

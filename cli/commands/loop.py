@@ -17,7 +17,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.common import err, out
+from cli.commands.common import err, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 

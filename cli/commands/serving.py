@@ -11,14 +11,14 @@ import orjson
 import typer
 from rich.table import Table
 
-from flywheel.commands.common import open_store, out
+from cli.commands.common import open_store, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from feedback.store import FeedbackStore
-    from gateway.routing import RoutingTable
     from registry.routes import RouteStore
+    from registry.routing import RoutingTable
 
 canary_app = typer.Typer(
     help="Send a share of a line's users to a new adapter.", no_args_is_help=True

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flywheel.commands.common import open_store, out
+from cli.commands.common import open_store, out
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""The command line, `flywheel`: the roof of the house, calling the same stages as the flows."""
