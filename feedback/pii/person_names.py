@@ -531,11 +531,24 @@ class PersonNameFinder:
                 continue
             start, end = trimmed
             span = text[start:end]
-            if label == "PERSON":
+            if label == "PERSON" and not self._thing_not_person(text, start, span):
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.85))
             elif label in _NER_TO_PERSON and self._looks_like_name(span):
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.6))
         return results
+
+    def _thing_not_person(self, text: str, start: int, span: str) -> bool:
+        """A one-word entity after "the", "on", "installed"... that no name list knows
+        ("on Ubuntu", "the Python script"): the small model's person is a product."""
+        if " " in span or self.gazetteer.is_listed_name(span):
+            return False
+        words = [_Word(m.group(), m.start(), m.end()) for m in _NAME_TOKEN.finditer(text)]
+        index = next((i for i, w in enumerate(words) if w.start == start), None)
+        return (
+            index is not None
+            and self._after_thing_word(text, words, index)
+            and _SURNAME_ENDINGS.search(span.casefold()) is None
+        )
 
     def _trim(self, text: str, start: int, end: int) -> tuple[int, int] | None:
         """Entity bounds without a possessive, common words at the edges, or e-mail/number parts.
@@ -551,6 +564,7 @@ class PersonNameFinder:
                 or any(ch.isdigit() or ch == "@" for ch in word)
                 or self.gazetteer.is_function_word(word)
                 or (word.islower() and self.gazetteer.is_common(word))
+                or self.gazetteer.is_informal_word(word)
             )
 
         while words and noise(words[0]):
@@ -597,7 +611,7 @@ class PersonNameFinder:
         """
         found = [self._informal_name(text, words, index) for index in range(len(words))]
         for index in [i for i, is_name in enumerate(found) if is_name]:
-            for other in (index - 2, index + 2):
+            for other in (index - 2, index - 1, index + 1, index + 2):
                 if (
                     0 <= other < len(words)
                     and not found[other]
@@ -641,37 +655,78 @@ class PersonNameFinder:
         gazetteer = self.gazetteer
         if (
             len(base) < 3
+            or _CONTRACTION.search(base) is not None
             or gazetteer.is_common(base)
             or gazetteer.is_informal_word(base)
             or gazetteer.is_function_word(base)
         ):
             return False
+        if self._after_thing_word(text, words, index):
+            # "the Sokolov novel" still names a person; "the Python script" does not.
+            return word.capitalised and _SURNAME_ENDINGS.search(base.casefold()) is not None
         if word.capitalised:
-            return self._capitalised_name(text, word, base)
+            return self._capitalised_name(text, words, index, base)
         if base.isupper():
             return base.casefold() in gazetteer.given_names and not gazetteer.is_english_word(base)
         return base.islower() and self._lower_case_name(text, words, index, base)
 
-    def _capitalised_name(self, text: str, word: _Word, base: str) -> bool:
+    @staticmethod
+    def _after_thing_word(text: str, words: list[_Word], index: int) -> bool:
+        """After a determiner, a place preposition or a verb of using, directly or through a
+        list: a product, a tool or a place ("the Minecraft", "on Ubuntu", "installed Docker
+        and Kubernetes"), unless it ends like a surname (-ov, -ski, -dóttir)."""
+        for _ in range(4):
+            if not index:
+                return False
+            previous = words[index - 1]
+            gap = text[previous.end : words[index].start]
+            folded = previous.text.casefold()
+            if folded in _BEFORE_THINGS and gap.strip() == "":
+                return True
+            if folded in {"and", "or"} and gap.strip() == "" and index >= 2:
+                index -= 2
+            elif gap.strip() == "," and previous.text[:1].isupper():
+                index -= 1
+            else:
+                return False
+        return False
+
+    def _capitalised_name(self, text: str, words: list[_Word], index: int, base: str) -> bool:
         """Inside a sentence, a capitalised word that is no English, chat or place word.
 
         Such a proper noun is, in chat text, most often a person ("you and Desi");
-        so is a capitalised word used in a large corpus the way names are ("a Trump
-        supporter"), unless it is an adjective or a plural. At a sentence's start,
-        where every word is capitalised, only an unknown word counts ("Tebogo is
-        cute").
+        so is a capitalised word used in a large corpus the way names are ("like
+        Trump"), unless it is an adjective or a plural. At a sentence's start,
+        where every word is capitalised, an unknown word counts ("Tebogo is
+        cute"), and a name-like one that acts ("Trump will").
         """
         gazetteer = self.gazetteer
+        word = words[index]
         if not _name_shaped(base) or gazetteer.is_place(base):
             return False
-        if _sentence_start(text, word.start):
-            return not gazetteer.is_english_word(base) and not self._misspelt(base)
-        if not gazetteer.is_english_word(base):
-            return True
-        return (
+        english = gazetteer.is_english_word(base)
+        name_like = (
             gazetteer.is_name_like(base)
             and base.casefold() not in gazetteer.descriptive_words
             and not _plural(base, gazetteer)
+        )
+        if _sentence_start(text, word.start):
+            if not english:
+                return not self._misspelt(base)
+            return name_like and self._acts(text, words, index, base)
+        return not english or name_like
+
+    def _acts(self, text: str, words: list[_Word], index: int, base: str) -> bool:
+        """True when the word is a possessive or a verb follows it ("kapil's", "momo is")."""
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        return base != word.text or (
+            following is not None
+            and _adjacent(text, word, following)
+            and (
+                self.gazetteer.is_verb(following.text)
+                or _POSSESSIVE.search(following.text) is not None
+            )
         )
 
     def _lower_case_name(self, text: str, words: list[_Word], index: int, base: str) -> bool:
@@ -702,14 +757,7 @@ class PersonNameFinder:
         if gazetteer.is_place(base) or self._misspelt(base):
             return False
         word = words[index]
-        following = words[index + 1] if index + 1 < len(words) else None
-        acts = base != word.text or (
-            following is not None
-            and _adjacent(text, word, following)
-            and (
-                gazetteer.is_verb(following.text) or _POSSESSIVE.search(following.text) is not None
-            )
-        )
+        acts = self._acts(text, words, index, base)
         previous = words[index - 1] if index else None
         addressed = (
             previous is not None
@@ -844,18 +892,26 @@ class PersonNameFinder:
 
 
 _MISSPELLING_CACHE = 100_000
+_CONTRACTION = re.compile(r"['’](?:t|re|ve|ll|d|m)$", re.IGNORECASE)
+"""can't, you're, we'll: never a name (O'Brien and D'Angelo are)."""
+_BEFORE_THINGS = _words(
+    "the my your our their its this these those on in into onto inside via "
+    "using use used uses install installed installs installing run runs ran running"
+)
 _POSSESSIVE = re.compile(r"['’]s$")
 _ADDRESS_CUES = _words("thanks thank thx hey hi hello bye yo dear love miss than like with")
 """Words after which an unknown lower-case word is someone greeted, thanked or compared."""
-_COORDINATORS = frozenset({"and", "&", "or", ","})
+_COORDINATORS = frozenset({"and", "or"})
 
 
 def _coordinated(text: str, words: list[_Word], index: int, other: int) -> bool:
     """True for "A and B", "A & B", "A, B": the two words joined by one coordinator."""
     left, right = sorted((index, other))
     between = text[words[left].end : words[right].start]
-    middle = words[left + 1].text.casefold() if right - left == 2 else ""
-    gap = between.replace(words[left + 1].text, " ", 1) if middle else between
+    if right - left == 1:
+        return between.strip() in {",", "&"}
+    middle = words[left + 1].text.casefold()
+    gap = between.replace(words[left + 1].text, " ", 1)
     return middle in _COORDINATORS and gap.strip(" ,") == ""
 
 
