@@ -152,8 +152,8 @@ def clean_one_process(home: Path, url: str, lines: list[str], cleaning: Any) -> 
 
 def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str, Any]:
     """A real nightly run of one line (vLLM on the CPU); its report with seconds by stage."""
+    from cli.main import _vllm_venv
     from composition.recipes import packaged_recipes_dir
-    from flywheel.cli import _vllm_venv
     from flywheel.settings import load_settings
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model

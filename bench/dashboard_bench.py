@@ -193,9 +193,9 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
     from fastapi.testclient import TestClient
 
     from dashboard.app import create_app
-    from dashboard.settings import DashboardSettings
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
+    from flywheel.settings.dashboard import DashboardSettings
 
     settings = load_settings(home=site.home, database_url=site.url)
     app = create_app(

@@ -13,8 +13,8 @@ def gateway_app() -> FastAPI:
     """The gateway configured from the environment (``flywheel serve gateway`` serves it,
     with the header guards of :mod:`flywheel.http_guard`)."""
     from flywheel.settings import load_settings
+    from flywheel.settings.gateway import GatewaySettings
     from gateway.app import create_app
-    from gateway.settings import GatewaySettings
 
     return create_app(load_settings(), GatewaySettings())
 
@@ -24,12 +24,11 @@ def dashboard_app() -> FastAPI:
     from its recipe (``flywheel serve dashboard``)."""
     from composition.recipes import recipe_for
     from dashboard.app import create_app
-    from dashboard.settings import DashboardSettings
     from flywheel.settings import load_settings
 
     settings = load_settings()
     return create_app(
         settings,
-        DashboardSettings(),
+        settings.dashboard,
         review_policy_of=lambda line: recipe_for(settings, line).review,
     )

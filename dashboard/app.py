@@ -59,7 +59,6 @@ from dashboard.review_queue import ReviewQueue
 from dashboard.review_routes import add_review_routes
 from dashboard.scrubbed import SampleScrubber
 from dashboard.sessions import LoginSessions
-from dashboard.settings import DashboardSettings
 from dashboard.shaping import RATE_SIGNALS
 from feedback.reviews import ReviewPolicy
 from feedback.rollup import SignalRollup
@@ -67,6 +66,7 @@ from feedback.store import FeedbackStore
 from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
+from flywheel.settings.dashboard import DashboardSettings
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -236,14 +236,13 @@ def create_app(
     or the configured one); when that file does not exist the page is open on loopback.
     ``review_policy_of`` gives each line's review block (its recipe's; none without it).
     Login sessions live in the store; ``clock`` (UTC now) ends them, for tests."""
-    from gateway.settings import GatewaySettings
 
     withhold_tracebacks()
 
     own_store = store is None
     feedback_store = store or FeedbackStore.open(settings)
     if keys is None and keys_file is None:
-        keys_file = GatewaySettings().resolved_keys_file(settings.home)
+        keys_file = settings.gateway.resolved_keys_file(settings.home)
     sessions = LoginSessions(
         feedback_store.engine,
         timedelta(seconds=dashboard.session_lifetime_s),

@@ -21,7 +21,6 @@ from dashboard.filters import BucketFilter, Cursor
 from dashboard.lineage import DatasetBuild, DatasetIndex, TrainingUse, drop_reasons, funnel_steps
 from dashboard.review_queue import ArmReviews, arm_reviews
 from dashboard.scrubbed import Sample, SampleScrubber
-from dashboard.settings import DashboardSettings
 from dashboard.shaping import (
     RATE_SIGNALS,
     AdapterTotals,
@@ -34,6 +33,7 @@ from dashboard.shaping import (
 )
 from feedback.rollup import REQUESTS, RollupQuery, SignalRollup, ceil_hour, floor_hour
 from feedback.shadow import shadow_counts
+from flywheel.settings.dashboard import DashboardSettings
 from registry.canary import PASS_RATE
 from registry.decisions import latest_decisions
 from registry.lifecycle import shadow_since, step_started

@@ -25,18 +25,17 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
     back or wait, after its soak time), and a newly promoted champion against ``previous``
     (reverted when it regresses). Each decision is recorded with its numbers."""
     from flows.rollout import judge_canary, judge_shadow_stage, sync_adapters, watch_champion
-    from gateway.settings import GatewaySettings
+    from registry.vllm_admin import vllm_in_flight
 
     settings = load_settings()
     chosen = lines or list(settings.business_lines)
-    gateway = GatewaySettings()
+    gateway = settings.gateway
+    in_flight = vllm_in_flight(gateway.upstreams)
     store = FeedbackStore.open(settings)
     results = []
     try:
         try:
-            synced = sync_adapters(
-                settings, store, gateway.upstreams, in_flight=gateway.in_flight()
-            )
+            synced = sync_adapters(settings, store, gateway.upstreams, in_flight=in_flight)
         except Exception:  # one replica's trouble must not stop the decisions
             get_run_logger().exception("reconciling the replicas failed")
         else:
@@ -49,21 +48,21 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                 store,
                 line,
                 upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
+                in_flight=in_flight,
             )
             outcome = judge_canary(
                 settings,
                 store,
                 line,
                 upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
+                in_flight=in_flight,
             )
             watched = watch_champion(
                 settings,
                 store,
                 line,
                 upstreams=gateway.upstreams,
-                in_flight=gateway.in_flight(),
+                in_flight=in_flight,
             )
             results.append(
                 {

@@ -179,11 +179,10 @@ def train_and_gate(settings: Settings, line: str, dataset: str | None) -> TrainR
 def hot_load_and_canary(settings: Settings, line: str, version: int) -> dict[str, Any]:
     """Load the version into every vLLM replica, probe it, start its canary."""
     from flows.rollout import deploy_canary
-    from gateway.settings import GatewaySettings
 
     store = FeedbackStore.open(settings)
     try:
-        outcome = deploy_canary(settings, store, line, version, GatewaySettings().upstreams)
+        outcome = deploy_canary(settings, store, line, version, settings.gateway.upstreams)
     finally:
         store.close()
     return asdict(outcome)

@@ -33,6 +33,7 @@ from feedback.events import stored_identity as identity
 from feedback.store import FeedbackStore
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.feedback_api import receive_feedback
 from gateway.intake import check_request, json_body, key_of, line_for
 from gateway.keys import KeyFileWatch, KeyRing
@@ -51,7 +52,6 @@ from gateway.recorder import (
     InteractionRecorder,
 )
 from gateway.sessions import SessionPins, route_request
-from gateway.settings import GatewaySettings
 from gateway.shadow import maybe_shadow
 from gateway.state import GatewayState
 from gateway.streaming import (

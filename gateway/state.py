@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.keys import KeyFileWatch, KeyRing
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.recorder import InteractionRecorder
 from gateway.sessions import SessionPins
-from gateway.settings import GatewaySettings
 from gateway.shadow import ShadowTraffic
 from gateway.upstream import Upstreams
 from registry.routes import RouteSnapshot, RouteStore

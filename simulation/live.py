@@ -87,7 +87,6 @@ def _deploy_inverted(line: str, row: dict[str, object]) -> NightlyResult:
     from flows.rollout import deploy_canary
     from flows.stages import train_line
     from flywheel.settings import load_settings
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     trained = train_line(settings, line, invert_preferences=True)
@@ -95,9 +94,7 @@ def _deploy_inverted(line: str, row: dict[str, object]) -> NightlyResult:
         return NightlyResult("skipped", f"no inverted adapter: {trained.reason}")
     store = FeedbackStore.open(settings)
     try:
-        deployed = deploy_canary(
-            settings, store, line, trained.version, GatewaySettings().upstreams
-        )
+        deployed = deploy_canary(settings, store, line, trained.version, settings.gateway.upstreams)
     finally:
         store.close()
     return NightlyResult(
@@ -130,7 +127,6 @@ def live_services(
     from flows.prefect_env import configure_prefect
     from flows.rollout import sync_adapters
     from gateway.keys import add_key
-    from gateway.settings import GatewaySettings
     from registry.routes import RouteStore
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
@@ -143,7 +139,7 @@ def live_services(
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
-    keys = GatewaySettings().resolved_keys_file(settings.home)
+    keys = settings.gateway.resolved_keys_file(settings.home)
     stamp = int(time.time())
     key = add_key(keys, f"loop-{stamp}", ["*"])
     reviewer_keys = tuple(

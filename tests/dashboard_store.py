@@ -53,7 +53,7 @@ class PageHome:
     def app(self, **overrides: Any) -> FastAPI:
         """The feedback page on this home (rollup folds everything at once: no grace)."""
         from dashboard.app import create_app
-        from dashboard.settings import DashboardSettings
+        from flywheel.settings.dashboard import DashboardSettings
 
         options = {"rollup_grace_s": 0, "rollup_interval_s": 0, "page_size": 20} | overrides
         return create_app(

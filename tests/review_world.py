@@ -48,7 +48,7 @@ class ReviewWorld:
     def app(self, **overrides: Any) -> FastAPI:
         """The feedback page on this home."""
         from dashboard.app import create_app
-        from dashboard.settings import DashboardSettings
+        from flywheel.settings.dashboard import DashboardSettings
         from tests.dashboard_store import shared_scrubber
 
         options = {"rollup_grace_s": 0, "rollup_interval_s": 0} | overrides

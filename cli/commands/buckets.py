@@ -36,7 +36,6 @@ def buckets(
     from dashboard.app import build_pages
     from dashboard.errors import PageError
     from dashboard.lineage import drop_reasons, funnel_steps
-    from dashboard.settings import DashboardSettings
 
     settings = load_settings()
     try:
@@ -46,7 +45,7 @@ def buckets(
     except PageError as exc:
         raise UsageError(exc.message) from None
     store = open_store(settings)
-    pages = build_pages(settings, DashboardSettings(), store.engine)
+    pages = build_pages(settings, settings.dashboard, store.engine)
     known = sorted(set(settings.business_lines) | set(pages.rollup.lines()))
     unknown = sorted(set(line or ()) - set(known))
     if unknown:

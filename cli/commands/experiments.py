@@ -26,12 +26,6 @@ experiment_app = typer.Typer(
 METRIC_HELP = "The business metric that decides: " + ", ".join(METRICS) + "."
 
 
-def _upstreams() -> tuple[str, ...]:
-    from gateway.settings import GatewaySettings
-
-    return GatewaySettings().upstreams
-
-
 @experiment_app.command("start")
 def experiment_start(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
@@ -69,7 +63,7 @@ def experiment_start(
             business_line,
             arm_a,
             arm_b,
-            _upstreams(),
+            settings.gateway.upstreams,
             share=share,
             metric=metric,
             alpha=alpha,
@@ -175,7 +169,12 @@ def experiment_stop(
     store = open_store(settings)
     try:
         status = stop_experiment(
-            settings, store, business_line, _upstreams(), reason=reason, actor=_actor()
+            settings,
+            store,
+            business_line,
+            settings.gateway.upstreams,
+            reason=reason,
+            actor=_actor(),
         )
     finally:
         store.close()
@@ -212,7 +211,7 @@ def experiment_promote(
             settings,
             store,
             business_line,
-            _upstreams(),
+            settings.gateway.upstreams,
             arm=chosen,
             force=force,
             reason=reason,

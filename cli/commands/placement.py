@@ -48,10 +48,9 @@ def placement_plan(
     places it on; ``--apply`` loads its adapters where it arrives, writes the placement, then
     unloads them (drained) where it leaves."""
     from flows.placement import move_line, plan_lines
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
-    upstreams = GatewaySettings().upstreams
+    upstreams = settings.gateway.upstreams
     store = open_store(settings)
     plans = plan_lines(
         settings, store, upstreams, hours=hours, hot_share=hot_share, cold_replicas=cold_replicas
@@ -111,12 +110,11 @@ def _print_move(
 
 def _place(business_line: str, placement: tuple[str, ...] | None, reason: str) -> None:
     from flows.placement import move_line
-    from gateway.settings import GatewaySettings
     from registry.placement import replica_url
 
     settings = load_settings()
     _check_line(settings, business_line)
-    upstreams = GatewaySettings().upstreams
+    upstreams = settings.gateway.upstreams
     known = {replica_url(url) for url in upstreams}
     if placement is not None:
         placement = tuple(dict.fromkeys(replica_url(url) for url in placement))

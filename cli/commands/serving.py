@@ -51,7 +51,6 @@ def _check_line(settings: Settings, line: str) -> None:
 def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
     """Refuse to route users to an adapter some vLLM replica the line is placed on (every
     replica, for a line without a placement) does not serve."""
-    from gateway.settings import GatewaySettings
     from registry.placement import placed
     from registry.routes import RouteStore
     from registry.vllm_admin import VllmAdminClient, VllmAdminError
@@ -61,7 +60,7 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
         table = RouteStore(store.engine).table(business_line)
     finally:
         store.close()
-    for upstream in placed(table, GatewaySettings().upstreams):
+    for upstream in placed(table, settings.gateway.upstreams):
         try:
             with VllmAdminClient(upstream) as client:
                 served = client.served_adapter(adapter)
@@ -199,11 +198,10 @@ def routes_sync() -> None:
     """Load (and probe) on every vLLM replica the adapters the routing tables name; unload
     flywheel adapters none names (after a replica restart, or to check)."""
     from flows.rollout import sync_adapters
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     store = open_store(settings)
-    summary = sync_adapters(settings, store, GatewaySettings().upstreams)
+    summary = sync_adapters(settings, store, settings.gateway.upstreams)
     out.print_json(orjson.dumps(summary).decode())
     if any(replica["failed"] for replica in summary.values()):
         raise typer.Exit(1)
@@ -220,7 +218,6 @@ def routes_champion(
     """Make ``adapter`` the line's champion by hand: loaded on every replica, then the routing
     table and MLflow's ``champion`` alias move together; the old one is kept as ``previous``."""
     from flows.rollout import set_champion
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     _check_line(settings, business_line)
@@ -231,7 +228,7 @@ def routes_champion(
         store,
         business_line,
         chosen,
-        GatewaySettings().upstreams,
+        settings.gateway.upstreams,
         reason=reason,
         actor=_actor(),
     )
@@ -257,7 +254,6 @@ def gateway_add_key(
 ) -> None:
     """Create an API key for the gateway; it is printed once (the file keeps a digest)."""
     from gateway.keys import add_key
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     chosen = [line.strip() for line in lines.split(",") if line.strip()]
@@ -268,7 +264,7 @@ def gateway_add_key(
     for line in reviewing:
         if line != "*":
             _check_line(settings, line)
-    path = GatewaySettings().resolved_keys_file(settings.home)
+    path = settings.gateway.resolved_keys_file(settings.home)
     token = add_key(path, name, chosen, reviewing)
     role = f"; reviewer on {', '.join(reviewing)}" if reviewing else ""
     out.print(f"key for {name} ({', '.join(chosen)}{role}), stored as a digest in {path}:")
@@ -286,12 +282,10 @@ def serve_gateway(
     """Run the gateway (OpenAI-compatible, per-line keys, sticky canary) with uvicorn."""
     import os
 
-    from gateway.settings import GatewaySettings
-
     settings = load_settings()
     if upstream:
         os.environ["FLYWHEEL_GATEWAY_UPSTREAMS"] = ",".join(upstream)
-    gateway = GatewaySettings()
+    gateway = settings.gateway
     keys = gateway.resolved_keys_file(settings.home)
     if not keys.exists():
         out.print(
@@ -344,12 +338,10 @@ def serve_dashboard(
     """Run the feedback page (per-line signals, funnel, samples, routing, eval review)."""
 
     from dashboard.access import is_loopback
-    from dashboard.settings import DashboardSettings
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
-    dashboard = DashboardSettings()
-    keys = GatewaySettings().resolved_keys_file(settings.home)
+    dashboard = settings.dashboard
+    keys = settings.gateway.resolved_keys_file(settings.home)
     open_store(settings).close()
     bind = host or dashboard.host
     listen = port or dashboard.port
@@ -557,20 +549,20 @@ def _shadow_judged_by_users(
 
 def _judge(business_line: str, action: str | None, reason: str | None) -> None:
     from flows.rollout import judge_canary
-    from gateway.settings import GatewaySettings
     from registry.canary import CanaryAction
+    from registry.vllm_admin import vllm_in_flight
 
     settings = load_settings()
     _check_line(settings, business_line)
     store = open_store(settings)
     force = CanaryAction(action) if action else None
-    gateway = GatewaySettings()
+    gateway = settings.gateway
     outcome = judge_canary(
         settings,
         store,
         business_line,
         upstreams=gateway.upstreams,
-        in_flight=gateway.in_flight(),
+        in_flight=vllm_in_flight(gateway.upstreams),
         force=force,
         reason=reason,
         actor=_actor(),
@@ -615,11 +607,10 @@ def lifecycle_check(
     """Per line: routing vs MLflow aliases vs the adapters each vLLM replica serves vs the
     LoRA budget. Exit 1 on any drift, saying what differs."""
     from flows.rollout import lifecycle_check as check
-    from gateway.settings import GatewaySettings
 
     settings = load_settings()
     store = open_store(settings)
-    report = check(settings, store, GatewaySettings().upstreams)
+    report = check(settings, store, settings.gateway.upstreams)
     if as_json:
         out.print_json(orjson.dumps(report).decode())
     else:

@@ -19,13 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dashboard.app import create_app as create_dashboard
-from dashboard.settings import DashboardSettings
 from feedback.store import FeedbackStore
 from flows.experiments import look_experiment, promote_experiment, start_experiment
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.dashboard import DashboardSettings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import VllmServer, free_port

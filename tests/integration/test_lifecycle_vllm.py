@@ -19,9 +19,9 @@ import pytest
 from feedback.store import FeedbackStore
 from flows.rollout import deploy_canary, judge_canary, lifecycle_check, sync_adapters
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
 from registry.routes import RouteStore
 from registry.routing import choose_arm

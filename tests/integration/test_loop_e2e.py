@@ -36,9 +36,9 @@ from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.names import model_name
 from registry.records import TAG_DATASET_HASH
 from registry.routes import RouteStore

@@ -109,7 +109,7 @@ def _option(argv: list[str], name: str) -> str:
 def _setting_names() -> set[str]:
     """Every environment variable the settings classes read: env_prefix + field name."""
     from flywheel.settings import Settings, StoreSettings
-    from gateway.settings import GatewaySettings
+    from flywheel.settings.gateway import GatewaySettings
     from registry.vllm_server import VllmServerSettings
 
     classes: list[type[BaseSettings]] = [
@@ -286,7 +286,7 @@ def test_the_settings_of_each_project_service_validate(
     name: str, clean_env: pytest.MonkeyPatch
 ) -> None:
     from flywheel.settings import Settings
-    from gateway.settings import GatewaySettings
+    from flywheel.settings.gateway import GatewaySettings
     from registry.vllm_server import VllmServerSettings
 
     for key, value in _env(SERVICES[name]).items():

@@ -21,7 +21,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from dashboard.app import create_app as create_dashboard
-from dashboard.settings import DashboardSettings
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
 from flows.experiments import (
@@ -33,9 +32,10 @@ from flows.experiments import (
 from flows.rollout import deploy_canary, judge_canary, lifecycle_check
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.dashboard import DashboardSettings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
 from registry.experiment_store import experiment_looks, get_experiment
 from registry.routes import RouteStore

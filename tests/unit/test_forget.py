@@ -31,10 +31,10 @@ from feedback.schema import (
 )
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.recorder import InteractionRecorder, Spool
-from gateway.settings import GatewaySettings
 from registry.records import TAG_FORGOTTEN_USER_DATA, TAG_FORGOTTEN_USER_DATA_AT
 from registry.routes import RouteStore
 from registry.tracking import Registry

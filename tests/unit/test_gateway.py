@@ -15,9 +15,9 @@ from sqlalchemy import select
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
 from registry.routing import choose_arm
 from registry.vllm_server import free_port

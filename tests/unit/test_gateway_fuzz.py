@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.servers import serving

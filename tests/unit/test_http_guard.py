@@ -18,9 +18,9 @@ import uvicorn
 from feedback.store import FeedbackStore
 from flywheel.http_guard import GuardedHttpToolsProtocol, server_options
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.vllm_server import free_port
 from tests.stub_vllm import StubBehaviour, running_stub
 

@@ -16,6 +16,7 @@ import yaml
 
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.limits import (
@@ -27,7 +28,6 @@ from gateway.limits import (
     retry_after,
     sliding_count,
 )
-from gateway.settings import GatewaySettings
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub

@@ -22,9 +22,9 @@ from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flows.rollout import _arm
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, add_key, key_digest
-from gateway.settings import GatewaySettings
 from registry.canary import PASS_RATE, CanaryAction, CanaryPolicy, decide_canary
 from registry.canary import RATES as CANARY_RATES
 from registry.routes import RouteStore
@@ -106,7 +106,7 @@ class Stage:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[tuple[Any, Stage, LoopServices]]:
     from dashboard.app import create_app as create_page
-    from dashboard.settings import DashboardSettings
+    from flywheel.settings.dashboard import DashboardSettings
     from tests.dashboard_store import shared_scrubber
 
     home = tmp_path / "home"

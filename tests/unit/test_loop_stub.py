@@ -19,9 +19,9 @@ from feedback.online import adapter_windows
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction, CanaryPolicy, decide_canary
 from registry.routes import RouteStore
 from registry.vllm_server import free_port

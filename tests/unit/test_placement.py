@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from registry.placement import (
     adapters_by_replica,

@@ -29,9 +29,9 @@ from flows.rollout import (
     watch_champion,
 )
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
-from gateway.settings import GatewaySettings
 from registry.canary import CanaryAction
 from registry.names import model_name
 from registry.routes import RouteStore

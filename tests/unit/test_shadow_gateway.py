@@ -18,10 +18,10 @@ from sqlalchemy import select
 from feedback.schema import interactions_table, quarantine_table, shadow_outputs_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.recorder import FinishedRequest
-from gateway.settings import GatewaySettings
 from gateway.shadow import shadow_body, shadow_for, shadow_output_event
 from registry.routes import RouteStore
 from registry.routing import RoutingTable

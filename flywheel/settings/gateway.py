@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +13,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 class GatewaySettings(BaseSettings):
     """How one gateway replica runs; the store and business lines come from ``Settings``."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_GATEWAY_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_GATEWAY_", env_file=".env", frozen=True, extra="ignore"
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65_535)
@@ -154,13 +155,6 @@ class GatewaySettings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} is not an http(s) URL")
         return tuple(url.rstrip("/") for url in value)
-
-    def in_flight(self) -> Callable[[str], int]:
-        """How many vLLM replicas still run requests of an adapter (their own ``/metrics``):
-        what an unload waits on."""
-        from registry.vllm_admin import vllm_in_flight
-
-        return vllm_in_flight(self.upstreams)
 
     def resolved_keys_file(self, home: Path) -> Path:
         """The API key file: the configured one or the one in FLYWHEEL_HOME."""

@@ -9,7 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class DashboardSettings(BaseSettings):
     """How the feedback page runs; the store, keys and MLflow come from the other settings."""
 
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_DASHBOARD_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_DASHBOARD_", env_file=".env", frozen=True, extra="ignore"
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=1, le=65_535)

@@ -1,7 +1,12 @@
-"""Typed settings for every flywheel component, loaded explicitly from the environment.
+"""Typed settings for every flywheel component: one tree, loaded explicitly from the environment.
 
-Nothing here runs at import time: call :func:`load_settings` at the edge (the
-CLI, a flow, a server factory) and pass the result down.
+:class:`Settings` is the root (``FLYWHEEL_*``); its sections are typed models of
+their own with their own prefix under ``FLYWHEEL_``: ``store``
+(``FLYWHEEL_STORE_*``), ``gateway`` (``FLYWHEEL_GATEWAY_*``) and ``dashboard``
+(``FLYWHEEL_DASHBOARD_*``). A ``.env`` file in the working folder is read by every
+section, the environment winning. Nothing here runs at import time: call
+:func:`load_settings` at the edge (the CLI, a flow, a server factory) and pass the
+result (or one of its sections) down.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.install import DEFAULT_TORCH_INDEX
+from flywheel.settings.dashboard import DashboardSettings
+from flywheel.settings.gateway import GatewaySettings
 
 DEFAULT_BUSINESS_LINES = ("customer_service", "medical", "legal")
 
@@ -110,6 +117,8 @@ class Settings(BaseSettings):
         description="How long the nightly waits for a line's training run on the work pool.",
     )
     store: StoreSettings = Field(default_factory=StoreSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
 
     @field_validator("torch_index", "training_deployment")
     @classmethod
