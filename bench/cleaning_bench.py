@@ -184,7 +184,7 @@ KEPT_ORDER = "scrub_first"
 
 def compare_runs(home: Path, url: str, lines: list[str], *, baseline: bool) -> dict[str, Any]:
     """The baseline, both scrub orders on 1 worker, the kept order on 2, one process."""
-    from feedback.cleaning import CleaningSettings
+    from flywheel.settings.cleaning import CleaningSettings
 
     plans: list[tuple[str, int, CleaningSettings]] = []
     if baseline:

@@ -91,8 +91,9 @@ def analyze(site: Site) -> None:
 
 def add_dataset(site: Site) -> int:
     """A real dataset of the line's last two hours (so the funnel and lineage have data)."""
-    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+    from feedback.cleaning import clean_line, scrub_with
     from feedback.pii import build_scrubber
+    from flywheel.settings.cleaning import CleaningSettings
 
     result = clean_line(
         site.store.engine,

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-    from feedback.dedup import DedupDecision, DedupSettings
+    from feedback.dedup import DedupDecision
+    from flywheel.settings.cleaning import DedupSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HH_RLHF = REPO_ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -353,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from rich.table import Table
 
-    from feedback.dedup import DedupSettings, sign_text
+    from feedback.dedup import sign_text
+    from flywheel.settings.cleaning import DedupSettings
 
     console = Console()
     settings = DedupSettings()

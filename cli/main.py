@@ -516,13 +516,9 @@ def _build_datasets_on_workers(
     from flows.prefect_env import configure_prefect
 
     configure_prefect(settings)
-    from feedback.cleaning import CleaningSettings
-    from feedback.datasets import DatasetSettings
     from flows.cleaning import dask_cluster, run_partitioned
 
-    cleaning = CleaningSettings(
-        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
-    )
+    cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
     rows = []
     with dask_cluster(workers, settings.dask_address) as address:
         for name in lines:
@@ -540,6 +536,13 @@ def _build_datasets_on_workers(
                 }
             )
     return rows
+
+
+def _cleaning_with(settings: Settings, eval_fraction: float, max_user_share: float) -> Any:
+    """The configured cleaning settings with the command's dataset options on top (validated)."""
+    values = settings.cleaning.model_dump()
+    values["datasets"] |= {"eval_fraction": eval_fraction, "max_user_share": max_user_share}
+    return type(settings.cleaning).model_validate(values)
 
 
 def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
@@ -876,14 +879,11 @@ def _build_datasets(
     max_user_share: float = 0.1,
     since: datetime | None = None,
 ) -> list[Any]:
-    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
-    from feedback.datasets import DatasetSettings
+    from feedback.cleaning import clean_line, scrub_with
     from feedback.pii import build_scrubber
     from flywheel.progress import progress_bar
 
-    cleaning = CleaningSettings(
-        datasets=DatasetSettings(eval_fraction=eval_fraction, max_user_share=max_user_share)
-    )
+    cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
     scrub = scrub_with(build_scrubber())
     results = []
     for name in lines:

@@ -26,19 +26,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
-from feedback.datasets import (
-    DatasetBuild,
-    DatasetSettings,
-    cap_per_user,
-    split_by_time,
-    write_dataset,
-)
-from feedback.dedup import DedupSettings
+from feedback.datasets import DatasetBuild, cap_per_user, split_by_time, write_dataset
 from feedback.dedup.history import (
     SignedRecords,
     TrainingHistory,
@@ -51,6 +43,12 @@ from feedback.dedup.records import record_time, scope_hash
 from feedback.dedup.signature import exact_text_hash
 from feedback.examples import ExampleKind, TrainingExample, build_examples
 from feedback.signals import pull_records
+from flywheel.settings.cleaning import (
+    SCRUB_CACHE_TEXTS,
+    CleaningSettings,
+    DatasetSettings,
+    DedupSettings,
+)
 
 ScrubBatch = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 SCRUBBED_FIELDS = ("messages", "response", "edit")
@@ -59,39 +57,6 @@ FUNNEL_STEPS = ("pulled", "filtered", "deduplicated", "in_training")
 FAILED_REQUEST = "failed_request"
 EXACT_DUPLICATE = "exact_duplicate"
 # Distinct texts whose detections a scrubbing function keeps (~200 bytes each).
-SCRUB_CACHE_TEXTS = 50_000
-ScrubOrder = Literal["scrub_first", "dedup_first"]
-
-
-class CleaningSettings(BaseModel):
-    """Settings of the cleaning stage."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    datasets: DatasetSettings = Field(default_factory=DatasetSettings)
-    dedup: DedupSettings = Field(default_factory=DedupSettings)
-    scrub_batch_size: int = Field(default=256, ge=1, le=100_000)
-    scrub_order: ScrubOrder = Field(
-        default="scrub_first",
-        description="scrub_first: scrub every pulled record, then filter and deduplicate; "
-        "dedup_first: drop failed requests and exact duplicates of the raw text first and "
-        "scrub only the survivors (near duplicates are still found on scrubbed text).",
-    )
-    scrub_cache_texts: int = Field(
-        default=SCRUB_CACHE_TEXTS,
-        ge=0,
-        le=10_000_000,
-        description="Distinct texts whose PII detections a cleaning worker remembers, so a "
-        "repeated text is analysed once (DetectionCache); 0: none. Used where the stage "
-        "builds its own scrubbing function (the partitioned flow's workers).",
-    )
-    trained_history_days: float = Field(
-        default=90.0,
-        ge=0,
-        le=3_650,
-        description="Nights back whose trained records a window is deduplicated against "
-        "(feedback.dedup.history); 0: each window alone.",
-    )
 
 
 @dataclass(slots=True)

@@ -21,31 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
 from feedback.examples import ExampleKind, TrainingExample, user_digest
 from flywheel.file_modes import private_dir, restrict, write_private_bytes
+from flywheel.settings.cleaning import DatasetSettings
 
 MANIFEST = "manifest.json"
 # Manifest key of a training set accumulated from several window datasets (their hashes).
 ACCUMULATED = "accumulated_from"
 SPLITS = ("train", "eval")
-
-
-class DatasetSettings(BaseModel):
-    """How examples become datasets."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    max_user_share: float = Field(default=0.1, gt=0, le=1)
-    max_pairs_per_prompt: int = Field(default=4, ge=1, le=1_000)
-    min_prompt_chars: int = Field(
-        default=4,
-        ge=0,
-        le=1_000,
-        description="Prompts shorter than this once PII is removed are dropped.",
-    )
 
 
 def user_cap(counts: Sequence[int], share: float) -> int:

@@ -27,7 +27,6 @@ from sqlalchemy import Engine
 
 from feedback.cleaning import (
     CleaningResult,
-    CleaningSettings,
     Funnel,
     ScrubBatch,
     dedup_text,
@@ -44,7 +43,6 @@ from feedback.dedup.history import (
     sign_records,
     window_verdicts,
 )
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.shuffle import (
     join_shards,
     partition_dir,
@@ -53,6 +51,7 @@ from feedback.dedup.shuffle import (
     stage_signatures,
 )
 from feedback.signals import pull_records
+from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
 _RECORDS = "records.jsonl"
 

@@ -25,9 +25,9 @@ from feedback.dedup.history import (
     TrainingHistory,
     signature_key,
 )
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import TextSignatures
 from feedback.schema import trained_records_table
+from flywheel.settings.cleaning import DedupSettings
 
 
 def load_training_history(

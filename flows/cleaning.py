@@ -24,12 +24,12 @@ from typing import Any
 
 from prefect import flow, task
 
-from feedback.cleaning import CleaningSettings, ScrubBatch
-from feedback.dedup import DedupSettings
+from feedback.cleaning import ScrubBatch
 from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, current_settings, settings_in_use
+from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
 PARTITIONS_PER_WORKER = 2
 STALE_STAGING_S = 24 * 3600
@@ -141,7 +141,7 @@ def clean_line_partitioned(
     # Never a parameter: Prefect stores a flow run's parameters in its database and shows
     # them in its UI, and the settings hold the store's URL with its password.
     settings = current_settings()
-    cleaning = cleaning or CleaningSettings()
+    cleaning = cleaning or settings.cleaning
     seconds: dict[str, float] = {}
     started = time.monotonic()
     store = FeedbackStore.open(settings)

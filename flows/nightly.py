@@ -98,11 +98,11 @@ def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
 def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[str, Any]:
     """Scrub, deduplicate (against what earlier windows trained on too) and bucket the
     window's records into SFT/DPO/KTO datasets; record what went in."""
-    from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+    from feedback.cleaning import clean_line, scrub_with
     from feedback.pii import build_scrubber
     from feedback.training_history import load_training_history, record_training
 
-    cleaning = CleaningSettings()
+    cleaning = settings.cleaning
     store = FeedbackStore.open(settings)
     try:
         history = load_training_history(

@@ -95,7 +95,8 @@ def build_page_home(
     simulator, report = fill_demo_store(store, simulation, track_pii=True)
     assert report.quarantined == 0, report.rejections
     if with_dataset:
-        from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+        from feedback.cleaning import clean_line, scrub_with
+        from flywheel.settings.cleaning import CleaningSettings
 
         clean_line(
             store.engine,

@@ -11,9 +11,10 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from feedback.dedup import DedupBatch, DedupDecision, DedupInputError, DedupSettings
+from feedback.dedup import DedupBatch, DedupDecision, DedupInputError
 from feedback.jsonl import JsonlRecord, MalformedLine, dumps_line, iter_jsonl
 from flywheel.progress import progress_bar
+from flywheel.settings.cleaning import DedupSettings
 
 
 def dedup(

@@ -27,7 +27,6 @@ from feedback.dedup.records import (
     record_text,
     record_time,
 )
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import (
     TextSignature,
     TextSignatures,
@@ -44,7 +43,6 @@ __all__ = [
     "DedupBatch",
     "DedupDecision",
     "DedupInputError",
-    "DedupSettings",
     "ScopeTable",
     "TextSignature",
     "TextSignatures",

@@ -19,8 +19,8 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import NDArray
 
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import TextSignatures, estimated_similarity, mix_hash
+from flywheel.settings.cleaning import DedupSettings
 
 Indices = NDArray[np.intp]
 

@@ -42,8 +42,8 @@ from numpy.typing import NDArray
 
 from feedback.dedup.clusters import DedupDecision, cluster_signatures
 from feedback.dedup.records import record_text, record_time, scope_hash
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import TextSignatures, sign_texts
+from flywheel.settings.cleaning import DedupSettings
 
 TRAINED_EARLIER = "trained_in_earlier_window"
 EARLIER_CLUSTER = "earlier_window_cluster_cap"

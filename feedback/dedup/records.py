@@ -29,8 +29,8 @@ import orjson
 import xxhash
 
 from feedback.dedup.clusters import DedupDecision, cluster_signatures
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import TextSignatures, sign_texts
+from flywheel.settings.cleaning import DedupSettings
 
 DEFAULT_BUSINESS_LINE = "default"
 _SLICE_RECORDS = 4096

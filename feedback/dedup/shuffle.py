@@ -33,8 +33,8 @@ from numpy.typing import NDArray
 
 from feedback.dedup.clusters import ClusterForest, DedupDecision, decide_clusters
 from feedback.dedup.records import DedupInputError, record_text, record_time, scope_hash
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.signature import TextSignatures, estimated_similarity, mix_hash, sign_texts
+from flywheel.settings.cleaning import DedupSettings
 
 EXACT_BAND = -1
 _META = "meta.npz"

@@ -20,8 +20,8 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
-from feedback.dedup.settings import DedupSettings
 from feedback.dedup.text import message_forms
+from flywheel.settings.cleaning import DedupSettings
 
 U64 = NDArray[np.uint64]
 

@@ -1,12 +1,12 @@
-"""Typed settings for every flywheel component: one tree, loaded explicitly from the environment.
+"""Typed settings for every flywheel component: one tree, loaded from the environment.
 
-:class:`Settings` is the root (``FLYWHEEL_*``); its sections are typed models of
-their own with their own prefix under ``FLYWHEEL_``: ``store``
-(``FLYWHEEL_STORE_*``), ``gateway`` (``FLYWHEEL_GATEWAY_*``) and ``dashboard``
-(``FLYWHEEL_DASHBOARD_*``). A ``.env`` file in the working folder is read by every
-section, the environment winning. Nothing here runs at import time: call
-:func:`load_settings` at the edge (the CLI, a flow, a server factory) and pass the
-result (or one of its sections) down.
+:class:`Settings` is the root (``FLYWHEEL_*``). Its sections are typed models:
+``store`` (``FLYWHEEL_STORE_*``), ``gateway`` (``FLYWHEEL_GATEWAY_*``),
+``dashboard`` (``FLYWHEEL_DASHBOARD_*``) and ``cleaning`` (``FLYWHEEL_CLEANING__*``,
+nested fields with ``__``: ``FLYWHEEL_CLEANING__DEDUP__THRESHOLD``). A ``.env`` file
+in the working folder is read by every section, the environment winning. Nothing
+here runs at import time: call :func:`load_settings` at the edge (the CLI, a flow,
+a server factory) and pass the result, or one of its sections, down.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.install import DEFAULT_TORCH_INDEX
+from flywheel.settings.cleaning import CleaningSettings
 from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
 
@@ -43,7 +44,11 @@ class Settings(BaseSettings):
     too, the environment winning). Secrets (the store URL, Redis) print masked."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FLYWHEEL_", env_file=".env", frozen=True, extra="ignore"
+        env_prefix="FLYWHEEL_",
+        env_file=".env",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
     )
 
     home: Path = Field(
@@ -119,6 +124,7 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    cleaning: CleaningSettings = Field(default_factory=CleaningSettings)
 
     @field_validator("torch_index", "training_deployment")
     @classmethod

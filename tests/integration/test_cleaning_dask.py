@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.cleaning import run_partitioned
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.cleaning import CleaningSettings
 
 # ~45 s: a Prefect API, two worker processes each loading spaCy.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

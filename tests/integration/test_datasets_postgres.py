@@ -9,13 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+from feedback.cleaning import clean_line, scrub_with
 from feedback.datasets import manifests_with_user
 from feedback.pii import build_scrubber
 from feedback.schema import interactions_table
 from feedback.signals import pull_records
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore, create_store_engine, upgrade_schema
+from flywheel.settings.cleaning import CleaningSettings
 
 pytestmark = pytest.mark.integration
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from feedback.cleaning import CleaningSettings, clean_line, scrub_with
+from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.stages import train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, load_settings
+from flywheel.settings.cleaning import CleaningSettings
 from registry.records import TAG_ENDED_BECAUSE
 from registry.tracking import Registry
 

@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from feedback.cleaning import CleaningSettings, clean_records, drop_reason
+from feedback.cleaning import clean_records, drop_reason
+from flywheel.settings.cleaning import CleaningSettings
 
 SECRET = re.compile(r"SECRET\d+")
 

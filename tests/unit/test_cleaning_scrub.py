@@ -13,17 +13,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from feedback.cleaning import (
-    CleaningSettings,
-    DetectionCache,
-    clean_records,
-    dedup_text,
-    scrub_with,
-)
-from feedback.dedup import DedupSettings, estimated_similarity, sign_texts
+from feedback.cleaning import DetectionCache, clean_records, dedup_text, scrub_with
+from feedback.dedup import estimated_similarity, sign_texts
 from feedback.pii import ScrubberSettings, build_scrubber
 from feedback.pii.scrubber import Scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
+from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,12 @@ from feedback.dedup import (
     DecisionKind,
     DedupDecision,
     DedupInputError,
-    DedupSettings,
     assign_clusters,
     normalise_text,
     sign_text,
     sign_texts,
 )
+from flywheel.settings.cleaning import DedupSettings
 
 SETTINGS = DedupSettings()
 

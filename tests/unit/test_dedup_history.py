@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from feedback.cleaning import CleaningResult, CleaningSettings, clean_line
+from feedback.cleaning import CleaningResult, clean_line
 from feedback.dedup.history import (
     EARLIER_CLUSTER,
     TRAINED_EARLIER,
@@ -34,6 +34,7 @@ from feedback.signals import id_partitions
 from feedback.store import FeedbackStore
 from feedback.training_history import load_training_history, record_training
 from flywheel.settings import Settings
+from flywheel.settings.cleaning import CleaningSettings
 
 LINE = "legal"
 DAY1 = datetime(2026, 11, 1, 9, tzinfo=UTC)

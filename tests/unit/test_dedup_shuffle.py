@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feedback.dedup import DedupInputError, DedupSettings, assign_clusters
+from feedback.dedup import DedupInputError, assign_clusters
 from feedback.dedup.shuffle import bucket_shard, join_shards, read_meta, sign_partition
+from flywheel.settings.cleaning import DedupSettings
 
 WORDS = ["refund", "order", "late", "parcel", "doctor", "fever", "contract", "lease", "tax", "fee"]
 

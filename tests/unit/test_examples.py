@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from feedback.datasets import (
-    DatasetSettings,
     cap_per_user,
     iter_manifests,
     manifests_with_user,
@@ -20,6 +19,7 @@ from feedback.datasets import (
 )
 from feedback.examples import build_examples, user_digest
 from feedback.importers.hh_rlhf import pair_from_row, pairs_from_rows, read_hh_rlhf
+from flywheel.settings.cleaning import DatasetSettings
 from tests.conftest import shared_file
 
 PROMPT = [{"role": "user", "content": "How do I return shoes?"}]

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from feedback.cleaning import CleaningSettings, clean_records
+from feedback.cleaning import clean_records
 from feedback.store import FeedbackStore
 from flywheel.file_modes import open_private, private_dir
 from flywheel.settings import Settings
+from flywheel.settings.cleaning import CleaningSettings
 from gateway.recorder import Spool
 
 

@@ -19,8 +19,8 @@ from sqlalchemy import select
 
 from cli.commands.privacy import forget_everywhere
 from composition.recipes import Recipe, recipe_hash, start_training_run
-from feedback.cleaning import CleaningSettings, clean_line
-from feedback.datasets import FORGOTTEN_REWRITES, DatasetSettings, iter_manifests
+from feedback.cleaning import clean_line
+from feedback.datasets import FORGOTTEN_REWRITES, iter_manifests
 from feedback.events import stored_identity
 from feedback.examples import user_digest
 from feedback.schema import (
@@ -31,6 +31,7 @@ from feedback.schema import (
 )
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.settings.cleaning import CleaningSettings, DatasetSettings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest

@@ -1,8 +1,13 @@
-"""Typed, frozen settings for exact and near-duplicate removal."""
+"""Settings of the cleaning stage: scrubbing order and cache, deduplication, datasets.
+
+A section of the settings tree (``Settings.cleaning``): set from the environment
+with ``FLYWHEEL_CLEANING__<FIELD>`` and, for its own sections,
+``FLYWHEEL_CLEANING__DEDUP__THRESHOLD`` or ``FLYWHEEL_CLEANING__DATASETS__EVAL_FRACTION``.
+"""
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -86,3 +91,54 @@ class DedupSettings(BaseModel):
         it almost never do.
         """
         return float((1.0 / self.bands) ** (1.0 / self.rows))
+
+
+class DatasetSettings(BaseModel):
+    """How examples become datasets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
+    max_user_share: float = Field(default=0.1, gt=0, le=1)
+    max_pairs_per_prompt: int = Field(default=4, ge=1, le=1_000)
+    min_prompt_chars: int = Field(
+        default=4,
+        ge=0,
+        le=1_000,
+        description="Prompts shorter than this once PII is removed are dropped.",
+    )
+
+
+SCRUB_CACHE_TEXTS = 50_000
+ScrubOrder = Literal["scrub_first", "dedup_first"]
+
+
+class CleaningSettings(BaseModel):
+    """Settings of the cleaning stage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    datasets: DatasetSettings = Field(default_factory=DatasetSettings)
+    dedup: DedupSettings = Field(default_factory=DedupSettings)
+    scrub_batch_size: int = Field(default=256, ge=1, le=100_000)
+    scrub_order: ScrubOrder = Field(
+        default="scrub_first",
+        description="scrub_first: scrub every pulled record, then filter and deduplicate; "
+        "dedup_first: drop failed requests and exact duplicates of the raw text first and "
+        "scrub only the survivors (near duplicates are still found on scrubbed text).",
+    )
+    scrub_cache_texts: int = Field(
+        default=SCRUB_CACHE_TEXTS,
+        ge=0,
+        le=10_000_000,
+        description="Distinct texts whose PII detections a cleaning worker remembers, so a "
+        "repeated text is analysed once (DetectionCache); 0: none. Used where the stage "
+        "builds its own scrubbing function (the partitioned flow's workers).",
+    )
+    trained_history_days: float = Field(
+        default=90.0,
+        ge=0,
+        le=3_650,
+        description="Nights back whose trained records a window is deduplicated against "
+        "(feedback.dedup.history); 0: each window alone.",
+    )
