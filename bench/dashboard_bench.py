@@ -10,7 +10,11 @@ one with ``--events`` events and one with a tenth of them, builds a dataset for 
 line from its last two hours (real scrubber) and two MLflow runs, then requests each
 main view of the page in-process (FastAPI TestClient: the app's own time, no network)
 and prints p50/p99 per view on both stores and their ratio (about 1 means the view
-costs the same on a 10x bigger store: indexes and the rollup, no full scans). Baselines:
+costs the same on a 10x bigger store: indexes and the rollup, no full scans), with a
+reviewer's key that sees every line: the overview, samples, funnel and eval review of
+one line, its review queue (each request hands the reviewer a new blind, scrubbed answer
+of the canary or the champion), and the page of an A/B experiment on another line's
+last week of traffic (its users split between two adapters). Baselines:
 the overview's counts without the rollup (the same aggregation over the raw tables),
 and the first, cold request of each view (rollup fold, scrubbing a page of samples).
 It also EXPLAINs the samples queries before and after ANALYZE (stale statistics must not
@@ -44,6 +48,9 @@ from bench_db import drop_database, fresh_database  # noqa: E402 (beside this sc
 START = datetime(2026, 10, 1, tzinfo=UTC)
 SPAN = timedelta(days=30)
 LINE = "medical"
+EXPERIMENT_LINE = "legal"
+EXPERIMENT_DAYS = 7
+REVIEWER = "bench-reviewer"
 EVENTS_PER_REQUEST = 1.45
 
 
@@ -57,6 +64,8 @@ class Site:
     url: str
     store: Any
     ingest_s: float
+    key: str = ""
+    experiment_id: int = 0
 
 
 def build_site(label: str, events: int, root: Path) -> Site:
@@ -151,6 +160,41 @@ def add_eval_runs(site: Site) -> None:
         registry.finish_run(run)
 
 
+def add_experiment(site: Site) -> int:
+    """An A/B experiment on the last week of one line's traffic: its users split between
+    arm A (v1) and arm B (v2) by a hash, as the gateway records them; the experiment's id."""
+    from registry.experiment_store import ARM_LABELS, create_experiment
+    from registry.experiments import ExperimentPolicy
+
+    started = START + SPAN - timedelta(days=EXPERIMENT_DAYS)
+    with site.store.engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE interactions SET arm = CASE WHEN abs(hashtext(user_id)) %% 2 = 0 "
+            "THEN %(a)s ELSE %(b)s END WHERE business_line = %(line)s AND created_at >= %(since)s",
+            {"a": ARM_LABELS["a"], "b": ARM_LABELS["b"], "line": EXPERIMENT_LINE, "since": started},
+        )
+    return create_experiment(
+        site.store.engine,
+        business_line=EXPERIMENT_LINE,
+        arm_a=f"{EXPERIMENT_LINE}-v1",
+        arm_b=f"{EXPERIMENT_LINE}-v2",
+        share=0.5,
+        metric="task_success",
+        policy=ExperimentPolicy(),
+        actor="bench",
+        reason="dashboard bench",
+        when=started,
+    )
+
+
+def add_reviewer(site: Site) -> str:
+    """A key that sees every line and reviews ``LINE``; the key (every view is requested
+    with it, the review queue needs its role)."""
+    from gateway.keys import add_key
+
+    return add_key(site.home / "gateway-keys.yaml", REVIEWER, ["*"], [LINE])
+
+
 def views(site: Site) -> dict[str, str]:
     """The main views, as URLs on this site's data."""
     from sqlalchemy import select
@@ -181,6 +225,11 @@ def views(site: Site) -> dict[str, str]:
         "funnel": f"/lines/{LINE}/funnel",
         "eval review": f"/lines/{LINE}/evals",
         "overview API": f"/api/lines/{LINE}/overview",
+        "review queue": f"/lines/{LINE}/review",
+        "review API, next": f"/api/lines/{LINE}/review/next",
+        "experiments list": f"/lines/{EXPERIMENT_LINE}/experiments",
+        "experiment page": f"/lines/{EXPERIMENT_LINE}/experiments/{site.experiment_id}",
+        "experiment API": f"/api/lines/{EXPERIMENT_LINE}/experiments/{site.experiment_id}",
     }
 
 
@@ -193,6 +242,7 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
     """Cold first request, then p50/p99 over ``requests`` of each view (milliseconds)."""
     from fastapi.testclient import TestClient
 
+    from composition.recipes import recipe_for
     from dashboard.app import create_app
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
@@ -203,7 +253,8 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
         settings,
         DashboardSettings(rollup_grace_s=0),
         store=site.store,
-        keys_file=site.home / "no-keys.yaml",  # open mode, loopback client
+        keys_file=site.home / "gateway-keys.yaml",
+        review_policy_of=lambda line: recipe_for(settings, line).review,
     )
     results: dict[str, dict[str, float]] = {}
     pages = app.state.pages
@@ -213,7 +264,9 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
     results["rollup: first fold"]["rows"] = folded
     targets = views(site)
     with (
-        TestClient(app, client=("127.0.0.1", 9999)) as client,
+        TestClient(
+            app, client=("127.0.0.1", 9999), headers={"Authorization": f"Bearer {site.key}"}
+        ) as client,
         progress_bar(f"{site.label}: timing views", total=len(targets)) as advance,
     ):
         for name, url in targets.items():
@@ -331,6 +384,8 @@ def main() -> None:
                 records = add_dataset(site)
                 console.print(f"{label}: dataset from the last 2 h of {LINE} ({records} records)")
                 add_eval_runs(site)
+                site.experiment_id = add_experiment(site)
+                site.key = add_reviewer(site)
             for site in sites:
                 results[site.label] = time_views(site, args.requests)
             results["naive"] = naive_overview(sites[0], args.requests)
