@@ -884,7 +884,7 @@ def _build_datasets(
     from flywheel.progress import progress_bar
 
     cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
-    scrub = scrub_with(build_scrubber())
+    scrub = scrub_with(build_scrubber(settings.scrubber))
     results = []
     for name in lines:
         with progress_bar(f"cleaning {name}") as advance:

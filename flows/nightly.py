@@ -86,7 +86,7 @@ def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
     from feedback.pii import build_scrubber
     from flows.stages import apply_line_retention
 
-    scrubber = build_scrubber()
+    scrubber = build_scrubber(settings.scrubber)
     store = FeedbackStore.open(settings)
     try:
         return apply_line_retention(settings, store.engine, line, scrubber.scrub_records).as_dict()
@@ -115,7 +115,7 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
         result = clean_line(
             store.engine,
             line,
-            scrub=scrub_with(build_scrubber()),
+            scrub=scrub_with(build_scrubber(settings.scrubber)),
             settings=cleaning,
             dataset_root=settings.datasets_dir,
             since=window.since,

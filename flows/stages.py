@@ -260,7 +260,7 @@ def train_line(
         )
         registry.log_adapter(run_id, result.adapter_dir)
         data = load_eval_data(build.path, max_samples=recipe.eval_generations)
-        detector = pii_detector_for(build_scrubber(), GENERATION_PII_TYPES)
+        detector = pii_detector_for(build_scrubber(settings.scrubber), GENERATION_PII_TYPES)
         champion_adapter = (
             registry.adapter_path(line, champion_version) if champion_version is not None else None
         )

@@ -133,7 +133,7 @@ def retention_run(
     store = open_store(settings)
     try:
         lines = line or sorted(set(store.business_lines()) | set(settings.business_lines))
-        scrubber = None if dry_run else build_scrubber()
+        scrubber = None if dry_run else build_scrubber(settings.scrubber)
         for name in lines:
             report = apply_line_retention(
                 settings,

@@ -15,7 +15,7 @@ from feedback.pii.scrubber import (
     scrub_records,
     scrub_text,
 )
-from feedback.pii.settings import SUPPORTED_ENTITIES, ScrubberSettings
+from flywheel.settings.scrubber import SUPPORTED_ENTITIES, ScrubberSettings
 
 __all__ = [
     "SUPPORTED_ENTITIES",

@@ -56,8 +56,8 @@ from feedback.pii.recognizers_zh import (
     ChineseResidentIdRecognizer,
     ChineseSegmenter,
 )
-from feedback.pii.settings import ScrubberSettings, load_scrubber_settings
 from feedback.pii.surnames_zh import COMPOUND_SURNAMES, SINGLE_SURNAMES
+from flywheel.settings.scrubber import ScrubberSettings, load_scrubber_settings
 
 if TYPE_CHECKING:
     from spacy.language import Language

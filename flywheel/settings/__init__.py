@@ -2,7 +2,8 @@
 
 :class:`Settings` is the root (``FLYWHEEL_*``). Its sections are typed models:
 ``store`` (``FLYWHEEL_STORE_*``), ``gateway`` (``FLYWHEEL_GATEWAY_*``),
-``dashboard`` (``FLYWHEEL_DASHBOARD_*``) and ``cleaning`` (``FLYWHEEL_CLEANING__*``,
+``dashboard`` (``FLYWHEEL_DASHBOARD_*``), ``scrubber`` (``FLYWHEEL_SCRUBBER_*``) and
+``cleaning`` (``FLYWHEEL_CLEANING__*``,
 nested fields with ``__``: ``FLYWHEEL_CLEANING__DEDUP__THRESHOLD``). A ``.env`` file
 in the working folder is read by every section, the environment winning. Nothing
 here runs at import time: call :func:`load_settings` at the edge (the CLI, a flow,
@@ -23,6 +24,7 @@ from flywheel.install import DEFAULT_TORCH_INDEX
 from flywheel.settings.cleaning import CleaningSettings
 from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
+from flywheel.settings.scrubber import ScrubberSettings
 
 DEFAULT_BUSINESS_LINES = ("customer_service", "medical", "legal")
 
@@ -125,6 +127,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     cleaning: CleaningSettings = Field(default_factory=CleaningSettings)
+    scrubber: ScrubberSettings = Field(default_factory=ScrubberSettings)
 
     @field_validator("torch_index", "training_deployment")
     @classmethod

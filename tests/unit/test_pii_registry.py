@@ -13,7 +13,11 @@ from feedback.pii import build_scrubber
 from feedback.pii.checksums import cn_resident_id_valid, iban_valid
 from feedback.pii.recognizers_en import PhoneNumberRecognizer
 from feedback.pii.scrubber import analyzer_engine, build_registry
-from feedback.pii.settings import RECOGNIZERS_YAML_ENV, ScrubberSettings, load_scrubber_settings
+from flywheel.settings.scrubber import (
+    RECOGNIZERS_YAML_ENV,
+    ScrubberSettings,
+    load_scrubber_settings,
+)
 
 EMPLOYEE_IDS = """\
 recognizers:

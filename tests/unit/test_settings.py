@@ -100,13 +100,18 @@ def test_the_tree_has_every_section_each_from_its_own_variables(
     clean_env.setenv("FLYWHEEL_DASHBOARD_SESSION_LIFETIME_S", "600")
     clean_env.setenv("FLYWHEEL_CLEANING__SCRUB_ORDER", "dedup_first")
     clean_env.setenv("FLYWHEEL_CLEANING__DEDUP__THRESHOLD", "0.8")
-    (tmp_path / ".env").write_text("FLYWHEEL_CLEANING__DATASETS__EVAL_FRACTION=0.2\n")
+    clean_env.setenv("FLYWHEEL_SCRUBBER_LANGUAGES", '["zh"]')
+    (tmp_path / ".env").write_text(
+        "FLYWHEEL_CLEANING__DATASETS__EVAL_FRACTION=0.2\nFLYWHEEL_SCRUBBER__BATCH_SIZE=64\n"
+    )
     settings = load_settings()
     assert settings.gateway.upstreams == ("http://a:8000", "http://b:8000")
     assert settings.dashboard.session_lifetime_s == 600
     assert settings.cleaning.scrub_order == "dedup_first"
     assert settings.cleaning.dedup.threshold == 0.8
     assert settings.cleaning.datasets.eval_fraction == 0.2
+    assert settings.scrubber.languages == ("zh",)
+    assert settings.scrubber.batch_size == 64
     clean_env.setenv("FLYWHEEL_CLEANING__DEDUP__THRESHOLD", "1.5")
     with pytest.raises(ValidationError, match="threshold"):
         load_settings()

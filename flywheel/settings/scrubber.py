@@ -1,13 +1,14 @@
-"""Typed, frozen settings for the PII scrubber."""
+"""Typed, frozen settings for the PII scrubber: the ``scrubber`` section of the settings
+tree (``FLYWHEEL_SCRUBBER_*``: ``FLYWHEEL_SCRUBBER_RECOGNIZERS_YAML``, ``..._LANGUAGES``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Language = Literal["en", "zh"]
 
@@ -27,14 +28,17 @@ SUPPORTED_ENTITIES: tuple[str, ...] = (
 RECOGNIZERS_YAML_ENV = "FLYWHEEL_SCRUBBER_RECOGNIZERS_YAML"
 
 
-class ScrubberSettings(BaseModel):
+class ScrubberSettings(BaseSettings):
     """What the scrubber looks for and how it batches work.
 
-    Built once (e.g. from the application settings) and passed to
+    Read with the rest of the settings (``Settings.scrubber``) and passed to
     :func:`feedback.pii.build_scrubber`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No .env of its own: unknown keys are refused (a typo must not fall back to a default),
+    # and a .env holds the other sections' variables too; the root reads .env for it
+    # (FLYWHEEL_SCRUBBER__LANGUAGES=...).
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_SCRUBBER_", frozen=True, extra="forbid")
 
     languages: tuple[Language, ...] = Field(default=("en", "zh"), min_length=1)
     entities: tuple[str, ...] = Field(default=SUPPORTED_ENTITIES, min_length=1)
@@ -75,8 +79,9 @@ class ScrubberSettings(BaseModel):
 
 
 def load_scrubber_settings(environ: Mapping[str, str] | None = None) -> ScrubberSettings:
-    """The scrubber's settings: defaults, and the recognizers file named by
-    ``FLYWHEEL_SCRUBBER_RECOGNIZERS_YAML`` if set."""
-    env = os.environ if environ is None else environ
-    path = env.get(RECOGNIZERS_YAML_ENV)
+    """The scrubber's settings from ``environ`` (``FLYWHEEL_SCRUBBER_*``; the process's
+    environment and ``.env`` when ``None``)."""
+    if environ is None:
+        return ScrubberSettings()
+    path = environ.get(RECOGNIZERS_YAML_ENV)
     return ScrubberSettings(recognizers_yaml=Path(path) if path else None)
