@@ -1,7 +1,14 @@
 """Prefect's environment for flywheel, set before Prefect is imported (it reads it once).
 
-Prefect keeps its database and task results under ``FLYWHEEL_HOME/prefect``;
-telemetry is off (these machines and many users' are offline); the ephemeral
+Prefect keeps its database under ``FLYWHEEL_HOME/prefect``, and there the one
+result it persists: the training flow's (``flows.training``), which the nightly
+reads back from another process. No other task or flow result is persisted or
+cached by Prefect, on purpose: a rerun's idempotence is the domain's — the
+store window a line's run reopens (``feedback.watermarks``), the dataset's
+content hash, and the registered version found by dataset, recipe and base
+model (``registry.tracking.Registry.find_version``) — so a crashed night redoes
+nothing it finished, whoever reruns it, with or without Prefect's cache.
+Telemetry is off (these machines and many users' are offline); the ephemeral
 API server gets a start-up timeout that a busy 2-core machine can meet.
 Values already in the environment win.
 """
