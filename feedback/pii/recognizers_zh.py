@@ -239,6 +239,10 @@ _COMMON_WORD = 300
 _COMMON_PREFIX = 1000
 """Frequency from which a word inside a longer one shows that one to be a compound (银行+卡)."""
 _PROPER_FLAGS = frozenset({"nr", "nrfg", "nrt", "ns", "nz", "nt"})
+_RARE_WORD = 10
+"""Dictionary frequency under which a word is too rare to be read as an ordinary one."""
+_REPEATED_ALONE = 3
+"""Times a given-name character must stand alone in one text to be taken as a name."""
 
 
 def _is_han(text: str) -> bool:
@@ -312,6 +316,7 @@ class ChineseNameRecognizer(EntityRecognizer):
             self._surname_after_cue(text, cue.end(), found)
         for index, token in enumerate(tokens):
             word = token.word
+            self._dictionary_name(token, found)
             if word in COMPOUND_SURNAMES or (len(word) == 1 and word in SINGLE_SURNAMES):
                 self._after_surname(tokens, index, found)
             elif 2 <= len(word) <= 3 and (
@@ -323,7 +328,10 @@ class ChineseNameRecognizer(EntityRecognizer):
                 self._given_name_pair(tokens, index, found)
             elif len(word) == 2 and word[0] in _FAMILIAR_PREFIXES:
                 self._familiar_word(token, found)
-            elif token.flag not in {"a", "d", "v", "o", "y", "e"}:
+            elif token.flag not in {"a", "d", "v", "o", "y", "e"} or (
+                self.segmenter.frequency(word) < _RARE_WORD and word[0] not in _AMBIGUOUS_SURNAMES
+            ):
+                # A doubled verb the dictionary barely knows (解解) is a pet name.
                 self._doubled_word(text, token, found)
             if word in _TITLES and len(word) > 1 and index > 0:
                 self._before_title(tokens, index, found)
@@ -334,8 +342,55 @@ class ChineseNameRecognizer(EntityRecognizer):
             elif word in _THANKING_CUES and index + 1 < len(tokens):
                 self._after_thanks(text, tokens, index, found)
         self._surnames_before_pet_names(text, found)
+        self._repeated_single_names(text, tokens, found)
         self._forms_of_address(text, found)
+        self._other_mentions(text, found)
         return [RecognizerResult(self.ENTITY, s, e, score) for (s, e), score in found.items()]
+
+    def _other_mentions(self, text: str, found: _NameSpans) -> None:
+        """嘉欣就系嘉欣: a name found once is the same name wherever else it is written.
+
+        A post that names someone usually names them again, and the second
+        mention often lacks the cue (a title, 叫, 感谢) that gave the first away.
+        """
+        for (start, end), score in list(found.items()):
+            name = text[start:end]
+            if not 2 <= len(name) <= 4 or not _is_han(name):
+                continue
+            position = text.find(name)
+            while position >= 0:
+                found.add(position, position + len(name), score)
+                position = text.find(name, position + 1)
+
+    def _repeated_single_names(self, text: str, tokens: list[Token], found: _NameSpans) -> None:
+        """盈讨厌婷…婷抢了泽: a given-name character standing alone again and again.
+
+        Stories call people by one character; the dictionary cannot join it to
+        a word three times over unless it is used as a name. The character must
+        be a typical given-name one, rare as a word on its own, and met beside
+        different neighbours: always before the same character it is half of an
+        unknown word (微博 split as 微/博, 強/大), not a name.
+        """
+        alone: dict[str, list[Token]] = {}
+        for token in tokens:
+            if (
+                len(token.word) == 1
+                and token.word in GIVEN_NAME_CHARS
+                and _name_capable(token)
+                and self.segmenter.frequency(token.word) < _COMMON_PREFIX
+            ):
+                alone.setdefault(token.word, []).append(token)
+        for char, occurrences in alone.items():
+            before = {text[t.start - 1 : t.start] for t in occurrences}
+            after = {text[t.end : t.end + 1] for t in occurrences}
+            if (
+                len(occurrences) >= _REPEATED_ALONE
+                and len(before) > 1
+                and len(after) > 1
+                and char not in before | after
+            ):
+                for token in occurrences:
+                    found.add(token.start, token.end, 0.45)
 
     def _forms_of_address(self, text: str, found: _NameSpans) -> None:
         """宋茜姐姐, 阿明哥, 卫庄大人: the form of address right after a name goes with it.
@@ -463,6 +518,15 @@ class ChineseNameRecognizer(EntityRecognizer):
             )
         ):
             found.add(token.start, token.end, 0.45)
+
+    def _dictionary_name(self, token: Token, found: _NameSpans) -> None:
+        """金庸, 杨澜: a word jieba's dictionary lists as a full personal name (``nrfg``).
+
+        Its plain ``nr`` and ``nrt`` tags are not used alone: they cover as many
+        ordinary words (胡萝卜, 双子座, 威武) as names.
+        """
+        if token.flag == "nrfg" and len(token.word) >= 2 and _is_han(token.word):
+            found.add(token.start, token.end, 0.5)
 
     def _surname_word(self, token: Token, found: _NameSpans) -> None:
         """A word tagged as a name that starts with a surname and is not a common word."""
