@@ -720,12 +720,16 @@ class PersonNameFinder:
         """True when the word is a possessive or a verb follows it ("kapil's", "momo is")."""
         word = words[index]
         following = words[index + 1] if index + 1 < len(words) else None
-        return base != word.text or (
-            following is not None
-            and _adjacent(text, word, following)
-            and (
-                self.gazetteer.is_verb(following.text)
-                or _POSSESSIVE.search(following.text) is not None
+        return (
+            base != word.text
+            or _SPLIT_POSSESSIVE.match(text, word.end) is not None
+            or (
+                following is not None
+                and _adjacent(text, word, following)
+                and (
+                    self.gazetteer.is_verb(following.text)
+                    or _POSSESSIVE.search(following.text) is not None
+                )
             )
         )
 
@@ -899,6 +903,8 @@ _BEFORE_THINGS = _words(
     "using use used uses install installed installs installing run runs ran running"
 )
 _POSSESSIVE = re.compile(r"['’]s$")
+_SPLIT_POSSESSIVE = re.compile(r" ['’] ?s\b")
+"""The possessive as a tokeniser leaves it ("Trump ' s"), detached from its word."""
 _ADDRESS_CUES = _words("thanks thank thx hey hi hello bye yo dear love miss than like with")
 """Words after which an unknown lower-case word is someone greeted, thanked or compared."""
 _COORDINATORS = frozenset({"and", "or"})

@@ -150,11 +150,15 @@ _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _HAN_CHAR = re.compile(f"[{_HAN}]")
 _MENTION = re.compile(r"@([^\s@:：,，。.!！?？/\\()（）\[\]【】#“”\"'、;；~～〜|]{1,24})")
 _SPEAK_TO = re.compile(f"对([{_HAN}]{{2,4}}?)说")
-_TRANSLITERATION = re.compile(
-    "[阿埃艾爱安巴贝比波伯布达丹德迪蒂杜多厄尔法菲费夫弗盖戈格古哈海汉赫亨胡华霍基吉加杰卡凯科克库"
+_TRANSLITERATION_CHARS = (
+    "阿埃艾爱安巴贝比波伯布达丹德迪蒂杜多厄尔法菲费夫弗盖戈格古哈海汉赫亨胡华霍基吉加杰卡凯科克库"
     "拉莱兰劳勒雷里丽利莉连林琳卢鲁路伦罗洛马玛迈麦曼梅米敏莫姆默穆娜纳奈内尼妮诺帕佩皮普奇乔切萨塞"
-    "桑瑟森沙莎尚舍施什史斯索塔泰汤特提托瓦威维温沃乌西希谢辛休雅亚扬伊因英尤约泽扎詹朱兹佐东]{3,8}"
+    "桑瑟森沙莎尚舍施什史斯索塔泰汤特提托瓦威维温沃乌西希谢辛休雅亚扬伊因英尤约泽扎詹朱兹佐东朗茨"
 )
+"""Characters that transliterations of foreign names are written with."""
+_TRANSLITERATION = re.compile(f"[{_TRANSLITERATION_CHARS}]{{3,8}}")
+_DOTTED_NAME = re.compile(f"([{_TRANSLITERATION_CHARS}]{{2,5}})[·．・•]([{_HAN}]{{2,6}})")
+"""比尔．盖茨, 迈克尔·翁达杰: the middle dot that joins the parts of a transliterated name."""
 _SPECIFIC_TRANSLITERATION = frozenset(
     "埃贝蒂厄弗赫亨杰凯莱勒玛迈姆默娜纳奈妮诺帕佩瑟莎舍兹佐斯尔曼克"
 )
@@ -463,7 +467,20 @@ class ChineseNameRecognizer(EntityRecognizer):
             if (
                 any(ch in _SPECIFIC_TRANSLITERATION for ch in name)
                 or any(start <= t.start and t.end <= end for t in transliterated)
-            ) and self.segmenter.frequency(name) < _COMMON_WORD:
+            ) and (
+                self.segmenter.frequency(name) < _COMMON_WORD
+                # A well-known foreign name is frequent and still a name (詹姆斯).
+                or self.segmenter.flag(name) in {"nr", "nrt"}
+            ):
+                found.add(start, end, 0.45)
+        for match in _DOTTED_NAME.finditer(text):
+            start, end = match.span()
+            parts = (match.group(1), match.group(2))
+            if any(ch in _SPECIFIC_TRANSLITERATION for ch in match.group()) or any(
+                start <= t.start and t.end <= end for t in transliterated
+            ):
+                found.add(start, end, 0.5)
+            elif all(_TRANSLITERATION.fullmatch(part) for part in parts):
                 found.add(start, end, 0.45)
 
     def _after_surname(self, tokens: list[Token], index: int, found: _NameSpans) -> None:

@@ -64,3 +64,19 @@ def test_a_rare_doubled_verb_is_a_pet_name(recognizer: ChineseNameRecognizer) ->
 )
 def test_ordinary_sentences_stay(recognizer: ChineseNameRecognizer, text: str) -> None:
     assert spans(recognizer, text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("如今小学生都喊着做中国的比尔．盖茨，可见", "比尔．盖茨"),
+        ("贯穿我们的一生！——迈克尔·翁达杰《遥望》", "迈克尔·翁达杰"),
+        ("林书豪力压勒布朗获东部周最佳", "勒布朗"),
+        ("詹姆斯11号球衣，全新原盒", "詹姆斯"),  # frequent, and still a name
+    ],
+)
+def test_transliterated_foreign_names(
+    recognizer: ChineseNameRecognizer, text: str, name: str
+) -> None:
+    start = text.index(name)
+    assert covered(recognizer, text, start, start + len(name))
