@@ -80,3 +80,27 @@ def test_transliterated_foreign_names(
 ) -> None:
     start = text.index(name)
     assert covered(recognizer, text, start, start + len(name))
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("coco小姐最爱香奈儿香水", "coco"),  # a Latin name before a title
+        ("昨日，社区居委会主任杜长其透露，老人已送医", "杜长其"),  # before a verb of saying
+        ("对南海杨知明说：补充一下", "杨知明"),  # 对…说 with a place before the person
+    ],
+)
+def test_names_before_titles_and_speech(
+    recognizer: ChineseNameRecognizer, text: str, name: str
+) -> None:
+    start = text.index(name)
+    assert covered(recognizer, text, start, start + len(name))
+
+
+@pytest.mark.parametrize(
+    "text", ["我把PDF老师的课件下载了", "对大家说：谢谢", "他认真地对我们全体同学说明了情况"]
+)
+def test_no_names_from_latin_words_or_plain_speech(
+    recognizer: ChineseNameRecognizer, text: str
+) -> None:
+    assert spans(recognizer, text) == []
