@@ -739,7 +739,13 @@ class ChineseNameRecognizer(EntityRecognizer):
                 " ",
             )
             if 2 <= length <= 3 and closed:
-                if all(self.segmenter.frequency(t.word) < 100 for t in run):
+                doubled = len(run) == 1 and length == 2 and run[0].word[0] == run[0].word[1]
+                if all(self.segmenter.frequency(t.word) < 100 for t in run) or (
+                    # 感谢圆圆，: a doubled word thanked is a pet name even when it is a word.
+                    doubled
+                    and _doubled_name_char(run[0].word[0])
+                    and self.segmenter.frequency(run[0].word) < _COMMON_PREFIX
+                ):
                     found.add(run[0].start, run[-1].end, 0.45)
                 return
             run.pop()

@@ -104,3 +104,10 @@ def test_no_names_from_latin_words_or_plain_speech(
     recognizer: ChineseNameRecognizer, text: str
 ) -> None:
     assert spans(recognizer, text) == []
+
+
+def test_a_doubled_word_thanked_is_a_pet_name(recognizer: ChineseNameRecognizer) -> None:
+    text = "感谢兔兔，感谢圆圆，感谢我们的相遇。"
+    start = text.index("圆圆")
+    assert covered(recognizer, text, start, start + 2)
+    assert spans(recognizer, "谢谢大家，谢谢哈哈，好开心。") == []
