@@ -28,6 +28,7 @@ from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from registry.routes import RouteStore
 from registry.tracking import Registry
+from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
 from simulation.users import CustomerServiceUsers
 from tests.integration.conftest import ADAPTER_LESSONS
@@ -115,6 +116,8 @@ def arena(
     settings = load_settings()
     store = FeedbackStore.open(settings)
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    with VllmAdminClient(vllm_server.base_url, timeout=120) as admin:
+        before = {model.id for model in admin.list_models()}
     try:
         started = time.monotonic()
         versions = [
@@ -135,6 +138,12 @@ def arena(
                 f"{LINE}-v{versions[0]}", f"{LINE}-v{versions[1]}",
             )  # fmt: skip
     finally:
+        # The session's vLLM is shared: names loaded here (customer_service-v1, ...) must not
+        # be found loaded from this module's paths by the next test that loads its own v1.
+        with VllmAdminClient(vllm_server.base_url, timeout=120) as admin:
+            for model in admin.list_models():
+                if model.is_adapter and model.id not in before:
+                    admin.unload_adapter(model.id)
         store.close()
         patch.undo()
 
