@@ -155,6 +155,10 @@ def test_the_check_would_see_a_body_buffered_and_freed() -> None:
     with _peak_growth() as peak:
         held = bytearray(BODY_BYTES)
         held[::4096] = b"x" * len(held[::4096])
-        time.sleep(0.05)
+        # Held until the sampler has looked (at most 5 s): on a loaded machine its thread
+        # may not run within a fixed 50 ms, and the check would wrongly say it sees nothing.
+        deadline = time.monotonic() + 5
+        while peak[0] < 45 * 1024 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
         del held
     assert peak[0] >= 45 * 1024 * 1024
