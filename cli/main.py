@@ -13,7 +13,15 @@ import typer
 from rich.table import Table
 
 from cli.commands.buckets import buckets as buckets_command
-from cli.commands.common import SHORT_NAMES, err, open_store, out, safe_url
+from cli.commands.common import (
+    SHORT_NAMES,
+    clients,
+    err,
+    open_store,
+    out,
+    safe_url,
+    with_clients,
+)
 from cli.commands.dedup import dedup as dedup_command
 from cli.commands.evaluate import evaluate as evaluate_command
 from cli.commands.experiments import experiment_app
@@ -49,6 +57,7 @@ datasets_app = typer.Typer(
     help="Training datasets built from cleaned feedback.", no_args_is_help=True
 )
 app.add_typer(datasets_app, name="datasets")
+app.callback()(with_clients)
 serve_app = typer.Typer(help="Run flywheel's services locally.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
 app.add_typer(db_app, name="db")
@@ -607,10 +616,9 @@ def runs(
 ) -> None:
     """Recent training runs with their key metrics and gate decisions."""
     from registry.records import RUN_COLUMNS
-    from registry.tracking import Registry
 
     settings = _settings()
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry = clients(settings).registry
     table = Table(title="training runs")
     for column in RUN_COLUMNS:
         table.add_column(column)
@@ -842,7 +850,7 @@ def demo(
         canary_users=30,
         bad_canary=bad_canary,
     )
-    document = scrub_examples(result.as_dict())
+    document = scrub_examples(result.as_dict(), clients(settings).scrubber)
     plot = plot_loop(document, settings.home / "loop" / f"demo-{train_line_name}.png")
     run_id = log_loop(settings, document, plot)
     final = document["final"]
@@ -880,11 +888,10 @@ def _build_datasets(
     since: datetime | None = None,
 ) -> list[Any]:
     from feedback.cleaning import clean_line, scrub_with
-    from feedback.pii import build_scrubber
     from flywheel.progress import progress_bar
 
     cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
-    scrub = scrub_with(build_scrubber(settings.scrubber))
+    scrub = scrub_with(clients(settings).scrubber)
     results = []
     for name in lines:
         with progress_bar(f"cleaning {name}") as advance:

@@ -1,15 +1,19 @@
-"""Helpers every command shares: the store opened with a clear error, the consoles."""
+"""Helpers every command shares: the command's clients, the consoles."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+import typer
 from rich.console import Console
 
-from flywheel.errors import StoreUnavailableError
 from flywheel.settings import Settings
 
 if TYPE_CHECKING:
+    from composition.clients import Clients
     from feedback.store import FeedbackStore
 
 out = Console(soft_wrap=True)
@@ -27,26 +31,61 @@ SHORT_NAMES = {
 err = Console(stderr=True, soft_wrap=True)
 
 
-def open_store(settings: Settings) -> FeedbackStore:
-    """The configured store, migrated; an unreachable one is a clear error (exit 3)."""
-    from sqlalchemy.exc import OperationalError
+def clients(settings: Settings) -> Clients:
+    """The running command's clients (:func:`composition.clients.open_clients`): built from
+    ``settings`` on first use and closed when the command ends; the set a test put in use
+    instead. An unreachable store is a clear error (exit 3) when first used."""
+    scope = _SCOPE.get()
+    if scope is None:
+        raise RuntimeError(
+            "no command is running: register cli.commands.common.with_clients as the "
+            "Typer app's callback"
+        )
+    return scope.clients(settings)
 
-    from feedback.store import FeedbackStore
 
+class _CommandScope:
+    """The clients of one command, opened on first use, closed with the scope."""
+
+    def __init__(self) -> None:
+        self.stack = ExitStack()
+        self.opened: Clients | None = None
+
+    def clients(self, settings: Settings) -> Clients:
+        from composition.clients import open_clients
+
+        if self.opened is None:
+            self.opened = self.stack.enter_context(open_clients(settings))
+        return self.opened
+
+
+_SCOPE: ContextVar[_CommandScope | None] = ContextVar("flywheel_command", default=None)
+
+
+@contextmanager
+def command_scope() -> Iterator[None]:
+    """A command's run: the clients :func:`clients` opens in it close when it ends."""
+    scope = _CommandScope()
+    token = _SCOPE.set(scope)
     try:
-        return FeedbackStore.open(settings)
-    except OperationalError as exc:
-        raise StoreUnavailableError(store_error(settings, exc)) from None
+        yield
+    finally:
+        _SCOPE.reset(token)
+        scope.stack.close()
 
 
-def store_error(settings: Settings, exc: Exception) -> str:
-    """The reason a store failed, with its URL (password hidden)."""
-    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    return f"cannot reach the feedback store at {safe_url(settings)}: {reason}"
+def with_clients(ctx: typer.Context) -> None:
+    """The Typer app callback that gives each command its clients, closed when it ends."""
+    ctx.with_resource(command_scope())
+
+
+def open_store(settings: Settings) -> FeedbackStore:
+    """The command's store, migrated (:func:`clients`)."""
+    return clients(settings).store
 
 
 def safe_url(settings: Settings) -> str:
     """The store URL with the password hidden."""
-    from sqlalchemy.engine import make_url
+    from composition.clients import shown_store_url
 
-    return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    return shown_store_url(settings)

@@ -25,7 +25,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import err, out
+from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
 
@@ -182,7 +182,6 @@ def evaluate(
     from feedback.events import BUSINESS_LINE
     from feedback.importers.pairs import PAIR_FORMATS
     from registry.names import adapter_name
-    from registry.tracking import Registry
     from training.base_model import ensure_base_model
 
     if not re.fullmatch(BUSINESS_LINE, line):
@@ -192,7 +191,7 @@ def evaluate(
     if pair_format is not None and pair_format not in PAIR_FORMATS:
         raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
     settings = load_settings()
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry = clients(settings).registry
     chosen_version = _version(registry, line, version)
     try:
         data = read_pairs_file(pairs, pair_format, limit)

@@ -11,15 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import err, out
+from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from feedback.pii import Scrubber
 
 DEFAULT_USERS = "simulation.users:BuiltinUsers"
 
@@ -97,7 +100,7 @@ def loop(
         reviews_per_round=reviews_per_round,
         review_noise=review_noise,
     )
-    document = scrub_examples(result.as_dict())
+    document = scrub_examples(result.as_dict(), clients(settings).scrubber)
     plot_path = settings.home / "loop" / f"{line}-seed{seed}.png"
     plot_loop(document, plot_path)
     if json_path is not None:
@@ -224,11 +227,8 @@ def _print_final(document: dict[str, Any]) -> None:
         out.print(f"  Q: {example['prompt']}\n  A: {example['answer']!r} -> {example['satisfied']}")
 
 
-def scrub_examples(document: dict[str, Any]) -> dict[str, Any]:
+def scrub_examples(document: dict[str, Any], scrubber: Scrubber) -> dict[str, Any]:
     """The summary with PII scrubbed from its example prompts and answers (it reaches MLflow)."""
-    from feedback.pii import build_scrubber
-
-    scrubber = build_scrubber()
     for arm in ("base", "champion"):
         for example in document["final"][arm].get("examples", []):
             for field in ("prompt", "answer"):
@@ -280,11 +280,9 @@ def log_loop(settings: Settings, document: dict[str, Any], plot: Path) -> str:
     as metric steps, the final rates, the JSON and the plot."""
     import tempfile
 
-    from mlflow.tracking import MlflowClient
+    from registry.tracking import artifact_root_for
 
-    from registry.tracking import artifact_root_for, tracking_uri_for
-
-    client = MlflowClient(tracking_uri_for(settings.home, settings.mlflow_tracking_uri))
+    client = clients(settings).registry.client
     experiment = client.get_experiment_by_name("flywheel-loop")
     if experiment is not None:
         experiment_id = experiment.experiment_id

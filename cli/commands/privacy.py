@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.common import open_store, out
+from cli.commands.common import clients, out
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -94,19 +94,9 @@ def print_forget_report(user_id: str, report: ForgetReport) -> None:
 def forget(user_id: Annotated[str, typer.Argument(help="The user to erase.")]) -> None:
     """Erase a user (by raw id or the gateway's hashed id) from the store, rewrite the
     datasets that held them and tag the adapters trained on those in MLflow."""
-    from registry.tracking import Registry
-
     settings = load_settings()
-    store = open_store(settings)
-    try:
-        report = forget_everywhere(
-            settings,
-            store,
-            user_id,
-            lambda: Registry.for_home(settings.home, settings.mlflow_tracking_uri),
-        )
-    finally:
-        store.close()
+    command = clients(settings)
+    report = forget_everywhere(settings, command.store, user_id, lambda: command.registry)
     print_forget_report(user_id, report)
 
 
@@ -126,32 +116,29 @@ def retention_run(
 ) -> None:
     """Replace raw text older than each line's recipe retention by its scrubbed text (or
     delete those rows, with ``action: delete``): what the nightly flow does per line."""
-    from feedback.pii import build_scrubber
     from flows.stages import apply_line_retention
 
     settings = load_settings()
-    store = open_store(settings)
-    try:
-        lines = line or sorted(set(store.business_lines()) | set(settings.business_lines))
-        scrubber = None if dry_run else build_scrubber(settings.scrubber)
-        for name in lines:
-            report = apply_line_retention(
-                settings,
-                store.engine,
-                name,
-                scrubber.scrub_records if scrubber is not None else _no_scrub,
-                dry_run=dry_run,
-            )
-            verb = {"scrub": "scrubbed", "delete": "deleted"}[report.action]
-            if dry_run:
-                verb = f"would be {verb}"
-            out.print(
-                f"{name}: raw text before {report.cutoff:%Y-%m-%d %H:%M} UTC {verb}: "
-                f"{report.interactions} interactions, {report.feedback_events} feedback "
-                f"events, {report.shadow_outputs} shadow answers"
-            )
-    finally:
-        store.close()
+    command = clients(settings)
+    store = command.store
+    lines = line or sorted(set(store.business_lines()) | set(settings.business_lines))
+    scrubber = None if dry_run else command.scrubber
+    for name in lines:
+        report = apply_line_retention(
+            settings,
+            store.engine,
+            name,
+            scrubber.scrub_records if scrubber is not None else _no_scrub,
+            dry_run=dry_run,
+        )
+        verb = {"scrub": "scrubbed", "delete": "deleted"}[report.action]
+        if dry_run:
+            verb = f"would be {verb}"
+        out.print(
+            f"{name}: raw text before {report.cutoff:%Y-%m-%d %H:%M} UTC {verb}: "
+            f"{report.interactions} interactions, {report.feedback_events} feedback "
+            f"events, {report.shadow_outputs} shadow answers"
+        )
 
 
 def _no_scrub(records: list[dict[str, object]], fields: object) -> list[dict[str, object]]:

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from cli.commands.common import clients
 from feedback.jsonl import MalformedLine, dumps_line, iter_jsonl
+from flywheel.settings import load_settings
 
 
 @contextmanager
@@ -68,10 +70,10 @@ def scrub(
     Malformed lines are reported on stderr with their line number and skipped;
     all good records are still written, and the exit code is then 1.
     """
-    from feedback.pii import ScrubberSettings, build_scrubber, scrub_records
+    from feedback.pii import ScrubberSettings, scrub_records
 
     try:
-        settings = ScrubberSettings(
+        scrubbing = ScrubberSettings(
             batch_size=batch_size,
             languages=tuple(language or ("en", "zh")),  # type: ignore[arg-type]
         )
@@ -79,8 +81,9 @@ def scrub(
         message = "; ".join(error["msg"] for error in exc.errors())
         typer.echo(f"error: invalid settings: {message}", err=True)
         raise typer.Exit(2) from None
+    settings = load_settings().model_copy(update={"scrubber": scrubbing})
     try:
-        scrubber = build_scrubber(settings)
+        scrubber = clients(settings).scrubber
     except OSError as exc:
         typer.echo(f"error: cannot load the PII models: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -106,7 +109,7 @@ def scrub(
                     typer.echo(item.describe(source), err=True)
                     continue
                 batch.append(item.data)
-                if len(batch) >= settings.batch_size:
+                if len(batch) >= scrubbing.batch_size:
                     flush()
             if batch:
                 flush()

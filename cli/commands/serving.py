@@ -11,7 +11,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import open_store, out
+from cli.commands.common import clients, open_store, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 
@@ -52,17 +52,13 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
     """Refuse to route users to an adapter some vLLM replica the line is placed on (every
     replica, for a line without a placement) does not serve."""
     from registry.placement import placed
-    from registry.routes import RouteStore
-    from registry.vllm_admin import VllmAdminClient, VllmAdminError
+    from registry.vllm_admin import VllmAdminError
 
-    store = open_store(settings)
-    try:
-        table = RouteStore(store.engine).table(business_line)
-    finally:
-        store.close()
+    command = clients(settings)
+    table = command.routes.table(business_line)
     for upstream in placed(table, settings.gateway.upstreams):
         try:
-            with VllmAdminClient(upstream) as client:
+            with command.vllm_admin(upstream) as client:
                 served = client.served_adapter(adapter)
         except VllmAdminError as exc:
             raise UsageError(
@@ -77,13 +73,11 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
 def _routes_for(business_line: str, serving: str | None = None) -> RouteStore:
     """The routing tables, once the line is known (and vLLM serves ``serving`` where the
     line is placed)."""
-    from registry.routes import RouteStore
-
     settings = load_settings()
     _check_line(settings, business_line)
     if serving is not None:
         _check_loaded(settings, business_line, serving)
-    return RouteStore(open_store(settings).engine)
+    return clients(settings).routes
 
 
 @canary_app.command("set")
@@ -129,10 +123,8 @@ def routes_show(
     """The routing table of every business line (champion, canary, share, previous)."""
     if ctx.invoked_subcommand is not None:
         return
-    from registry.routes import RouteStore
-
     settings = load_settings()
-    routes = RouteStore(open_store(settings).engine)
+    routes = clients(settings).routes
     if history is not None:
         _print_history(routes, history, as_json=as_json)
         return
@@ -362,12 +354,11 @@ def canary_status(
 ) -> None:
     """The line's routing and its canary's latest decisions with their numbers."""
     from registry.decisions import latest_decisions
-    from registry.routes import RouteStore
 
     settings = load_settings()
     _check_line(settings, business_line)
     store = open_store(settings)
-    table = RouteStore(store.engine).table(business_line)
+    table = clients(settings).routes.table(business_line)
     decisions = latest_decisions(store.engine, business_line, limit=10)
     if as_json:
         rows = [{**d, "created_at": d["created_at"].isoformat()} for d in decisions]
@@ -456,13 +447,12 @@ def shadow_report_command(
 
     from composition.recipes import recipe_for
     from flows.rollout import shadow_report
-    from registry.routes import RouteStore
     from registry.shadow import judge_shadow
 
     settings = load_settings()
     _check_line(settings, business_line)
     store = open_store(settings)
-    routes = RouteStore(store.engine)
+    routes = clients(settings).routes
     table = routes.table(business_line)
     if table.shadow is None:
         raise UsageError(f"{business_line} has no shadow (flywheel canary shadow set)")

@@ -10,12 +10,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from cli.commands.common import with_clients
 from cli.commands.scrub import scrub
 
 
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
     app = typer.Typer()
+    app.callback()(with_clients)
     app.command("scrub")(scrub)
 
     @app.command("noop")
