@@ -51,6 +51,10 @@ class HiddenPreferenceUsers:
 
     max_words = 80
     preference = "a good answer"
+    # The words of the answer's own content an edit keeps: a rewrite must fit in what the
+    # traffic lets an answer say (96 tokens hold about 70 words), or the answer users write
+    # is one no model could give them.
+    edit_words = 45
 
     def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
         """Questions these users ask (the line's built-in prompts)."""
@@ -124,6 +128,7 @@ class CustomerServiceUsers(HiddenPreferenceUsers):
 
     max_words = 60
     preference = "at most 60 words, with an apology"
+    edit_words = 40
 
     def line_of(self, business_line: str) -> str:
         """Customer service topics whatever the line is called."""
@@ -135,7 +140,7 @@ class CustomerServiceUsers(HiddenPreferenceUsers):
 
     def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
         """An apology, then the answer's useful part, kept short."""
-        body = self.useful_sentences(prompt, answer, topic, limit_words=40)
+        body = self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
         return " ".join(["I'm sorry for the trouble.", *body])
 
 
@@ -168,7 +173,7 @@ class MedicalUsers(HiddenPreferenceUsers):
         """The answer's useful part without verdicts, then a referral."""
         body = [
             s
-            for s in self.useful_sentences(prompt, answer, topic, limit_words=55)
+            for s in self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
             if DIAGNOSES.search(s) is None
         ]
         if not body and topic is not None:
@@ -200,12 +205,12 @@ class LegalUsers(HiddenPreferenceUsers):
 
     def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
         """The answer's useful part as numbered steps, then the caveat."""
-        body = self.useful_sentences(prompt, answer, topic, limit_words=70)
+        body = self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
         if len(body) < 2 and topic is not None:
             body = [*body, *(s for s in sentences(topic.fix) if s not in body)]
         if len(body) < 2:
             body = [*body, "Keep copies of every message and receipt."]
-        steps = [f"{n}. {sentence}" for n, sentence in enumerate(body[:4], start=1)]
+        steps = [f"{n}. {sentence}" for n, sentence in enumerate(body[:3], start=1)]
         return " ".join([*steps, "Laws vary by place, so check with a local lawyer."])
 
 

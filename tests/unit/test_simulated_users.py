@@ -170,3 +170,22 @@ def test_answer_checks() -> None:
     assert is_degenerate("yes yes")
     assert is_degenerate("go to the shop go to the shop go to the shop go to the shop now")
     assert not is_degenerate("Open Orders, choose the item and select Return for a label.")
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_an_edit_fits_in_what_the_traffic_lets_an_answer_say(line: str, users: object) -> None:
+    """A long, on-topic answer rewritten by its user still fits the traffic's 96 tokens (about
+    70 words), and satisfies that user: the answer users write is one a model can give."""
+    from simulation.judging import word_count
+
+    for prompt in builtin_prompts(line, 20, 7):
+        topic = topic_of(line, prompt)
+        assert topic is not None
+        terms = " and ".join(topic.answer_terms)
+        long_answer = " ".join(
+            f"Point {n}: about the {terms}, here is what usually happens in such cases."
+            for n in range(8)
+        )
+        edit = users.rewrite(prompt, long_answer, topic)  # type: ignore[attr-defined]
+        assert word_count(edit) <= 70, edit
+        assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
