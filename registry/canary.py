@@ -24,20 +24,42 @@ score test (the statistic of ``statsmodels``' ``test_proportions_2indep``,
 and against the margin for non-inferiority), and its z and null variance feed
 a mixture sequential probability ratio test (mSPRT; Robbins' normal mixture,
 as in Johari et al. 2017, "Always valid inference"; Howard et al. 2021). With
-a half-normal mixture over the alternative, scaled to the rate's margin, the
-likelihood ratio is (asymptotically) a nonnegative supermartingale under the
-null, so by Ville's inequality its reciprocal is a p-value that stays valid
-however often and whenever the canary flow looks, and stopping at the first
-look that crosses costs nothing. Hence ``max_looks`` is a patience limit, not
-a cost. The normal approximation still needs some data: ``min_requests``
-(hundreds per arm in production) keeps rare rates honest
-(``bench/canary_sim_bench.py`` measures the error rates).
+a half-normal mixture over the alternative the likelihood ratio is
+(asymptotically) a nonnegative supermartingale under the null, an e-process,
+so by Ville's inequality its reciprocal is a p-value that stays valid however
+often and whenever the canary flow looks, and stopping at the first look that
+crosses costs nothing. Hence ``max_looks`` is a patience limit, not a cost.
+The normal approximation still needs some data: ``min_requests`` (hundreds per
+arm in production) keeps rare rates honest (``bench/canary_sim_bench.py``
+measures the error rates).
+
+The mixture's spread is tuned to the recipe's margin (:func:`tuned_mixture_scale`):
+for a true effect ``d`` the boundary is crossed soonest when the spread is ``d *
+sqrt(r / (1 + r))``, ``r`` solving ``r = 2 log(1/(2 level)) + log(1 + r)``, whatever
+the rate and the traffic (about 0.93 d at 0.05, 0.96 d at 0.05/9). Non-inferiority
+is tuned to one margin (:data:`NON_INFERIOR_DESIGN_EFFECT`): the distance from its
+null of a canary as good as its champion, the canary a promotion is for. "Worse"
+is tuned to twice the margin (:data:`WORSE_DESIGN_EFFECT`): a canary worse by about
+its margin is never promoted and goes back when its looks run out anyway, the
+rollback test is there to send a clearly worse one back sooner, and a spread too
+narrow costs far more than one too wide (the bound grows as ``1 + 1/r`` below the
+best point, as ``log(1 + r)`` above it). The bound is flat near its best point:
+``bench/canary_sim_bench.py`` measured 1, 1.5, 2 and 3 margins within a few
+percent of each other, bar 1 margin on large or rare rises from a small floor.
 
 The error budget is split over the tests only, never over the looks:
 
-- wrongly rolling back (calling the canary worse when no rate is): any one
-  rate, or the length, can trigger it, so each "worse" test runs at
-  ``alpha / (rates + 1)`` (Bonferroni over the rates and the length test);
+- wrongly rolling back (calling the canary worse when no rate is): any rate, the
+  output length, or the pass rate when reviews are judged can trigger it. The
+  rollback is one composite test of "no rate is worse": the mean of the ``m``
+  rollback tests' likelihood ratios (each an e-process; the length's is the mean
+  of its two sides') at ``alpha``, valid under any dependence between the rates
+  (Vovk & Wang 2021, "E-values: calibration, combination and applications"). A
+  metric is itself labelled worse when its own ratio reaches ``m / alpha``
+  (``worse_alpha``, Bonferroni, as before); every such label implies the mean
+  crosses, so the composite test rolls back whenever Bonferroni would, and sooner
+  when several rates rise together (the usual bad canary). Holm's procedure would
+  add nothing here: its first rejection is Bonferroni's;
 - wrongly promoting (when some rate is worse by its margin or more): a
   promotion needs *every* rate shown non-inferior, so it needs the truly
   inferior rate to pass its own test, and each rate's test at ``alpha``
@@ -59,7 +81,7 @@ same code on many canaries at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -88,11 +110,10 @@ DEFAULT_MARGINS: Mapping[str, float] = {
 }
 # The reviewers' rate: failed reviews per review (the pass rate's complement).
 PASS_RATE = "pass_rate"  # noqa: S105 (a metric's name)
-# The mixture's spread (the prior scale of the effect), in margins. Non-inferiority is
-# about effects near the margin; a worse canary is worth catching fast when it is worse by
-# a few margins, and the boundary is flat over a wide range around its best point.
-NON_INFERIOR_MIXTURE_SCALE = 1.0
-WORSE_MIXTURE_SCALE = 3.0
+DEFAULT_ALPHA = 0.05
+# The effects, in margins, each test's mixture is tuned to reach soonest (module docstring).
+NON_INFERIOR_DESIGN_EFFECT = 1.0
+WORSE_DESIGN_EFFECT = 2.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -121,7 +142,7 @@ class CanaryPolicy(BaseModel):
 
     min_requests: int = Field(default=200, ge=1, description="Per arm, before any decision.")
     alpha: float = Field(
-        default=0.05,
+        default=DEFAULT_ALPHA,
         gt=0,
         lt=0.5,
         description="Bound on each error (wrongly rolling back, wrongly promoting), all looks.",
@@ -181,10 +202,16 @@ class CanaryPolicy(BaseModel):
         return self.margins.get(rate, DEFAULT_MARGINS[rate])
 
     @property
+    def worse_tests(self) -> int:
+        """How many tests can roll a canary back: the rates, the output length, and the
+        pass rate when reviews are judged."""
+        return WORSE_TESTS + (self.reviews is not None)
+
+    @property
     def worse_alpha(self) -> float:
-        """Level of each "worse" test: ``alpha`` split over the rates and the output length
-        (and the pass rate, when reviews are judged)."""
-        return self.alpha / (WORSE_TESTS + (self.reviews is not None))
+        """Level at which one metric is itself labelled worse: ``alpha`` split over the
+        rollback tests (Bonferroni; the rollback is their combined test at ``alpha``)."""
+        return self.alpha / self.worse_tests
 
     @property
     def non_inferior_alpha(self) -> float:
@@ -248,6 +275,8 @@ class MetricCheck:
     margin: float | None = None
     # What the rate is counted over, (champion, canary), where it is not requests: reviews.
     counts: tuple[int, int] | None = None
+    # The "worse" test's likelihood ratio (its e-value; worse_p is min(1, 1 / it)).
+    worse_evidence: float | None = None
 
     def __str__(self) -> str:
         return (
@@ -266,6 +295,8 @@ class CanaryDecision:
     look: int
     worse_alpha: float
     non_inferior_alpha: float
+    # Always-valid p of "no rate is worse": 1 / the mean of the rollback tests' e-values.
+    combined_worse_p: float = 1.0
 
 
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
@@ -315,13 +346,31 @@ def score_test(
     return np.asarray(z, dtype=np.float64), np.asarray(variance, dtype=np.float64)
 
 
-def always_valid_p_value(
+def tuned_mixture_scale(effect: npt.ArrayLike, level: float) -> FloatArray:
+    """The half-normal mixture's spread at which the mSPRT at ``level`` decides soonest for
+    a true effect ``effect`` (its distance from the null, in the estimate's units).
+
+    Ignoring the half-normal's tail factor (about 1 at the boundary), the ratio crosses
+    ``1 / level`` when ``z**2 >= (1 + 1/r) (c + log(1 + r))``, ``c = 2 log(1/(2 level))``,
+    ``r`` the mixture variance over the estimate's variance (the usual tuning of a normal
+    mixture for a target sample size, as in Howard et al. 2021). The bound is least at
+    ``r* = c + log(1 + r*)``, where ``z**2 = r* + 1``; with ``z**2 = n d**2 / s**2`` for an
+    effect ``d`` there, the spread is ``d sqrt(r* / (1 + r*))``: tied to the effect,
+    whatever the variance per request and the traffic."""
+    c = 2 * math.log(1 / (2 * level))
+    r = c
+    for _ in range(60):  # a contraction: each step shrinks the error by 1 / (1 + r)
+        r = c + math.log1p(r)
+    return np.asarray(np.asarray(effect, dtype=np.float64) * math.sqrt(r / (1 + r)))
+
+
+def mixture_likelihood_ratio(
     z: npt.ArrayLike, variance: npt.ArrayLike, mixture_scale: npt.ArrayLike
 ) -> FloatArray:
-    """One-sided always-valid p-value of a z statistic whose estimate has ``variance``:
-    the reciprocal of the half-normal mixture likelihood ratio (mSPRT) over effects in the
-    direction of positive z, mixture spread ``mixture_scale`` (in the estimate's units).
-    Never below the fixed-sample p-value ``normal_sf(z)``; 1 where the variance is 0."""
+    """The half-normal mixture likelihood ratio (mSPRT) of a z statistic whose estimate has
+    ``variance``, over effects in the direction of positive z with mixture spread
+    ``mixture_scale`` (in the estimate's units): an e-value at every look (an e-process
+    under the null, asymptotically). Elementwise; 1 (no evidence) where the variance is 0."""
     z_ = np.asarray(z, dtype=np.float64)
     variance_ = np.asarray(variance, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -329,20 +378,42 @@ def always_valid_p_value(
         shrink = spread / (1 + spread)
         tail = 1 - normal_sf(z_ * np.sqrt(shrink))
         log_ratio = math.log(2) - 0.5 * np.log1p(spread) + 0.5 * shrink * z_**2 + np.log(tail)
-        p_value = np.minimum(1.0, np.exp(-log_ratio))
-    return np.asarray(np.where(variance_ > 0, p_value, 1.0), dtype=np.float64)
+        ratio = np.exp(log_ratio)
+    return np.asarray(np.where(variance_ > 0, ratio, 1.0), dtype=np.float64)
 
 
-def sequential_p_values(
+def always_valid_p_value(
+    z: npt.ArrayLike, variance: npt.ArrayLike, mixture_scale: npt.ArrayLike
+) -> FloatArray:
+    """One-sided always-valid p-value of a z statistic whose estimate has ``variance``:
+    the reciprocal of the half-normal mixture likelihood ratio (mSPRT) over effects in the
+    direction of positive z, mixture spread ``mixture_scale`` (in the estimate's units).
+    Never below the fixed-sample p-value ``normal_sf(z)``; 1 where the variance is 0."""
+    return _p_of(mixture_likelihood_ratio(z, variance, mixture_scale))
+
+
+def _p_of(evidence: npt.ArrayLike) -> FloatArray:
+    """The always-valid p-value of an e-value: ``min(1, 1 / e)``."""
+    with np.errstate(divide="ignore"):
+        return np.asarray(np.minimum(1.0, 1 / np.asarray(evidence, dtype=np.float64)))
+
+
+def sequential_evidence(
     champion_hits: npt.ArrayLike,
     champion_n: npt.ArrayLike,
     canary_hits: npt.ArrayLike,
     canary_n: npt.ArrayLike,
     margin: npt.ArrayLike,
+    *,
+    worse_alpha: float = DEFAULT_ALPHA / WORSE_TESTS,
+    non_inferior_alpha: float = DEFAULT_ALPHA,
 ) -> tuple[FloatArray, FloatArray]:
-    """Always-valid one-sided p-values, elementwise: that the canary's rate is higher than
-    the champion's (score test with a continuity correction), and that it is below the
-    champion's plus ``margin`` (non-inferior; score test against the margin)."""
+    """The two mixture likelihood ratios (e-values), elementwise: that the canary's rate is
+    higher than the champion's (score test with a continuity correction), and that it is
+    below the champion's plus ``margin`` (non-inferior; score test against the margin).
+    Each mixture is tuned at its test's level to its design effect, in margins
+    (:func:`tuned_mixture_scale`, :data:`WORSE_DESIGN_EFFECT`,
+    :data:`NON_INFERIOR_DESIGN_EFFECT`)."""
     args = (champion_hits, champion_n, canary_hits, canary_n)
     margin_ = np.asarray(margin, dtype=np.float64)
     worse_z, worse_variance = score_test(*args, 0.0)
@@ -352,18 +423,41 @@ def sequential_p_values(
     with np.errstate(divide="ignore", invalid="ignore"):
         worse_z = np.where(worse_variance > 0, worse_z - correction / np.sqrt(worse_variance), 0.0)
     inferior_z, inferior_variance = score_test(*args, margin_)
-    worse_p = always_valid_p_value(worse_z, worse_variance, WORSE_MIXTURE_SCALE * margin_)
-    non_inferior_p = always_valid_p_value(
-        -inferior_z, inferior_variance, NON_INFERIOR_MIXTURE_SCALE * margin_
+    worse = mixture_likelihood_ratio(
+        worse_z, worse_variance, tuned_mixture_scale(WORSE_DESIGN_EFFECT * margin_, worse_alpha)
     )
-    return worse_p, non_inferior_p
+    non_inferior = mixture_likelihood_ratio(
+        -inferior_z,
+        inferior_variance,
+        tuned_mixture_scale(NON_INFERIOR_DESIGN_EFFECT * margin_, non_inferior_alpha),
+    )
+    return worse, non_inferior
+
+
+def sequential_p_values(
+    champion_hits: npt.ArrayLike,
+    champion_n: npt.ArrayLike,
+    canary_hits: npt.ArrayLike,
+    canary_n: npt.ArrayLike,
+    margin: npt.ArrayLike,
+    *,
+    worse_alpha: float = DEFAULT_ALPHA / WORSE_TESTS,
+    non_inferior_alpha: float = DEFAULT_ALPHA,
+) -> tuple[FloatArray, FloatArray]:
+    """Always-valid one-sided p-values, elementwise, of :func:`sequential_evidence`: that the
+    canary's rate is higher than the champion's, and that it is below the champion's plus
+    ``margin`` (non-inferior)."""
+    worse, non_inferior = sequential_evidence(
+        champion_hits, champion_n, canary_hits, canary_n, margin,
+        worse_alpha=worse_alpha, non_inferior_alpha=non_inferior_alpha,
+    )  # fmt: skip
+    return _p_of(worse), _p_of(non_inferior)
 
 
 def decide_canary(
     champion: ArmStats, canary: ArmStats, policy: CanaryPolicy, *, look: int
 ) -> CanaryDecision:
     """The decision at the ``look``-th check (1-based) of this canary share."""
-    alphas = (policy.worse_alpha, policy.non_inferior_alpha)
     requests = f"{canary.requests} canary / {champion.requests} champion requests"
     if min(champion.requests, canary.requests) < policy.min_requests:
         reason = f"waiting for data: {requests}, {policy.min_requests} needed per arm"
@@ -371,7 +465,8 @@ def decide_canary(
         if look >= policy.max_looks:
             action = CanaryAction.ROLLBACK
             reason = f"{reason}; out of looks ({look}/{policy.max_looks})"
-        return CanaryDecision(action, (reason,), (), look, *alphas)
+        levels = (policy.worse_alpha, policy.non_inferior_alpha)
+        return CanaryDecision(action, (reason,), (), look, *levels)
     checks = [
         *_rate_checks(champion, canary, policy),
         _latency_check(champion, canary, policy),
@@ -380,10 +475,15 @@ def decide_canary(
     ]
     if policy.reviews is not None:
         checks.append(review_check(champion, canary, policy, policy.reviews))
+    combined_p = combined_worse_p(checks, policy)
+    tests = (policy.worse_alpha, policy.non_inferior_alpha, combined_p)
     worse = [c for c in checks if c.verdict == "WORSE"]
     if worse:
         reasons = tuple(_explain(c, policy, requests) for c in worse)
-        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *alphas)
+        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
+    if combined_p <= policy.alpha:
+        reasons = (_explain_jointly_worse(checks, policy, requests, combined_p),)
+        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
     unproven = [c for c in checks if c.verdict == "UNPROVEN"]
     if not unproven:
         proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
@@ -393,23 +493,54 @@ def decide_canary(
             f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
             *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
         )
-        return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *alphas)
+        return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
     reasons = tuple(_explain(c, policy, requests) for c in unproven)
     if look >= policy.max_looks:
         reasons = (*reasons, f"out of looks ({look}/{policy.max_looks}) without proof")
-        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *alphas)
-    return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, *alphas)
+        return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
+    return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, *tests)
+
+
+def combined_worse_p(checks: Sequence[MetricCheck], policy: CanaryPolicy) -> float:
+    """Always-valid p-value that no rate (nor the length, nor the pass rate) is worse: the
+    reciprocal of the mean of the ``policy.worse_tests`` rollback tests' e-values. A test
+    without data counts as 1 (no evidence; a constant 1 is an e-value), so the mean stays an
+    e-process whichever tests have data yet."""
+    evidence = [c.worse_evidence for c in checks if c.worse_evidence is not None]
+    missing = policy.worse_tests - len(evidence)
+    return float(_p_of((math.fsum(evidence) + missing) / policy.worse_tests))
+
+
+def _explain_jointly_worse(
+    checks: Sequence[MetricCheck], policy: CanaryPolicy, requests: str, combined_p: float
+) -> str:
+    """Why a canary no single rate shows worse is rolled back: its rates together."""
+    ranked = sorted(
+        (c for c in checks if c.worse_evidence is not None and c.worse_p is not None),
+        key=lambda c: -(c.worse_evidence or 0.0),
+    )
+    most = ", ".join(
+        f"{c.metric} {c.canary:.4g} vs {c.champion:.4g} (p {c.worse_p:.2g})" for c in ranked[:3]
+    )
+    return (
+        f"WORSE on the rates together ({requests}): always-valid p {combined_p:.2g} that "
+        f"none is worse <= {policy.alpha:.3g} (the mean of {policy.worse_tests} rollback "
+        f"tests' likelihood ratios), most from {most}"
+    )
 
 
 def _rate_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> list[MetricCheck]:
     margins = [policy.margin(name) for name in RATES]
-    worse_p, non_inferior_p = sequential_p_values(
+    worse_e, non_inferior_e = sequential_evidence(
         [getattr(champion, name) for name in RATES],
         champion.requests,
         [getattr(canary, name) for name in RATES],
         canary.requests,
         margins,
+        worse_alpha=policy.worse_alpha,
+        non_inferior_alpha=policy.non_inferior_alpha,
     )
+    worse_p, non_inferior_p = _p_of(worse_e), _p_of(non_inferior_e)
     checks = []
     for index, name in enumerate(RATES):
         if worse_p[index] <= policy.worse_alpha:
@@ -427,6 +558,7 @@ def _rate_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> 
                 float(non_inferior_p[index]),
                 verdict,
                 margins[index],
+                worse_evidence=float(worse_e[index]),
             )
         )
     return checks
@@ -445,11 +577,12 @@ def review_check(
     if min(counts) == 0:
         verdict = "UNPROVEN" if required else "OK"
         return MetricCheck(PASS_RATE, *shown, None, None, verdict, test.margin, counts)
-    worse_p, non_inferior_p = sequential_p_values(
+    worse_e, non_inferior_e = sequential_evidence(
         champion.review_failures, champion.reviews, canary.review_failures, canary.reviews,
-        test.margin,
+        test.margin, worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
     )  # fmt: skip
-    worse, non_inferior = float(worse_p), float(non_inferior_p)
+    evidence = float(worse_e)
+    worse, non_inferior = float(_p_of(worse_e)), float(_p_of(non_inferior_e))
     if worse <= policy.worse_alpha:
         verdict = "WORSE"
     elif required and min(champion.reviews, canary.reviews) < test.min_reviews:
@@ -458,7 +591,9 @@ def review_check(
         verdict = "OK"
     else:
         verdict = "UNPROVEN"
-    return MetricCheck(PASS_RATE, *shown, worse, non_inferior, verdict, test.margin, counts)
+    return MetricCheck(
+        PASS_RATE, *shown, worse, non_inferior, verdict, test.margin, counts, evidence
+    )
 
 
 def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
@@ -551,6 +686,32 @@ def _speed_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) ->
     return checks
 
 
+def length_evidence(
+    champion_mean: float,
+    champion_sd: float,
+    champion_n: int,
+    canary_mean: float,
+    canary_sd: float,
+    canary_n: int,
+    change: float,
+    level: float = DEFAULT_ALPHA / WORSE_TESTS,
+) -> tuple[float, float]:
+    """Mixture likelihood ratios (e-values) that the canary's mean output length is above
+    ``(1 + change)`` times the champion's, and below ``(1 - change)`` times it (Welch's z
+    of the difference of means into the same normal-mixture SPRT as the rates, the
+    mixture tuned at ``level`` to an effect of ``change`` times the champion's mean)."""
+    ratios = []
+    for factor, sign in ((1 + change, 1.0), (1 - change, -1.0)):
+        variance = canary_sd**2 / canary_n + factor**2 * champion_sd**2 / champion_n
+        if variance <= 0:
+            ratios.append(1.0)
+            continue
+        z = sign * (canary_mean - factor * champion_mean) / math.sqrt(variance)
+        scale = tuned_mixture_scale(max(change * champion_mean, 1.0), level)
+        ratios.append(float(mixture_likelihood_ratio(z, variance, scale)))
+    return ratios[0], ratios[1]
+
+
 def length_p_values(
     champion_mean: float,
     champion_sd: float,
@@ -559,31 +720,27 @@ def length_p_values(
     canary_sd: float,
     canary_n: int,
     change: float,
+    level: float = DEFAULT_ALPHA / WORSE_TESTS,
 ) -> tuple[float, float]:
-    """Always-valid one-sided p-values that the canary's mean output length is above
-    ``(1 + change)`` times the champion's, and below ``(1 - change)`` times it (Welch's z
-    of the difference of means into the same normal-mixture SPRT as the rates, the
-    mixture spread being ``change`` times the champion's mean)."""
-    p_values = []
-    for factor, sign in ((1 + change, 1.0), (1 - change, -1.0)):
-        variance = canary_sd**2 / canary_n + factor**2 * champion_sd**2 / champion_n
-        if variance <= 0:
-            p_values.append(1.0)
-            continue
-        z = sign * (canary_mean - factor * champion_mean) / math.sqrt(variance)
-        scale = max(change * champion_mean, 1.0)
-        p_values.append(float(always_valid_p_value(z, variance, scale)))
-    return p_values[0], p_values[1]
+    """Always-valid one-sided p-values of :func:`length_evidence`: that the canary's mean
+    output length is above ``(1 + change)`` times the champion's, and below ``(1 - change)``
+    times it."""
+    longer, shorter = length_evidence(
+        champion_mean, champion_sd, champion_n, canary_mean, canary_sd, canary_n, change, level
+    )
+    return float(_p_of(longer)), float(_p_of(shorter))
 
 
 def _length_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> MetricCheck:
-    """Mean output length: WORSE when shown outside the tolerated band (a guardrail)."""
+    """Mean output length: WORSE when shown outside the tolerated band (a guardrail). Its
+    e-value is the mean of its two sides' (one rollback test: a canary cannot be both
+    longer and shorter, but the sides' errors would add up if each had the full share)."""
     means = (champion.output_tokens_mean, canary.output_tokens_mean)
     sds = (champion.output_tokens_sd, canary.output_tokens_sd)
     if None in means or None in sds or min(champion.answered, canary.answered) < 2:
         return MetricCheck("mean_output_tokens", means[0] or 0.0, means[1] or 0.0, None, None, "OK")
     champion_mean, canary_mean = float(means[0] or 0.0), float(means[1] or 0.0)
-    longer_p, shorter_p = length_p_values(
+    longer, shorter = length_evidence(
         champion_mean,
         float(sds[0] or 0.0),
         champion.answered,
@@ -591,8 +748,10 @@ def _length_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) ->
         float(sds[1] or 0.0),
         canary.answered,
         policy.max_length_change,
+        policy.worse_alpha,
     )
-    worse_p = min(longer_p, shorter_p)
+    evidence = (longer + shorter) / 2
+    worse_p = float(_p_of(evidence))
     verdict = "WORSE" if worse_p <= policy.worse_alpha else "OK"
     return MetricCheck(
         "mean_output_tokens",
@@ -602,4 +761,5 @@ def _length_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) ->
         None,
         verdict,
         policy.max_length_change,
+        worse_evidence=evidence,
     )

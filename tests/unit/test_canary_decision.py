@@ -29,9 +29,12 @@ from registry.canary import (
     CanaryPolicy,
     always_valid_p_value,
     decide_canary,
+    mixture_likelihood_ratio,
     normal_sf,
     score_test,
+    sequential_evidence,
     sequential_p_values,
+    tuned_mixture_scale,
 )
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
@@ -200,6 +203,56 @@ def test_always_valid_p_values_are_never_below_the_fixed_sample_ones() -> None:
         assert (np.diff(p, axis=0) <= 1e-15).all()  # more evidence, smaller p
 
 
+def test_the_mixture_is_tuned_to_decide_soonest_at_its_design_effect() -> None:
+    """For a true effect d (in z units per request), the first n whose always-valid p
+    reaches the level is smallest at the tuned spread: wider or narrower waits longer."""
+    effect, sd, n = 0.03, 0.3, np.arange(1, 200_001)
+    variance = sd**2 / n
+    z = effect / np.sqrt(variance)
+    for level in (0.05, 0.05 / 9):
+        tuned = float(tuned_mixture_scale(effect, level))
+        assert 0.9 * effect < tuned < effect
+
+        def crossing(scale: float, level: float = level) -> int:
+            return int(np.argmax(always_valid_p_value(z, variance, scale) <= level))
+
+        best = crossing(tuned)
+        assert best <= min(crossing(0.5 * tuned), crossing(2 * tuned))
+        assert best < 0.97 * crossing(0.25 * tuned)
+
+
+def test_the_likelihood_ratio_is_the_p_values_reciprocal() -> None:
+    z = np.linspace(-3, 8, 45)
+    ratio = mixture_likelihood_ratio(z, 1e-4, 0.02)
+    assert np.allclose(always_valid_p_value(z, 1e-4, 0.02), np.minimum(1, 1 / ratio))
+    assert (ratio[z < -1] < 1).all()  # evidence against: below 1, which a mean keeps
+    assert mixture_likelihood_ratio(2.0, 0.0, 0.02) == 1.0  # no variance, no evidence
+
+
+def test_several_rates_up_together_roll_back_though_none_alone_is_shown_worse() -> None:
+    """The rollback is the mean of the rollback tests' e-values: every single rate's label
+    implies it, and rates that rise together add up."""
+    champion = ArmStats("a", 9_000, thumbs_down=900, regenerate=450, edit=270, dissatisfied=1800)
+    # Each rate 1.5-2.5 points up: none crosses its own alpha / 9, together they cross alpha.
+    canary = ArmStats("b", 1_000, thumbs_down=130, regenerate=74, edit=50, dissatisfied=246)
+    decision = decide_canary(champion, canary, POLICY, look=3)
+    rates = [c for c in decision.checks if c.metric.endswith("_rate")]
+    assert all(c.verdict != "WORSE" for c in rates)
+    assert all((c.worse_evidence or 0) < 1 / POLICY.worse_alpha for c in rates)
+    assert decision.action is CanaryAction.ROLLBACK
+    assert decision.combined_worse_p <= POLICY.alpha
+    [reason] = decision.reasons
+    assert reason.startswith("WORSE on the rates together (1000 canary / 9000 champion")
+    assert "mean of 9 rollback tests' likelihood ratios" in reason
+    evidence = [c.worse_evidence for c in decision.checks if c.worse_evidence is not None]
+    mean = (sum(evidence) + POLICY.worse_tests - len(evidence)) / POLICY.worse_tests
+    assert decision.combined_worse_p == pytest.approx(1 / mean)
+    # Any single label implies the composite test: a clear thumbs-down rise alone.
+    alone = decide_canary(champion, ArmStats("b", 1_000, thumbs_down=200), POLICY, look=3)
+    assert alone.action is CanaryAction.ROLLBACK
+    assert alone.combined_worse_p <= alone.worse_alpha * POLICY.worse_tests
+
+
 def _simulate(
     canary_rates: np.ndarray, canary_per_look: int, runs: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -219,17 +272,29 @@ def _simulate(
 def _verdicts(
     counts: tuple[np.ndarray, ...], policy: CanaryPolicy, *, anytime: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Worse and non-inferior per run, look and rate: the product's rule, or (anytime=False)
-    its fixed-sample score tests at the same levels on every look."""
+    """Rollback per run and look, non-inferior per run, look and rate: the product's rule
+    (the mean of the rollback tests' e-values at alpha, the output length without data
+    counting 1), or (anytime=False) its fixed-sample score tests at the same levels on
+    every look (Bonferroni over the rates)."""
     margins = np.array([policy.margin(r) for r in RATES])
     if anytime:
-        worse_p, non_inferior_p = sequential_p_values(*counts, margins)
+        worse_e, non_inferior_e = sequential_evidence(
+            *counts,
+            margins,
+            worse_alpha=policy.worse_alpha,
+            non_inferior_alpha=policy.non_inferior_alpha,
+        )
+        missing = policy.worse_tests - len(RATES)
+        worse = (worse_e.sum(axis=2) + missing) / policy.worse_tests >= 1 / policy.alpha
+        non_inferior = non_inferior_e >= 1 / policy.non_inferior_alpha
     else:
         worse_p = normal_sf(score_test(*counts, 0.0)[0])
+        worse = (worse_p <= policy.worse_alpha).any(axis=2)
         non_inferior_p = normal_sf(-score_test(*counts, margins)[0])
+        non_inferior = non_inferior_p <= policy.non_inferior_alpha
     enough = np.minimum(counts[1], counts[3]) >= policy.min_requests
-    worse = (worse_p <= policy.worse_alpha) & enough
-    return worse, ~worse & (non_inferior_p <= policy.non_inferior_alpha) & enough
+    worse = worse & enough[:, :, 0]
+    return worse, ~worse[:, :, None] & non_inferior & enough
 
 
 def _replay(counts: tuple[np.ndarray, ...], policy: CanaryPolicy, runs: int) -> None:
@@ -244,7 +309,7 @@ def _replay(counts: tuple[np.ndarray, ...], policy: CanaryPolicy, runs: int) -> 
             for hits, n in ((champion_hits, champion_n), (canary_hits, canary_n))
         )
         action = decide_canary(champion, canary, policy, look=look + 1).action
-        if worse[run, look].any():
+        if worse[run, look]:
             assert action is CanaryAction.ROLLBACK
         elif non_inferior[run, look].all():
             assert action is CanaryAction.PROMOTE
@@ -259,8 +324,8 @@ def test_fifty_looks_at_equal_arms_rarely_call_the_canary_worse() -> None:
     counts = _simulate(BASE_RATES, 40, runs=500, seed=1)
     worse, _ = _verdicts(counts, policy)
     fixed_worse, _ = _verdicts(counts, policy, anytime=False)
-    assert worse.any(axis=(1, 2)).mean() <= policy.alpha + 0.01
-    assert fixed_worse.any(axis=(1, 2)).mean() > 3 * policy.alpha
+    assert worse.any(axis=1).mean() <= policy.alpha + 0.01
+    assert fixed_worse.any(axis=1).mean() > 3 * policy.alpha
     _replay(counts, policy, runs=3)
 
 
@@ -282,13 +347,12 @@ def test_a_clearly_worse_canary_is_caught_and_a_fine_one_promoted_within_fifty_l
     thumbs = RATES.index("thumbs_down")
     rates = BASE_RATES.copy()
     rates[thumbs] = 0.20
-    worse, _ = _verdicts(_simulate(rates, 20, runs=300, seed=3), policy)
-    caught = worse.any(axis=2)
+    caught, _ = _verdicts(_simulate(rates, 20, runs=300, seed=3), policy)
     assert caught.any(axis=1).mean() >= 0.99
     assert np.median(20 * (caught.argmax(axis=1) + 1)) <= 240  # 200 is the floor
     counts = _simulate(BASE_RATES, 100, runs=300, seed=4)
     worse, non_inferior = _verdicts(counts, policy)
-    promoted = non_inferior.all(axis=2) & ~worse.any(axis=2)
+    promoted = non_inferior.all(axis=2) & ~worse
     first = np.where(promoted.any(axis=1), promoted.argmax(axis=1), LOOKS)
     assert (first < LOOKS).mean() >= 0.9
     assert np.median(100 * (first + 1)) <= 2200
