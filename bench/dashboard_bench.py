@@ -244,15 +244,19 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
 
     from composition.recipes import recipe_for
     from dashboard.app import create_app
+    from feedback.pii import build_scrubber
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
     from flywheel.settings.dashboard import DashboardSettings
+    from registry.routes import RouteStore
 
     settings = load_settings(home=site.home, database_url=site.url)
     app = create_app(
         settings,
         DashboardSettings(rollup_grace_s=0),
         store=site.store,
+        routes=RouteStore(site.store.engine),
+        scrubber_factory=build_scrubber,
         keys_file=site.home / "gateway-keys.yaml",
         review_policy_of=lambda line: recipe_for(settings, line).review,
     )

@@ -115,13 +115,15 @@ def _traffic(store: Any, lines: list[str], requests: int, seed: int) -> None:
 
 def _health(settings: Any, store: Any, lines: list[str], upstreams: list[str]) -> dict[str, Any]:
     """Pending windows, RUNNING runs and drift, per line."""
+    from composition.clients import build_clients
     from feedback.watermarks import WatermarkStore
     from flows.rollout import lifecycle_check
     from registry.tracking import Registry
 
     marks = WatermarkStore(store.engine).watermarks()
     registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
-    check = lifecycle_check(settings, store, upstreams)
+    with build_clients(settings) as clients:
+        check = lifecycle_check(settings, clients, upstreams)
     health = {}
     for line in lines:
         running = registry.client.search_runs(

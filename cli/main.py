@@ -924,27 +924,24 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
     from flows.stages import train_line
     from flows.training import train_on_pool
 
-    store = open_store(settings)
-    try:
-        with line_lease(WatermarkStore(store.engine), line, lease_owner()):
-            if settings.training_deployment is not None:
-                out.print(f"training {line} on the work pool ({settings.training_deployment})")
-                result = train_on_pool(
-                    settings.training_deployment,
-                    line,
-                    None,
-                    force=force,
-                    timeout_s=settings.training_timeout_s,
-                )
-                out.print(
-                    f"[bold]{line}[/]: {result.status}"
-                    + (f", version {result.version}" if result.version is not None else "")
-                    + f": {result.reason}"
-                )
-                return
-            outcome = train_line(settings, line, force=force)
-    finally:
-        store.close()
+    command = clients(settings)
+    with line_lease(WatermarkStore(command.store.engine), line, lease_owner()):
+        if settings.training_deployment is not None:
+            out.print(f"training {line} on the work pool ({settings.training_deployment})")
+            result = train_on_pool(
+                settings.training_deployment,
+                line,
+                None,
+                force=force,
+                timeout_s=settings.training_timeout_s,
+            )
+            out.print(
+                f"[bold]{line}[/]: {result.status}"
+                + (f", version {result.version}" if result.version is not None else "")
+                + f": {result.reason}"
+            )
+            return
+        outcome = train_line(settings, command, line, force=force)
     if outcome.status != "trained":
         out.print(f"{line}: {outcome.status}: {outcome.reason}")
         return

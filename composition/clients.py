@@ -124,9 +124,11 @@ class Clients:
         return frozenset(self._built)
 
     def close(self) -> None:
-        """Release what was built (the store's pooled connections); a later use builds anew."""
-        store = self._built.pop("store", None)
-        self._built.clear()
+        """Release the store's pooled connections (a later use opens it again, with its
+        routing tables); the other clients hold no connection and stay built."""
+        with self._locks["routes"], self._locks["store"]:  # the order routes takes them
+            store = self._built.pop("store", None)
+            self._built.pop("routes", None)
         if store is not None:
             store.close()
 

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 
     from feedback.pii import Scrubber
     from gateway.keys import KeyRing
+    from registry.routes import RouteStore
 
 logger = logging.getLogger("flywheel.dashboard")
 JSON = "application/json"
@@ -182,22 +183,18 @@ class _KnownLines:
         return lines
 
 
-def _default_scrubber() -> Scrubber:
-    from feedback.pii import build_scrubber
-
-    return build_scrubber()
-
-
 def build_pages(
     settings: Settings,
     dashboard: DashboardSettings,
     engine: Engine,
     *,
-    scrubber_factory: Callable[[], Scrubber] | None = None,
+    routes: RouteStore,
+    scrubber_factory: Callable[[], Scrubber],
     mlflow_client_factory: Callable[[], MlflowClient] | None = None,
 ) -> FeedbackPages:
-    """Every view's data source, built from the settings (nothing heavy loads until used:
-    the scrubber on the first sample, MLflow on the first eval page)."""
+    """Every view's data source, built from the settings and the clients it is handed
+    (nothing heavy loads until used: the scrubber on the first sample, MLflow on the first
+    eval page)."""
     from registry.tracking import tracking_uri_for
 
     rollup = SignalRollup(
@@ -209,8 +206,9 @@ def build_pages(
     return FeedbackPages(
         engine,
         dashboard,
+        routes=routes,
         rollup=rollup,
-        scrubber=SampleScrubber(scrubber_factory or _default_scrubber, dashboard.scrub_cache_size),
+        scrubber=SampleScrubber(scrubber_factory, dashboard.scrub_cache_size),
         datasets=DatasetIndex(settings.datasets_dir),
         evals=EvalReview(
             tracking_uri,
@@ -224,23 +222,27 @@ def create_app(
     settings: Settings,
     dashboard: DashboardSettings,
     *,
-    store: FeedbackStore | None = None,
+    store: FeedbackStore,
+    routes: RouteStore,
+    scrubber_factory: Callable[[], Scrubber],
     keys: KeyRing | None = None,
     keys_file: Path | None = None,
-    scrubber_factory: Callable[[], Scrubber] | None = None,
     mlflow_client_factory: Callable[[], MlflowClient] | None = None,
     review_policy_of: Callable[[str], ReviewPolicy | None] | None = None,
     clock: Callable[[], datetime] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The feedback page. Without ``keys`` it reads the gateway's key file (``keys_file``
-    or the configured one); when that file does not exist the page is open on loopback.
+    """The feedback page over the clients it is handed (the store, its routing tables, the
+    scrubber, built on the first sample, and MLflow's client, on the first eval page);
+    ``on_shutdown`` runs when the server stops (``composition.servers`` closes its
+    clients). Without ``keys`` it reads the gateway's key file (``keys_file`` or the
+    configured one); when that file does not exist the page is open on loopback.
     ``review_policy_of`` gives each line's review block (its recipe's; none without it).
     Login sessions live in the store; ``clock`` (UTC now) ends them, for tests."""
 
     withhold_tracebacks()
 
-    own_store = store is None
-    feedback_store = store or FeedbackStore.open(settings)
+    feedback_store = store
     if keys is None and keys_file is None:
         keys_file = settings.gateway.resolved_keys_file(settings.home)
     sessions = LoginSessions(
@@ -253,6 +255,7 @@ def create_app(
         settings,
         dashboard,
         feedback_store.engine,
+        routes=routes,
         scrubber_factory=scrubber_factory,
         mlflow_client_factory=mlflow_client_factory,
     )
@@ -274,8 +277,8 @@ def create_app(
             yield
         finally:
             gc.unfreeze()
-            if own_store:
-                feedback_store.close()
+            if on_shutdown is not None:
+                on_shutdown()
 
     app = FastAPI(
         title="flywheel feedback page",
@@ -290,6 +293,7 @@ def create_app(
     review_queue = ReviewQueue(
         feedback_store,
         review_policy_of or _no_review_policy,
+        routes=routes,
         **({"clock": clock} if clock is not None else {}),
     )
     app.state.review_queue = review_queue

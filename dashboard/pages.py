@@ -298,6 +298,7 @@ class FeedbackPages:
         engine: Engine,
         settings: DashboardSettings,
         *,
+        routes: RouteStore,
         rollup: SignalRollup,
         scrubber: SampleScrubber,
         datasets: DatasetIndex,
@@ -309,7 +310,7 @@ class FeedbackPages:
         self.scrubber = scrubber
         self.datasets = datasets
         self.evals = evals
-        self.routes = RouteStore(engine)
+        self.routes = routes
 
     def _range(self, business_line: str, bucket: BucketFilter) -> tuple[datetime, datetime]:
         span = self.rollup.span(business_line)

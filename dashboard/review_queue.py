@@ -150,19 +150,21 @@ def check_verdict(submitted: ReviewVerdictIn, rubric: Sequence[str]) -> ReviewVe
 class ReviewQueue:
     """The review queues of every line, in the feedback store; ``review_policy_of`` gives a
     line's review block (``None``: the line has none; an exception: its recipe is missing or
-    broken), ``clock`` the time and ``rng`` the draws (tests fix them)."""
+    broken), ``routes`` the lines' routing tables, ``clock`` the time and ``rng`` the draws
+    (tests fix them)."""
 
     def __init__(
         self,
         store: FeedbackStore,
         review_policy_of: Callable[[str], ReviewPolicy | None],
         *,
+        routes: RouteStore,
         clock: Callable[[], datetime] = _utc_now,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.engine: Engine = store.engine
-        self.routes = RouteStore(store.engine)
+        self.routes = routes
         self.review_policy_of = review_policy_of
         self.clock = clock
         self.rng = rng or random.SystemRandom()

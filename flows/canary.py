@@ -13,8 +13,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from feedback.store import FeedbackStore
-from flywheel.settings import load_settings
+from composition.clients import open_clients
+from flywheel.settings import current_settings
 
 
 @flow(name="flywheel-canary")
@@ -27,15 +27,14 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
     from flows.rollout import judge_canary, judge_shadow_stage, sync_adapters, watch_champion
     from registry.vllm_admin import vllm_in_flight
 
-    settings = load_settings()
+    settings = current_settings()
     chosen = lines or list(settings.business_lines)
     gateway = settings.gateway
     in_flight = vllm_in_flight(gateway.upstreams)
-    store = FeedbackStore.open(settings)
     results = []
-    try:
+    with open_clients(settings) as clients:
         try:
-            synced = sync_adapters(settings, store, gateway.upstreams, in_flight=in_flight)
+            synced = sync_adapters(settings, clients, gateway.upstreams, in_flight=in_flight)
         except Exception:  # one replica's trouble must not stop the decisions
             get_run_logger().exception("reconciling the replicas failed")
         else:
@@ -45,21 +44,21 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
         for line in chosen:
             shadow = judge_shadow_stage(
                 settings,
-                store,
+                clients,
                 line,
                 upstreams=gateway.upstreams,
                 in_flight=in_flight,
             )
             outcome = judge_canary(
                 settings,
-                store,
+                clients,
                 line,
                 upstreams=gateway.upstreams,
                 in_flight=in_flight,
             )
             watched = watch_champion(
                 settings,
-                store,
+                clients,
                 line,
                 upstreams=gateway.upstreams,
                 in_flight=in_flight,
@@ -75,7 +74,5 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                     "shadow_reason": shadow.reason,
                 }
             )
-    finally:
-        store.close()
     create_table_artifact(key="canary-decisions", table=results, description="canary decisions")
     return results

@@ -24,6 +24,7 @@ from typing import Any
 
 from prefect import flow, task
 
+from composition.clients import Clients, build_clients, open_clients
 from feedback.cleaning import ScrubBatch
 from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary
@@ -36,14 +37,19 @@ STALE_STAGING_S = 24 * 3600
 
 
 @cache
-def _worker_scrub(cache_texts: int) -> ScrubBatch:
-    # Loading spaCy and the recognizers takes seconds, and the detection cache pays off
-    # across partitions and lines (system prompts, templated answers): once per worker
-    # process. The cache keeps digests and offsets, never text.
-    from feedback.cleaning import scrub_with
-    from feedback.pii import build_scrubber
+def _worker_clients(settings: Settings) -> Clients:
+    # A worker process gets no client from the flow: it builds its own set, once per
+    # process (and settings). Loading spaCy and the recognizers takes seconds.
+    return build_clients(settings, migrate=False)
 
-    return scrub_with(build_scrubber(), cache_texts=cache_texts)
+
+@cache
+def _worker_scrub(settings: Settings, cache_texts: int) -> ScrubBatch:
+    # The detection cache pays off across partitions and lines (system prompts, templated
+    # answers): once per worker process. The cache keeps digests and offsets, never text.
+    from feedback.cleaning import scrub_with
+
+    return scrub_with(_worker_clients(settings).scrubber, cache_texts=cache_texts)
 
 
 @task(retries=1, retry_delay_seconds=5)
@@ -62,15 +68,15 @@ def clean_partition_task(
     """Pull, scrub, filter and sign one partition of the line's window."""
     from feedback.partitions import clean_partition
 
-    store = FeedbackStore.open(settings, migrate=False)
+    clients = _worker_clients(settings)
     try:
         return clean_partition(
-            store.engine,
+            clients.store.engine,
             line,
             ids=ids,
             since=since,
             until=until,
-            scrub=_worker_scrub(cleaning.scrub_cache_texts),
+            scrub=_worker_scrub(settings, cleaning.scrub_cache_texts),
             settings=cleaning,
             staging=staging,
             partition=partition,
@@ -78,7 +84,7 @@ def clean_partition_task(
             trained=trained,
         )
     finally:
-        store.close()
+        clients.close()  # the store's connections, after each partition; the scrubber stays
 
 
 @task
@@ -132,34 +138,54 @@ def clean_line_partitioned(
     ``across_windows`` (the nightly run, whose ``since`` is the watermark): dedup against
     what earlier windows trained on, and record what this one trains on. The settings are
     :func:`run_partitioned`'s (or, run as a deployment, the worker's environment): no
-    parameter of this flow holds a secret.
+    parameter of this flow holds a secret; its clients are built here, once.
     """
+    # Never a parameter: Prefect stores a flow run's parameters in its database and shows
+    # them in its UI, and the settings hold the store's URL with its password.
+    settings = current_settings()
+    with open_clients(settings) as clients:
+        return _clean_partitioned(
+            settings,
+            clients.store,
+            line,
+            since,
+            until,
+            workers,
+            cleaning or settings.cleaning,
+            across_windows=across_windows,
+        )
+
+
+def _clean_partitioned(
+    settings: Settings,
+    store: FeedbackStore,
+    line: str,
+    since: datetime | None,
+    until: datetime | None,
+    workers: int,
+    cleaning: CleaningSettings,
+    *,
+    across_windows: bool,
+) -> PartitionedCleaning:
+    """The partitioned flow's stages (:func:`clean_line_partitioned`) on ``store``."""
     from feedback.partitions import finish_partitions, partition_offsets, stage_history
     from feedback.signals import id_partitions
     from feedback.training_history import load_training_history, record_training
 
-    # Never a parameter: Prefect stores a flow run's parameters in its database and shows
-    # them in its UI, and the settings hold the store's URL with its password.
-    settings = current_settings()
-    cleaning = cleaning or settings.cleaning
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    store = FeedbackStore.open(settings)
-    try:
-        ranges = id_partitions(
-            store.engine, line, workers * PARTITIONS_PER_WORKER, since=since, until=until
+    ranges = id_partitions(
+        store.engine, line, workers * PARTITIONS_PER_WORKER, since=since, until=until
+    )
+    history: TrainingHistory | None = None
+    if across_windows:
+        history = load_training_history(
+            store.engine,
+            line,
+            before=since,
+            horizon_days=cleaning.trained_history_days,
+            settings=cleaning.dedup,
         )
-        history: TrainingHistory | None = None
-        if across_windows:
-            history = load_training_history(
-                store.engine,
-                line,
-                before=since,
-                horizon_days=cleaning.trained_history_days,
-                settings=cleaning.dedup,
-            )
-    finally:
-        store.close()
     trained = history.keys() if history is not None else None
     with _staging_folder(settings, line) as staging:
         summaries = [
@@ -213,19 +239,15 @@ def clean_line_partitioned(
         )
         seconds["join_build_write"] = round(time.monotonic() - started, 2)
     if across_windows and until is not None:
-        store = FeedbackStore.open(settings)
-        try:
-            record_training(
-                store.engine,
-                line,
-                since=since,
-                until=until,
-                trained=result.trained,
-                settings=cleaning.dedup,
-                horizon_days=cleaning.trained_history_days,
-            )
-        finally:
-            store.close()
+        record_training(
+            store.engine,
+            line,
+            since=since,
+            until=until,
+            trained=result.trained,
+            settings=cleaning.dedup,
+            horizon_days=cleaning.trained_history_days,
+        )
     counts = result.dataset.manifest["counts"] if result.dataset else {}
     return PartitionedCleaning(
         dataset=result.dataset.content_hash if result.dataset else None,

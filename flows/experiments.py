@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from composition.clients import Clients
 from feedback.store import FeedbackStore
 from flows.rollout import Rollout, RoutesChangedError, rollout, set_champion
 from flywheel.errors import FlywheelError, UsageError
@@ -104,14 +105,14 @@ def _resolve_arm(parts: Rollout, table: RoutingTable, ref: str) -> str | None:
 def _probe(parts: Rollout, adapters: Sequence[str], replicas: Sequence[str]) -> list[str]:
     """Load and probe each adapter on every replica (the canary deploy's check); on a
     failure, unload what this call loaded and refuse. Returns what it loaded."""
-    from registry.vllm_admin import VllmAdminClient, VllmAdminError
+    from registry.vllm_admin import VllmAdminError
 
     loaded: list[str] = []
     try:
         for adapter in adapters:
             path = parts.adapter_path(adapter)
             for url in replicas:
-                with VllmAdminClient(url) as client:
+                with parts.clients.vllm_admin(url) as client:
                     if client.ensure_loaded(adapter, path) and adapter not in loaded:
                         loaded.append(adapter)
                     probe = client.probe_adapter(adapter)
@@ -135,7 +136,7 @@ def _unload(parts: Rollout, adapters: Sequence[str], replicas: Sequence[str]) ->
 
 def start_experiment(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     arm_a: str,
     arm_b: str,
@@ -154,13 +155,14 @@ def start_experiment(
     the rest on ``arm_a``, judged on ``metric`` at ``alpha`` (the recipe's canary alpha and
     minimum per arm unless given). Refused (UsageError) while a canary, a shadow or another
     experiment is live, for an unknown arm, or when an arm fails its probe."""
+    store = clients.store
     try:
         chosen = metric_named(metric)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not 0 < share < 1:
         raise UsageError(f"--share must be between 0 and 1 (exclusive), got {share}")
-    parts = rollout(settings, store, line, upstreams, actor=actor)
+    parts = rollout(settings, clients, line, upstreams, actor=actor)
     table = parts.routes.table(line)
     refusal = start_refusal(table)
     if refusal is not None:
@@ -237,7 +239,7 @@ def _live(store: FeedbackStore, line: str) -> ExperimentRecord:
 
 def look_experiment(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     *,
     actor: str = ACTOR,
@@ -245,6 +247,7 @@ def look_experiment(
 ) -> ExperimentStatus:
     """Look at the line's live experiment: its verdict recorded as the next look (store and
     MLflow); the first decision is kept as the experiment's."""
+    store = clients.store
     record = _live(store, line)
     when = _now(now)
     look = current_look(store.engine, record, when)
@@ -260,13 +263,13 @@ def look_experiment(
         decide(store.engine, record.id, look.winner, number, when)
     updated = get_experiment(store.engine, record.id)
     assert updated is not None
-    _log_look(settings, updated, look, number)
+    _log_look(clients, updated, look, number)
     return ExperimentStatus(updated, look, number)
 
 
 def stop_experiment(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     upstreams: Sequence[str],
     *,
@@ -276,20 +279,21 @@ def stop_experiment(
 ) -> ExperimentStatus:
     """End the line's experiment without a promotion: a last look recorded, every user back
     on the champion, arms no route names any more unloaded (drained)."""
-    final = look_experiment(settings, store, line, actor=actor, now=now)
+    store = clients.store
+    final = look_experiment(settings, clients, line, actor=actor, now=now)
     record = final.record
     why = reason or f"experiment {record.id} stopped by hand"
-    after = _end_split(settings, store, line, upstreams, record, "experiment_stop", why, actor)
+    after = _end_split(settings, clients, line, upstreams, record, "experiment_stop", why, actor)
     end_experiment(store.engine, record.id, STOPPED, why, _now(now))
     ended = get_experiment(store.engine, record.id)
     assert ended is not None
-    _close_run(settings, ended, after)
+    _close_run(clients, ended, after)
     return ExperimentStatus(ended, final.look, final.look_number)
 
 
 def promote_experiment(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     upstreams: Sequence[str],
     *,
@@ -302,9 +306,10 @@ def promote_experiment(
     """Make the experiment's winner the line's champion (routing and MLflow alias together,
     through the rollout), then end the split. Refused while the test has not decided, or
     when ``arm`` is not the winner, unless ``force`` with a ``reason`` (recorded)."""
+    store = clients.store
     if force and not (reason and reason.strip()):
         raise UsageError("--force needs --reason (it is recorded with the promotion)")
-    final = look_experiment(settings, store, line, actor=actor, now=now)
+    final = look_experiment(settings, clients, line, actor=actor, now=now)
     record, look = final.record, final.look
     assert look is not None
     winner = record.winner
@@ -328,18 +333,18 @@ def promote_experiment(
         else f"promoted by hand over the test ({look.verdict.value}): {reason}"
     )
     why = f"{decided}; {reason}" if reason and winner == chosen else decided
-    transition = set_champion(settings, store, line, adapter, upstreams, reason=why, actor=actor)
-    after = _end_split(settings, store, line, upstreams, record, "experiment_promote", why, actor)
+    transition = set_champion(settings, clients, line, adapter, upstreams, reason=why, actor=actor)
+    after = _end_split(settings, clients, line, upstreams, record, "experiment_promote", why, actor)
     end_experiment(store.engine, record.id, PROMOTED, why, _now(now))
     ended = get_experiment(store.engine, record.id)
     assert ended is not None
-    _close_run(settings, ended, after, promoted=chosen)
+    _close_run(clients, ended, after, promoted=chosen)
     return ExperimentStatus(ended, look, final.look_number), transition
 
 
 def _end_split(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     upstreams: Sequence[str],
     record: ExperimentRecord,
@@ -352,7 +357,7 @@ def _end_split(
     from registry.vllm_admin import vllm_in_flight
 
     parts = rollout(
-        settings, store, line, upstreams, in_flight=vllm_in_flight(upstreams), actor=actor
+        settings, clients, line, upstreams, in_flight=vllm_in_flight(upstreams), actor=actor
     )
 
     def edit(current: RoutingTable) -> RoutingTable:
@@ -367,12 +372,6 @@ def _end_split(
 
 
 # --------------------------------------------------------------------------- MLflow
-
-
-def _registry(settings: Settings) -> Any:
-    from registry.tracking import Registry
-
-    return Registry.for_home(settings.home, settings.mlflow_tracking_uri)
 
 
 def _open_run(parts: Rollout, record: ExperimentRecord) -> str:
@@ -401,9 +400,7 @@ def _open_run(parts: Rollout, record: ExperimentRecord) -> str:
     return run_id
 
 
-def _log_look(
-    settings: Settings, record: ExperimentRecord, look: ExperimentLook, step: int
-) -> None:
+def _log_look(clients: Clients, record: ExperimentRecord, look: ExperimentLook, step: int) -> None:
     """The look's numbers as metrics at step ``look``, the verdict as tags."""
     from mlflow.entities import Metric, RunTag
 
@@ -423,11 +420,11 @@ def _log_look(
             RunTag("ab.winner_adapter", record.arm(record.winner) or "base"),
             RunTag("ab.decided_look", str(record.decided_look)),
         ]
-    _registry(settings).client.log_batch(record.mlflow_run_id, metrics=metrics, tags=tags)
+    clients.registry.client.log_batch(record.mlflow_run_id, metrics=metrics, tags=tags)
 
 
 def _close_run(
-    settings: Settings,
+    clients: Clients,
     record: ExperimentRecord,
     after: RoutingTable,
     *,
@@ -435,7 +432,7 @@ def _close_run(
 ) -> None:
     if record.mlflow_run_id is None:
         return
-    client = _registry(settings).client
+    client = clients.registry.client
     client.set_tag(record.mlflow_run_id, "ab.status", record.status)
     client.set_tag(record.mlflow_run_id, "ab.ended_reason", (record.ended_reason or "")[:4000])
     client.set_tag(record.mlflow_run_id, "ab.champion_after", after.champion or "base")

@@ -24,12 +24,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from feedback.store import FeedbackStore
+from composition.clients import clients_in_use, open_clients
 from feedback.watermarks import LineWindow, WatermarkStore
 from flows.leases import LineBusyError, lease_owner, line_lease
 from flows.stages import TrainingStatus
 from flows.training import TrainResult
-from flywheel.settings import Settings, load_settings
+from flywheel.settings import Settings, current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -72,26 +72,19 @@ def _now() -> datetime:
 @task(retries=2, retry_delay_seconds=5)
 def open_window(settings: Settings, line: str) -> LineWindow:
     """The store window this run works on (the same one again after a crash)."""
-    store = FeedbackStore.open(settings)
-    try:
-        return WatermarkStore(store.engine).open_window(line, _now())
-    finally:
-        store.close()
+    with open_clients(settings) as clients:
+        return WatermarkStore(clients.store.engine).open_window(line, _now())
 
 
 @task(retries=2, retry_delay_seconds=5)
 def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
     """Replace the line's raw text older than its recipe's retention by its scrubbed text
     (or delete those rows); rows scrubbed on an earlier night are skipped."""
-    from feedback.pii import build_scrubber
     from flows.stages import apply_line_retention
 
-    scrubber = build_scrubber(settings.scrubber)
-    store = FeedbackStore.open(settings)
-    try:
-        return apply_line_retention(settings, store.engine, line, scrubber.scrub_records).as_dict()
-    finally:
-        store.close()
+    with open_clients(settings) as clients:
+        scrub = clients.scrubber.scrub_records
+        return apply_line_retention(settings, clients.store.engine, line, scrub).as_dict()
 
 
 @task(retries=1, retry_delay_seconds=5)
@@ -99,12 +92,11 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
     """Scrub, deduplicate (against what earlier windows trained on too) and bucket the
     window's records into SFT/DPO/KTO datasets; record what went in."""
     from feedback.cleaning import clean_line, scrub_with
-    from feedback.pii import build_scrubber
     from feedback.training_history import load_training_history, record_training
 
     cleaning = settings.cleaning
-    store = FeedbackStore.open(settings)
-    try:
+    with open_clients(settings) as clients:
+        store = clients.store
         history = load_training_history(
             store.engine,
             line,
@@ -115,7 +107,7 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
         result = clean_line(
             store.engine,
             line,
-            scrub=scrub_with(build_scrubber(settings.scrubber)),
+            scrub=scrub_with(clients.scrubber),
             settings=cleaning,
             dataset_root=settings.datasets_dir,
             since=window.since,
@@ -131,8 +123,6 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
             settings=cleaning.dedup,
             horizon_days=cleaning.trained_history_days,
         )
-    finally:
-        store.close()
     counts = result.dataset.manifest["counts"] if result.dataset else {}
     return {
         "dataset": result.dataset.content_hash if result.dataset else None,
@@ -180,27 +170,21 @@ def hot_load_and_canary(settings: Settings, line: str, version: int) -> dict[str
     """Load the version into every vLLM replica, probe it, start its canary."""
     from flows.rollout import deploy_canary
 
-    store = FeedbackStore.open(settings)
-    try:
-        outcome = deploy_canary(settings, store, line, version, settings.gateway.upstreams)
-    finally:
-        store.close()
+    with open_clients(settings) as clients:
+        outcome = deploy_canary(settings, clients, line, version, settings.gateway.upstreams)
     return asdict(outcome)
 
 
 @task(retries=2, retry_delay_seconds=5)
 def close_window(settings: Settings, window: LineWindow, outcome: str, *, consumed: bool) -> None:
     """Move the watermark (or leave it, when the window was too small to use)."""
-    store = FeedbackStore.open(settings)
-    try:
-        watermarks = WatermarkStore(store.engine)
+    with open_clients(settings) as clients:
+        watermarks = WatermarkStore(clients.store.engine)
         if consumed:
             run = str(flow_run.get_id() or "")
             watermarks.close_window(window, run_id=run or None, outcome=outcome, now=_now())
         else:
             watermarks.release_window(window, outcome=outcome, now=_now())
-    finally:
-        store.close()
 
 
 @flow(name="flywheel-line-nightly", flow_run_name="nightly-{line}")
@@ -210,31 +194,30 @@ def line_nightly(
     """One business line: window → datasets → train/eval/gate/register → hot-load → canary.
 
     With more than one cleaning worker (``workers``, else the setting), the
-    datasets stage runs on Dask: on ``dask_address``, else on a local cluster.
+    datasets stage runs on Dask: on ``dask_address``, else on a local cluster. The line's
+    clients are built once, here, and are the ones its tasks use.
     """
-    settings = load_settings()
+    settings = current_settings()
     report = LineReport(line)
-    store = FeedbackStore.open(settings)
-    watermarks = WatermarkStore(store.engine)
     owner = lease_owner()
-    try:
-        with line_lease(watermarks, line, owner):
-            _run_line(
-                settings,
-                line,
-                report,
-                workers or settings.cleaning_workers,
-                dask_address or settings.dask_address,
-            )
-            # After the window's datasets are built: whatever the night's outcome, old raw
-            # text goes (a failure here fails the flow run and is retried the next night).
-            started = time.monotonic()
-            report.retention = enforce_retention(settings, line)
-            report.seconds["retention"] = round(time.monotonic() - started, 2)
-    except LineBusyError as exc:
-        report.status, report.reason = LineStatus.BUSY, str(exc)
-    finally:
-        store.close()
+    with open_clients(settings) as clients, clients_in_use(clients):
+        try:
+            with line_lease(WatermarkStore(clients.store.engine), line, owner):
+                _run_line(
+                    settings,
+                    line,
+                    report,
+                    workers or settings.cleaning_workers,
+                    dask_address or settings.dask_address,
+                )
+                # After the window's datasets are built: whatever the night's outcome, old
+                # raw text goes (a failure here fails the flow run and is retried the next
+                # night).
+                started = time.monotonic()
+                report.retention = enforce_retention(settings, line)
+                report.seconds["retention"] = round(time.monotonic() - started, 2)
+        except LineBusyError as exc:
+            report.status, report.reason = LineStatus.BUSY, str(exc)
     _line_artifact(report)
     return asdict(report)
 
@@ -254,9 +237,17 @@ def _transient(exc: BaseException) -> bool:
     stays open for a retry. Anything else would fail the same way again and closes it."""
     from sqlalchemy.exc import OperationalError
 
+    from flywheel.errors import StoreUnavailableError
     from registry.vllm_admin import VllmUnavailableError
 
-    return isinstance(exc, VllmUnavailableError | OperationalError | ConnectionError | TimeoutError)
+    return isinstance(
+        exc,
+        VllmUnavailableError
+        | StoreUnavailableError
+        | OperationalError
+        | ConnectionError
+        | TimeoutError,
+    )
 
 
 DEPLOY_STATUS = {
@@ -273,15 +264,11 @@ DEPLOY_STATUS = {
 def _live_canary(settings: Settings, line: str) -> str | None:
     """Why the line is skipped tonight: a canary still live under ``on_live_canary: keep``."""
     from composition.recipes import recipe_for
-    from registry.routes import RouteStore
 
     if recipe_for(settings, line).rollout.on_live_canary != "keep":
         return None
-    store = FeedbackStore.open(settings)
-    try:
-        table = RouteStore(store.engine).table(line)
-    finally:
-        store.close()
+    with open_clients(settings) as clients:
+        table = clients.routes.table(line)
     if table.canary is None:
         return None
     return (
@@ -399,7 +386,7 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
     scheduler configured, one local cluster of that many worker processes
     serves the cleaning stage of every line.
     """
-    settings = load_settings()
+    settings = current_settings()
     chosen = lines or list(settings.business_lines)
     workers = workers or settings.cleaning_workers
     from flows.cleaning import dask_cluster

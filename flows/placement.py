@@ -15,12 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from feedback.store import FeedbackStore
+from composition.clients import Clients
 from flows.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
 from flywheel.settings import Settings
 from registry.names import version_of
 from registry.placement import Placement, placement_moves, plan_placement, traffic_shares
-from registry.routes import RouteStore
 from registry.routing import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ class PlacementMove:
 
 def plan_lines(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     upstreams: Sequence[str],
     *,
     hours: float,
@@ -66,8 +65,8 @@ def plan_lines(
     """Every configured or routed line's requests over the last ``hours``, its placement
     now and the planned one (:func:`registry.placement.plan_placement`)."""
     since = (now or datetime.now(UTC)) - timedelta(hours=hours)
-    counts = store.requests_per_line(since)
-    snapshot = RouteStore(store.engine).snapshot()
+    counts = clients.store.requests_per_line(since)
+    snapshot = clients.routes.snapshot()
     lines = sorted(set(settings.business_lines) | snapshot.tables.keys() | counts.keys())
     traffic = {line: counts.get(line, 0) for line in lines}
     shares = traffic_shares(traffic)
@@ -80,7 +79,7 @@ def plan_lines(
 
 def move_line(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     placement: Placement,
     upstreams: Sequence[str],
@@ -94,17 +93,14 @@ def move_line(
     meanwhile), then the adapters unloaded from the replicas it loses once drained there
     (``in_flight_on(replica)`` counts that replica's requests per adapter; None: vLLM's
     metrics). A load that fails stops the move before the routes change."""
-    from registry.tracking import Registry
-    from registry.vllm_admin import VllmAdminClient
-
-    routes = RouteStore(store.engine)
+    routes = clients.routes
     table = routes.table(line)
     gained, lost = placement_moves(table.replicas, placement, upstreams)
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry = clients.registry
     paths = {a: registry.adapter_path(line, version_of(a)) for a in sorted(table.adapters)}
     move = PlacementMove(line, placement)
     for url in gained:
-        with VllmAdminClient(url) as client:
+        with clients.vllm_admin(url) as client:
             for adapter, path in paths.items():
                 client.ensure_loaded(adapter, path)
         move.loaded_on.append(url)
@@ -119,12 +115,13 @@ def move_line(
 
     routes.change(line, edit, action="placement_set", actor=actor, reason=reason)
     for url in lost:
-        if _unload_drained(url, list(paths), in_flight_on, move):
+        if _unload_drained(clients, url, list(paths), in_flight_on, move):
             move.unloaded_from.append(url)
     return move
 
 
 def _unload_drained(
+    clients: Clients,
     url: str,
     adapters: list[str],
     in_flight_on: Callable[[str], Callable[[str], int]] | None,
@@ -134,7 +131,6 @@ def _unload_drained(
     failure is noted on ``move`` and left to the reconciler."""
     from registry.vllm_admin import (
         AdapterNotLoadedError,
-        VllmAdminClient,
         VllmAdminError,
         vllm_in_flight,
         wait_drained,
@@ -145,7 +141,7 @@ def _unload_drained(
     for adapter in adapters:
         try:
             wait_drained(adapter, in_flight, timeout_s=DRAIN_TIMEOUT_S)
-            with VllmAdminClient(url) as client, contextlib.suppress(AdapterNotLoadedError):
+            with clients.vllm_admin(url) as client, contextlib.suppress(AdapterNotLoadedError):
                 client.unload_adapter(adapter)
         except VllmAdminError as exc:
             logger.warning("could not unload %s from %s: %s", adapter, url, exc)

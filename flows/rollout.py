@@ -28,8 +28,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from composition.clients import Clients
 from composition.recipes import recipe_for
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
@@ -62,9 +63,11 @@ from registry.lifecycle import (
 )
 from registry.names import adapter_name, version_of
 from registry.placement import placed
-from registry.routes import RouteStore
 from registry.routing import RoutingTable
 from registry.shadow import ShadowReport, compare_shadow, judge_shadow
+
+if TYPE_CHECKING:
+    from registry.tracking import Registry
 
 ACTOR = "flywheel:canary"
 DRAIN_TIMEOUT_S = 120.0
@@ -100,10 +103,10 @@ class CanaryOutcome:
 
 @dataclass
 class Rollout:
-    """The parts one line's rollout touches, built once per call."""
+    """The parts one line's rollout touches, from the caller's clients."""
 
     settings: Settings
-    store: FeedbackStore
+    clients: Clients
     line: str
     upstreams: Sequence[str]
     in_flight: Callable[[str], int] | None = None
@@ -111,12 +114,15 @@ class Rollout:
     now: datetime | None = None
 
     def __post_init__(self) -> None:
-        from registry.tracking import Registry
-
-        when = self.now
-        self.routes = RouteStore(self.store.engine, clock=(lambda: when) if when else None)
-        self.registry = Registry.for_home(self.settings.home, self.settings.mlflow_tracking_uri)
+        clients = self.clients
+        self.store = clients.store
+        self.routes = clients.routes_stamped(self.now) if self.now else clients.routes
         self.recipe = recipe_for(self.settings, self.line)
+
+    @property
+    def registry(self) -> Registry:
+        """The MLflow registry (opened when an effect or a path first needs it)."""
+        return self.clients.registry
 
     def state(self) -> LineState:
         """The line's table and its clocks, from the routing history."""
@@ -167,11 +173,9 @@ class Rollout:
         return self.registry.adapter_path(self.line, version_of(adapter))
 
     def _load(self, adapter: str, replicas: Sequence[str]) -> None:
-        from registry.vllm_admin import VllmAdminClient
-
         path = self.adapter_path(adapter)
         for url in replicas:
-            with VllmAdminClient(url) as client:
+            with self.clients.vllm_admin(url) as client:
                 client.ensure_loaded(adapter, path)
 
     def _route(self, before: RoutingTable, after: RoutingTable, action: str, reason: str) -> None:
@@ -187,18 +191,16 @@ class Rollout:
 
     def unload(self, adapter: str, replicas: Sequence[str]) -> None:
         """Drain, then unload; a replica that fails keeps it until the next reconcile."""
-        from registry.vllm_admin import (
-            AdapterNotLoadedError,
-            VllmAdminClient,
-            VllmAdminError,
-            wait_drained,
-        )
+        from registry.vllm_admin import AdapterNotLoadedError, VllmAdminError, wait_drained
 
         for url in replicas:
             try:
                 if self.in_flight is not None:
                     wait_drained(adapter, self.in_flight, timeout_s=DRAIN_TIMEOUT_S)
-                with VllmAdminClient(url) as client, contextlib.suppress(AdapterNotLoadedError):
+                with (
+                    self.clients.vllm_admin(url) as client,
+                    contextlib.suppress(AdapterNotLoadedError),
+                ):
                     client.unload_adapter(adapter)
             except VllmAdminError as exc:
                 logger.warning(
@@ -208,7 +210,7 @@ class Rollout:
 
 def rollout(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     upstreams: Sequence[str],
     *,
@@ -216,8 +218,8 @@ def rollout(
     actor: str = ACTOR,
     now: datetime | None = None,
 ) -> Rollout:
-    """The rollout of one line over these parts."""
-    return Rollout(settings, store, line, tuple(upstreams), in_flight, actor, now)
+    """The rollout of one line through these clients."""
+    return Rollout(settings, clients, line, tuple(upstreams), in_flight, actor, now)
 
 
 # --------------------------------------------------------------------------- deploy
@@ -225,7 +227,7 @@ def rollout(
 
 def deploy_canary(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     version: int,
     upstreams: Sequence[str],
@@ -237,9 +239,9 @@ def deploy_canary(
     LoRA budget, a failed probe, which rejects the version and unloads it from every
     replica it reached). Safe to rerun:
     a version that already serves changes nothing."""
-    from registry.vllm_admin import VllmAdminClient, VllmAdminError, VllmUnavailableError
+    from registry.vllm_admin import VllmAdminError, VllmUnavailableError
 
-    parts = rollout(settings, store, line, upstreams, actor=actor)
+    parts = rollout(settings, clients, line, upstreams, actor=actor)
     adapter = adapter_name(line, version)
     state = parts.state()
     ready = parts.advance(state, CandidateReady(adapter))
@@ -250,7 +252,7 @@ def deploy_canary(
     failed: dict[str, str] = {}
     for upstream in placed(state.table, upstreams):
         try:
-            with VllmAdminClient(upstream) as client:
+            with clients.vllm_admin(upstream) as client:
                 client.ensure_loaded(adapter, path)
                 probe = client.probe_adapter(adapter)
         except VllmUnavailableError:
@@ -299,7 +301,7 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
 
 def judge_canary(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     *,
     look: int | None = None,
@@ -314,7 +316,8 @@ def judge_canary(
     decision is recorded with its numbers. ``look`` counts this share's decisions so far + 1."""
     until = now or datetime.now(UTC)
     # Route changes made by this decision are stamped with the decision's time.
-    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    store = parts.store
     state = parts.state()
     table = state.table
     if table.canary is None:
@@ -376,7 +379,7 @@ def shadow_report(
 
 def judge_shadow_stage(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     *,
     upstreams: Sequence[str] = (),
@@ -388,7 +391,8 @@ def judge_shadow_stage(
     the recipe's first canary share, rolled back (unloaded, the version rejected), or left
     to answer more. Recorded with the canary's decisions, with its numbers."""
     until = now or datetime.now(UTC)
-    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    store = parts.store
     history = parts.routes.history(line, limit=500)
     state = LineState.of(parts.routes.table(line), history)
     table = state.table
@@ -432,7 +436,7 @@ def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[d
 
 def watch_champion(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     *,
     upstreams: Sequence[str] = (),
@@ -444,7 +448,8 @@ def watch_champion(
     ``previous`` over the ``watch_s`` before it, on the canary's test; shown worse → revert
     (routing and alias together, ``previous`` reloaded, the reason in MLflow)."""
     until = now or datetime.now(UTC)
-    parts = rollout(settings, store, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    store = parts.store
     state = parts.state()
     table = state.table
     if not watching(state, until, parts.recipe.rollout):
@@ -496,7 +501,7 @@ def watch_champion(
 
 def set_champion(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     line: str,
     adapter: str | None,
     upstreams: Sequence[str],
@@ -506,7 +511,7 @@ def set_champion(
 ) -> Transition:
     """Make ``adapter`` (None: the base model) the champion by hand: loaded everywhere, then
     routing and MLflow's aliases moved together; the adapter leaving ``previous`` unloaded."""
-    parts = rollout(settings, store, line, upstreams, actor=actor)
+    parts = rollout(settings, clients, line, upstreams, actor=actor)
     state = parts.state()
     transition = parts.advance(state, ChampionSetByHand(adapter, reason))
     parts.apply(state, transition)
@@ -516,14 +521,12 @@ def set_champion(
 # --------------------------------------------------------------------------- replicas
 
 
-def desired_adapters(settings: Settings, store: FeedbackStore) -> tuple[dict[str, Any], set[str]]:
+def desired_adapters(settings: Settings, clients: Clients) -> tuple[dict[str, Any], set[str]]:
     """Every adapter a routing table names, with the folder vLLM loads it from; and the
     lines' gated candidates (loaded for a probe before they are routed: never unloaded)."""
-    from registry.tracking import Registry
-
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry = clients.registry
     desired: dict[str, Any] = {}
-    tables = RouteStore(store.engine).snapshot().tables
+    tables = clients.routes.snapshot().tables
     candidates = set()
     for line in sorted(set(settings.business_lines) | tables.keys()):
         table = tables.get(line)
@@ -537,7 +540,7 @@ def desired_adapters(settings: Settings, store: FeedbackStore) -> tuple[dict[str
 
 def sync_adapters(
     settings: Settings,
-    store: FeedbackStore,
+    clients: Clients,
     upstreams: Sequence[str],
     *,
     in_flight: Callable[[str], int] | None = None,
@@ -546,18 +549,18 @@ def sync_adapters(
     and places there, e.g. after a replica restarted; unload (drained) flywheel adapters no
     table names, and a placed line's adapters from the replicas it is not placed on
     (drained on that replica alone). Returns what changed per replica."""
-    from registry.vllm_admin import VllmAdminClient, reconcile
+    from registry.vllm_admin import reconcile
 
-    desired, candidates = desired_adapters(settings, store)
+    desired, candidates = desired_adapters(settings, clients)
     homes = {
         adapter: placed(table, upstreams)
-        for table in RouteStore(store.engine).snapshot().tables.values()
+        for table in clients.routes.snapshot().tables.values()
         for adapter in table.adapters
     }
-    clients = {url: VllmAdminClient(url) for url in upstreams}
+    admins = {url: clients.vllm_admin(url) for url in upstreams}
     summary: dict[str, Any] = {}
     try:
-        for url, client in clients.items():
+        for url, client in admins.items():
             here = {a: path for a, path in desired.items() if client.base_url in homes[a]}
             counter = _drain_counter(url, set(desired) - set(here), in_flight)
             report = reconcile([client], here, in_flight=counter, keep=candidates)
@@ -575,7 +578,7 @@ def sync_adapters(
                 "failed": failed,
             }
     finally:
-        for client in clients.values():
+        for client in admins.values():
             client.close()
     return summary
 
@@ -593,14 +596,14 @@ def _drain_counter(
     return lambda adapter: (here if adapter in placed_elsewhere else in_flight)(adapter)
 
 
-def loaded_adapters(upstreams: Sequence[str]) -> dict[str, list[str] | None]:
+def loaded_adapters(clients: Clients, upstreams: Sequence[str]) -> dict[str, list[str] | None]:
     """The adapters each replica serves now (None for one that does not answer)."""
-    from registry.vllm_admin import VllmAdminClient, VllmAdminError
+    from registry.vllm_admin import VllmAdminError
 
     loaded: dict[str, list[str] | None] = {}
     for url in upstreams:
         try:
-            with VllmAdminClient(url) as client:
+            with clients.vllm_admin(url) as client:
                 loaded[url] = sorted(m.id for m in client.list_models() if m.is_adapter)
         except VllmAdminError:
             loaded[url] = None
@@ -608,15 +611,13 @@ def loaded_adapters(upstreams: Sequence[str]) -> dict[str, list[str] | None]:
 
 
 def lifecycle_check(
-    settings: Settings, store: FeedbackStore, upstreams: Sequence[str]
+    settings: Settings, clients: Clients, upstreams: Sequence[str]
 ) -> dict[str, Any]:
     """Per line: routing, MLflow aliases, what each replica serves, and what differs; plus the
     LoRA budget over all lines. ``ok`` is False on any drift."""
-    from registry.tracking import Registry
-
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
-    snapshot = RouteStore(store.engine).snapshot()
-    loaded = loaded_adapters(upstreams)
+    registry = clients.registry
+    snapshot = clients.routes.snapshot()
+    loaded = loaded_adapters(clients, upstreams)
     lines: dict[str, Any] = {}
     problems: list[str] = []
     for line in sorted(set(settings.business_lines) | snapshot.tables.keys()):

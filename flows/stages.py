@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from composition.clients import Clients
 from composition.recipes import (
     Recipe,
     recipe_for,
@@ -191,6 +192,7 @@ def _training_set(
 
 def train_line(
     settings: Settings,
+    clients: Clients,
     line: str,
     *,
     force: bool = False,
@@ -199,7 +201,8 @@ def train_line(
     dataset_hash: str | None = None,
     invert_preferences: bool = False,
 ) -> TrainingOutcome:
-    """Train, evaluate against the champion, gate and register one line's adapter.
+    """Train, evaluate against the champion, gate and register one line's adapter (in the
+    registry of ``clients``; its scrubber finds PII in the generations).
 
     Uses the dataset with ``dataset_hash`` (the night's window), else the line's
     newest. Skips (with the reason) when that dataset has fewer new examples
@@ -214,9 +217,7 @@ def train_line(
     """
     from eval.gate import decide_promotion
     from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
-    from feedback.pii import build_scrubber
     from registry.records import TAG_ENDED_BECAUSE, truncate
-    from registry.tracking import Registry
     from training.base_model import ensure_base_model
     from training.train import cpu_has_bf16, train_adapter
 
@@ -226,7 +227,7 @@ def train_line(
         return build
     recipe, method_reason = _with_method(recipe, build)
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-    registry = Registry.for_home(settings.home, settings.mlflow_tracking_uri)
+    registry = clients.registry
     registry.close_orphan_runs(line)
     base_name = base_dir.name
     version_of_code = code_version()
@@ -285,7 +286,7 @@ def train_line(
         )
         registry.log_adapter(run_id, result.adapter_dir)
         data = load_eval_data(build.path, max_samples=recipe.eval_generations)
-        detector = pii_detector_for(build_scrubber(settings.scrubber), GENERATION_PII_TYPES)
+        detector = pii_detector_for(clients.scrubber, GENERATION_PII_TYPES)
         champion_adapter = (
             registry.adapter_path(line, champion_version) if champion_version is not None else None
         )

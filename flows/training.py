@@ -23,6 +23,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from composition.clients import open_clients
 from flows.stages import TrainingOutcome, TrainingStatus, train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, current_settings
@@ -102,7 +103,8 @@ def train_line_flow(
     settings = current_settings()
     if line not in settings.business_lines:
         raise FlywheelError(f"unknown business line {line!r}")
-    outcome = train_line(settings, line, dataset_hash=dataset_hash, force=force)
+    with open_clients(settings) as clients:
+        outcome = train_line(settings, clients, line, dataset_hash=dataset_hash, force=force)
     result = TrainResult.from_outcome(outcome)
     get_run_logger().info(
         "%s: %s (version %s): %s", line, result.status.value, result.version, result.reason
@@ -115,9 +117,9 @@ def train(
 ) -> TrainResult:
     """Train one line: on the work pool when a training deployment is configured, else here."""
     if settings.training_deployment is None:
-        return TrainResult.from_outcome(
-            train_line(settings, line, dataset_hash=dataset_hash, force=force)
-        )
+        with open_clients(settings) as clients:
+            outcome = train_line(settings, clients, line, dataset_hash=dataset_hash, force=force)
+        return TrainResult.from_outcome(outcome)
     return train_on_pool(
         settings.training_deployment,
         line,

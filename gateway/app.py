@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -406,14 +406,19 @@ def create_app(
     settings: Settings,
     gateway: GatewaySettings,
     *,
-    store: FeedbackStore | None = None,
+    store: FeedbackStore,
+    routes: RouteStore,
     keys: KeyRing | None = None,
+    redis: Any = None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The gateway application (one replica); resources open on startup, close on shutdown."""
+    """The gateway application (one replica) over the clients it is handed: the store, its
+    routing tables and, for rate limits every replica shares, an asynchronous Redis client
+    (None: this process counts alone). Background work starts on startup and stops on
+    shutdown, then ``on_shutdown`` runs (``composition.servers`` closes its clients)."""
     withhold_tracebacks()
     configure_gateway_logging()
-    own_store = store is None
-    feedback_store = store or FeedbackStore.open(settings)
+    feedback_store = store
     keys_watch: KeyFileWatch | None = None
     if keys is None:
         keys_watch = KeyFileWatch(gateway.resolved_keys_file(settings.home))
@@ -424,7 +429,7 @@ def create_app(
         store=feedback_store,
         keys=keys,
         keys_watch=keys_watch,
-        routes=RouteStore(feedback_store.engine),
+        routes=routes,
         recorder=InteractionRecorder(
             feedback_store,
             gateway.resolved_spool_dir(settings.home),
@@ -442,11 +447,7 @@ def create_app(
         ),
         pins=SessionPins(gateway.session_pin_ttl_s),
         limiter=build_limiter(
-            settings.redis_url.get_secret_value() if settings.redis_url else None,
-            gateway.rate_window_s,
-            gateway.read_timeout_s,
-            gateway.rate_limit_namespace,
-            gateway.redis_timeout_s,
+            redis, gateway.rate_window_s, gateway.read_timeout_s, gateway.rate_limit_namespace
         ),
         base_model=gateway.base_model_name,
     )
@@ -475,8 +476,8 @@ def create_app(
             await state.limiter.close()
             state.metrics.worker_exited()
             await asyncio.to_thread(state.recorder.close)
-            if own_store:
-                feedback_store.close()
+            if on_shutdown is not None:
+                on_shutdown()
 
     app = FastAPI(
         title="flywheel gateway",

@@ -371,31 +371,26 @@ return 1
 
 class RedisLimiter:
     """Counters shared by every gateway replica and worker through Redis; while Redis does
-    not answer, this process falls back to its own counters and retries every few seconds."""
+    not answer, this process falls back to its own counters and retries every few seconds.
+
+    ``client`` is an asynchronous Redis client (``redis.asyncio``) that decodes responses,
+    with short socket timeouts (a Redis slower than them counts as down:
+    ``composition.clients`` builds it so); the limiter closes it.
+    """
 
     backend = "redis"
 
     def __init__(
         self,
-        url: str,
+        client: Any,
         window_s: float = 60.0,
         stream_ttl_s: float = 3_600.0,
         namespace: str = "flywheel",
-        timeout_s: float = 0.5,
     ) -> None:
-        import redis.asyncio as redis
-
         self.prefix = f"{KEY_PREFIX}:{namespace}"
         self.window_s = window_s
         self.stream_ttl_s = stream_ttl_s
-        self._client: Any = redis.Redis.from_url(
-            # A Redis slower than this counts as down: limits fall back to this process
-            # rather than hold every request.
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            decode_responses=True,
-        )
+        self._client: Any = client
         self._admit = self._client.register_script(_ADMIT)
         self._charge = self._client.register_script(_CHARGE)
         self.fallback = MemoryLimiter(window_s, stream_ttl_s)
@@ -533,15 +528,11 @@ class RedisLimiter:
 
 
 def build_limiter(
-    redis_url: str | None,
-    window_s: float,
-    stream_ttl_s: float,
-    namespace: str = "flywheel",
-    timeout_s: float = 0.5,
+    redis: Any, window_s: float, stream_ttl_s: float, namespace: str = "flywheel"
 ) -> Limiter:
-    """The shared limiter when a Redis URL is set, else this process's own."""
-    if redis_url:
-        return RedisLimiter(redis_url, window_s, stream_ttl_s, namespace, timeout_s)
+    """The shared limiter over an asynchronous Redis client, else (None) this process's own."""
+    if redis is not None:
+        return RedisLimiter(redis, window_s, stream_ttl_s, namespace)
     return MemoryLimiter(window_s, stream_ttl_s)
 
 

@@ -16,10 +16,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flywheel.processes import service_process
 from flywheel.settings import Settings
 from simulation.loop import CanaryResult, LoopServices, NightlyResult
+
+if TYPE_CHECKING:
+    from composition.clients import Clients
 
 
 @contextmanager
@@ -61,12 +65,15 @@ def dashboard_process(settings: Settings, port: int, log_path: Path) -> Iterator
         yield url
 
 
-def flow_nightly(bad_canary: Callable[[], bool] = lambda: False) -> Callable[[str], NightlyResult]:
+def flow_nightly(
+    clients: Clients, bad_canary: Callable[[], bool] = lambda: False
+) -> Callable[[str], NightlyResult]:
     """The nightly Prefect flow for one line, as the loop calls it.
 
     When ``bad_canary()`` says so, the night's candidate is instead trained on
     inverted preferences and put on the canary without the offline gate (which
-    would rightly refuse it), so the canary flow has to catch it online.
+    would rightly refuse it), so the canary flow has to catch it online; that
+    training and deploy go through ``clients`` (a flow run builds its own).
     """
 
     def run(line: str) -> NightlyResult:
@@ -77,26 +84,21 @@ def flow_nightly(bad_canary: Callable[[], bool] = lambda: False) -> Callable[[st
             return NightlyResult(
                 row["status"], row["reason"], row["version"], row["adapter"], row["seconds"]
             )
-        return _deploy_inverted(line, row)
+        return _deploy_inverted(clients, line, row)
 
     return run
 
 
-def _deploy_inverted(line: str, row: dict[str, object]) -> NightlyResult:
-    from feedback.store import FeedbackStore
+def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
     from flows.rollout import deploy_canary
     from flows.stages import train_line
     from flywheel.settings import load_settings
 
     settings = load_settings()
-    trained = train_line(settings, line, invert_preferences=True)
+    trained = train_line(settings, clients, line, invert_preferences=True)
     if trained.version is None:
         return NightlyResult("skipped", f"no inverted adapter: {trained.reason}")
-    store = FeedbackStore.open(settings)
-    try:
-        deployed = deploy_canary(settings, store, line, trained.version, settings.gateway.upstreams)
-    finally:
-        store.close()
+    deployed = deploy_canary(settings, clients, line, trained.version, settings.gateway.upstreams)
     return NightlyResult(
         "deployed" if deployed.status == "canary" else "failed",
         f"trained on inverted preferences (--bad-canary), gate bypassed; {deployed.reason}",
@@ -116,6 +118,7 @@ def flow_canary(line: str) -> CanaryResult:
 @contextmanager
 def live_services(
     settings: Settings,
+    clients: Clients,
     *,
     report: Callable[[str], None],
     bad_canary: Callable[[], bool] = lambda: False,
@@ -123,11 +126,9 @@ def live_services(
 ) -> Iterator[LoopServices]:
     """vLLM and the gateway up, the flows pointed at them; yields the loop's services. With
     ``reviewers``, the feedback page too and that many keys with the reviewer role."""
-    from feedback.store import FeedbackStore
     from flows.prefect_env import configure_prefect
     from flows.rollout import sync_adapters
     from gateway.keys import add_key
-    from registry.routes import RouteStore
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
 
@@ -160,25 +161,20 @@ def live_services(
             FLYWHEEL_GATEWAY_UPSTREAMS=llm.base_url,
             **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
         )
-        store = FeedbackStore.open(settings)
-        try:
-            synced = sync_adapters(settings, store, [llm.base_url])
-            report(f"adapters the routing tables name, loaded and probed: {synced or 'none'}")
-            configure_prefect(settings)
-            routes = RouteStore(store.engine)
-            yield LoopServices(
-                gateway_url=url,
-                api_key=key,
-                vllm_url=llm.base_url,
-                base_model=base.name,
-                nightly=flow_nightly(bad_canary),
-                canary=flow_canary,
-                routes=routes.table,
-                review_url=review_url,
-                reviewer_keys=reviewer_keys,
-            )
-        finally:
-            store.close()
+        synced = sync_adapters(settings, clients, [llm.base_url])
+        report(f"adapters the routing tables name, loaded and probed: {synced or 'none'}")
+        configure_prefect(settings)
+        yield LoopServices(
+            gateway_url=url,
+            api_key=key,
+            vllm_url=llm.base_url,
+            base_model=base.name,
+            nightly=flow_nightly(clients, bad_canary),
+            canary=flow_canary,
+            routes=clients.routes.table,
+            review_url=review_url,
+            reviewer_keys=reviewer_keys,
+        )
 
 
 def vllm_venv(settings: Settings) -> Path:

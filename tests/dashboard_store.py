@@ -21,6 +21,7 @@ from feedback.simulate import PlantedPii, SimulationSettings
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
+from registry.routes import RouteStore
 from tests.served_traffic import fill_demo_store
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class PageHome:
             self.settings,
             DashboardSettings(**options),
             store=self.store,
+            routes=RouteStore(self.store.engine),
             keys_file=self.settings.home / "gateway-keys.yaml",
             scrubber_factory=shared_scrubber,
         )

@@ -56,6 +56,7 @@ class ReviewWorld:
             self.settings,
             DashboardSettings(**options),
             store=self.store,
+            routes=RouteStore(self.store.engine),
             keys_file=self.settings.home / "gateway-keys.yaml",
             scrubber_factory=shared_scrubber,
             review_policy_of=lambda line: recipe_for(self.settings, line).review,

@@ -15,7 +15,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import SHORT_NAMES, open_store, out
+from cli.commands.common import SHORT_NAMES, clients, out
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
 
@@ -44,8 +44,15 @@ def buckets(
         bucket = parse_filter(since, until, None, adapter)
     except PageError as exc:
         raise UsageError(exc.message) from None
-    store = open_store(settings)
-    pages = build_pages(settings, settings.dashboard, store.engine)
+    command = clients(settings)
+    pages = build_pages(
+        settings,
+        settings.dashboard,
+        command.store.engine,
+        routes=command.routes,
+        scrubber_factory=lambda: command.scrubber,
+        mlflow_client_factory=lambda: command.registry.client,
+    )
     known = sorted(set(settings.business_lines) | set(pages.rollup.lines()))
     unknown = sorted(set(line or ()) - set(known))
     if unknown:
@@ -69,7 +76,6 @@ def buckets(
                 },
             }
         )
-    store.close()
     if as_json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
         return

@@ -9,7 +9,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import open_store, out
+from cli.commands.common import clients, out
 from cli.commands.serving import _actor, _check_line
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
@@ -55,25 +55,21 @@ def experiment_start(
     _check_line(settings, business_line)
     if metric not in METRICS:
         raise UsageError(f"unknown --metric {metric!r}; the metrics are {', '.join(METRICS)}")
-    store = open_store(settings)
-    try:
-        record = start_experiment(
-            settings,
-            store,
-            business_line,
-            arm_a,
-            arm_b,
-            settings.gateway.upstreams,
-            share=share,
-            metric=metric,
-            alpha=alpha,
-            min_samples=min_samples,
-            mixture_scale=effect_scale,
-            actor=_actor(),
-            reason=reason,
-        )
-    finally:
-        store.close()
+    record = start_experiment(
+        settings,
+        clients(settings),
+        business_line,
+        arm_a,
+        arm_b,
+        settings.gateway.upstreams,
+        share=share,
+        metric=metric,
+        alpha=alpha,
+        min_samples=min_samples,
+        mixture_scale=effect_scale,
+        actor=_actor(),
+        reason=reason,
+    )
     out.print(
         f"{business_line}: experiment {record.id} on {record.metric}: "
         f"A {record.arm_a or 'base'} on {1 - record.share:.0%}, "
@@ -98,18 +94,16 @@ def experiment_status(
     if business_line is not None:
         _check_line(settings, business_line)
     lines = [business_line] if business_line else list(settings.business_lines)
-    store = open_store(settings)
-    try:
-        shown: list[ExperimentStatus] = []
-        for line in lines:
-            if live_experiment(store.engine, line) is not None:
-                shown.append(look_experiment(settings, store, line, actor=_actor()))
-            for record in list_experiments(store.engine, line, limit=10):
-                if record.status != "running":
-                    look = current_look(store.engine, record, record.ended_at or record.started_at)
-                    shown.append(ExperimentStatus(record, look))
-    finally:
-        store.close()
+    command = clients(settings)
+    store = command.store
+    shown: list[ExperimentStatus] = []
+    for line in lines:
+        if live_experiment(store.engine, line) is not None:
+            shown.append(look_experiment(settings, command, line, actor=_actor()))
+        for record in list_experiments(store.engine, line, limit=10):
+            if record.status != "running":
+                look = current_look(store.engine, record, record.ended_at or record.started_at)
+                shown.append(ExperimentStatus(record, look))
     if as_json:
         out.print_json(orjson.dumps([s.as_dict() for s in shown]).decode())
         return
@@ -166,18 +160,14 @@ def experiment_stop(
 
     settings = load_settings()
     _check_line(settings, business_line)
-    store = open_store(settings)
-    try:
-        status = stop_experiment(
-            settings,
-            store,
-            business_line,
-            settings.gateway.upstreams,
-            reason=reason,
-            actor=_actor(),
-        )
-    finally:
-        store.close()
+    status = stop_experiment(
+        settings,
+        clients(settings),
+        business_line,
+        settings.gateway.upstreams,
+        reason=reason,
+        actor=_actor(),
+    )
     out.print(f"{business_line}: experiment {status.record.id} stopped; users on the champion")
 
 
@@ -205,20 +195,16 @@ def experiment_promote(
         chosen = "a" if arm.strip().lower() == "a" else "b"
     settings = load_settings()
     _check_line(settings, business_line)
-    store = open_store(settings)
-    try:
-        status, transition = promote_experiment(
-            settings,
-            store,
-            business_line,
-            settings.gateway.upstreams,
-            arm=chosen,
-            force=force,
-            reason=reason,
-            actor=_actor(),
-        )
-    finally:
-        store.close()
+    status, transition = promote_experiment(
+        settings,
+        clients(settings),
+        business_line,
+        settings.gateway.upstreams,
+        arm=chosen,
+        force=force,
+        reason=reason,
+        actor=_actor(),
+    )
     out.print(
         f"{business_line}: experiment {status.record.id} promoted; champion "
         f"{transition.table.champion or 'base model'} ({status.record.ended_reason})"

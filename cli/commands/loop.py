@@ -168,7 +168,11 @@ def run_loop_command(
 
     with (
         live_services(
-            settings, report=out.print, bad_canary=is_bad_night, reviewers=reviewers
+            settings,
+            clients(settings),
+            report=out.print,
+            bad_canary=is_bad_night,
+            reviewers=reviewers,
         ) as services,
         _progress() as progress,
     ):

@@ -8,7 +8,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from cli.commands.common import open_store, out
+from cli.commands.common import clients, out
 from cli.commands.serving import _actor, _check_line
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
@@ -51,9 +51,9 @@ def placement_plan(
 
     settings = load_settings()
     upstreams = settings.gateway.upstreams
-    store = open_store(settings)
+    command = clients(settings)
     plans = plan_lines(
-        settings, store, upstreams, hours=hours, hot_share=hot_share, cold_replicas=cold_replicas
+        settings, command, upstreams, hours=hours, hot_share=hot_share, cold_replicas=cold_replicas
     )
     if as_json:
         rows = [
@@ -83,7 +83,7 @@ def placement_plan(
         if p.changes:
             move = move_line(
                 settings,
-                store,
+                command,
                 p.business_line,
                 p.planned,
                 upstreams,
@@ -124,9 +124,14 @@ def _place(business_line: str, placement: tuple[str, ...] | None, reason: str) -
                 f"not a configured replica: {', '.join(unknown)} "
                 f"(FLYWHEEL_GATEWAY_UPSTREAMS: {', '.join(upstreams)})"
             )
-    store = open_store(settings)
     move = move_line(
-        settings, store, business_line, placement, upstreams, actor=_actor(), reason=reason
+        settings,
+        clients(settings),
+        business_line,
+        placement,
+        upstreams,
+        actor=_actor(),
+        reason=reason,
     )
     _print_move(business_line, placement, move.loaded_on, move.unloaded_from)
     for failure in move.failed:

@@ -192,8 +192,7 @@ def routes_sync() -> None:
     from flows.rollout import sync_adapters
 
     settings = load_settings()
-    store = open_store(settings)
-    summary = sync_adapters(settings, store, settings.gateway.upstreams)
+    summary = sync_adapters(settings, clients(settings), settings.gateway.upstreams)
     out.print_json(orjson.dumps(summary).decode())
     if any(replica["failed"] for replica in summary.values()):
         raise typer.Exit(1)
@@ -214,10 +213,9 @@ def routes_champion(
     settings = load_settings()
     _check_line(settings, business_line)
     chosen = None if adapter == "base" else adapter
-    store = open_store(settings)
     transition = set_champion(
         settings,
-        store,
+        clients(settings),
         business_line,
         chosen,
         settings.gateway.upstreams,
@@ -544,12 +542,11 @@ def _judge(business_line: str, action: str | None, reason: str | None) -> None:
 
     settings = load_settings()
     _check_line(settings, business_line)
-    store = open_store(settings)
     force = CanaryAction(action) if action else None
     gateway = settings.gateway
     outcome = judge_canary(
         settings,
-        store,
+        clients(settings),
         business_line,
         upstreams=gateway.upstreams,
         in_flight=vllm_in_flight(gateway.upstreams),
@@ -599,8 +596,7 @@ def lifecycle_check(
     from flows.rollout import lifecycle_check as check
 
     settings = load_settings()
-    store = open_store(settings)
-    report = check(settings, store, settings.gateway.upstreams)
+    report = check(settings, clients(settings), settings.gateway.upstreams)
     if as_json:
         out.print_json(orjson.dumps(report).decode())
     else:

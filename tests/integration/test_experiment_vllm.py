@@ -12,12 +12,14 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from composition.clients import Clients, build_clients
 from dashboard.app import create_app as create_dashboard
 from feedback.store import FeedbackStore
 from flows.experiments import look_experiment, promote_experiment, start_experiment
@@ -31,6 +33,7 @@ from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
 from simulation.users import CustomerServiceUsers
+from tests.dashboard_store import shared_scrubber
 from tests.integration.conftest import ADAPTER_LESSONS
 from tests.registered import register_version
 from tests.servers import serving
@@ -103,6 +106,10 @@ class Arena:
     apologising: str
     curt: str
 
+    @cached_property
+    def clients(self) -> Clients:
+        return build_clients(self.settings)
+
 
 @pytest.fixture(scope="module")
 def arena(
@@ -131,7 +138,7 @@ def arena(
         config = GatewaySettings(
             upstreams=(vllm_server.base_url,), routes_refresh_s=0.05, log_flush_s=0.05
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with serving(app, free_port()) as url:
             yield Arena(
                 settings, store, registry, vllm_server.base_url, url,
@@ -152,7 +159,7 @@ def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) 
     # A is the apologising adapter, B the curt one on half of the users: the test has to
     # find that A is better (not default to B).
     record = start_experiment(
-        arena.settings, arena.store, LINE, arena.apologising, arena.curt, [arena.vllm],
+        arena.settings, arena.clients, LINE, arena.apologising, arena.curt, [arena.vllm],
         share=0.5, metric="task_success", min_samples=20, alpha=0.05, actor="test",
     )  # fmt: skip
     deadline = time.monotonic() + 30
@@ -188,7 +195,7 @@ def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) 
             assert posted.status_code in (200, 202), posted.text
             if index % 20 == 19:
                 time.sleep(0.3)  # the gateway's log flush
-                status = look_experiment(arena.settings, arena.store, LINE, actor="test")
+                status = look_experiment(arena.settings, arena.clients, LINE, actor="test")
                 assert status.look is not None
                 logger.info("look %s after %d users: %s", status.look_number, index + 1,
                             status.look.reasons[0])  # fmt: skip
@@ -212,7 +219,7 @@ def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) 
     assert status.look.lower > 0 or status.look.upper < 0
 
     promoted, transition = promote_experiment(
-        arena.settings, arena.store, LINE, [arena.vllm], actor="test"
+        arena.settings, arena.clients, LINE, [arena.vllm], actor="test"
     )
     assert transition.table.champion == arena.apologising
     table = RouteStore(arena.store.engine).table(LINE)
@@ -222,7 +229,14 @@ def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) 
     assert arena.curt not in {m["id"] for m in models}  # the loser is unloaded
 
     keys = KeyRing([ApiKey(name="pm", sha256=key_digest("fw-pm"), business_lines=(LINE,))])
-    page = create_dashboard(arena.settings, DashboardSettings(), store=arena.store, keys=keys)
+    page = create_dashboard(
+        arena.settings,
+        DashboardSettings(),
+        store=arena.store,
+        routes=RouteStore(arena.store.engine),
+        scrubber_factory=shared_scrubber,
+        keys=keys,
+    )
     with TestClient(page, client=("203.0.113.9", 5000),
                     headers={"Authorization": "Bearer fw-pm"}) as browser:  # fmt: skip
         shown = browser.get(f"/lines/{LINE}/experiments/{record.id}")

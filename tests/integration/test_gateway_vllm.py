@@ -108,7 +108,7 @@ def running_gateway(
     config = GatewaySettings(
         upstreams=(upstream,), routes_refresh_s=0.1, log_flush_s=0.05, **overrides
     )
-    app = create_app(settings, config, store=store, keys=_keys())
+    app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=_keys())
     with serving(app, free_port()) as url:
         yield Gateway(url, app, store)
 

@@ -11,11 +11,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import httpx
 import pytest
 
+from composition.clients import Clients, build_clients
 from feedback.store import FeedbackStore
 from flows.rollout import deploy_canary, judge_canary, lifecycle_check, sync_adapters
 from flywheel.settings import Settings, load_settings
@@ -53,6 +55,10 @@ class Fleet:
     def urls(self) -> list[str]:
         return [s.base_url for s in self.servers]
 
+    @cached_property
+    def clients(self) -> Clients:
+        return build_clients(self.settings)
+
     def register(self) -> str:
         folder = self.work / f"adapter-{time.monotonic_ns()}"
         shutil.copytree(self.adapter, folder)
@@ -65,7 +71,7 @@ class Fleet:
         return recipe_for(self.settings, LINE).canary_steps
 
     def drift(self) -> list[str]:
-        return lifecycle_check(self.settings, self.store, self.urls)["problems"]
+        return lifecycle_check(self.settings, self.clients, self.urls)["problems"]
 
     def settled(self, timeout_s: float = 10.0) -> None:
         """Wait until the gateway serves the line's newest routing revision (it re-reads the
@@ -132,7 +138,7 @@ def fleet(
             log_flush_s=0.05,
             replica_watch_s=1.0,
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with serving(app, free_port()) as url:
             fleet.gateway = url
             yield fleet
@@ -151,13 +157,13 @@ def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
     routes = RouteStore(fleet.store.engine)
     first = fleet.register()
     deployed = deploy_canary(
-        fleet.settings, fleet.store, LINE, int(first.split("-v")[1]), fleet.urls
+        fleet.settings, fleet.clients, LINE, int(first.split("-v")[1]), fleet.urls
     )
     assert deployed.status == "canary", deployed.reason
     assert deployed.loaded_on == fleet.urls
     assert fleet.drift() == []
     for _ in range(len(fleet.settings_recipe_steps())):
-        promoted = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.PROMOTE,
+        promoted = judge_canary(fleet.settings, fleet.clients, LINE, force=CanaryAction.PROMOTE,
                                 upstreams=fleet.urls)  # fmt: skip
         assert fleet.drift() == [], promoted.action
         if promoted.action == "promote":
@@ -170,14 +176,14 @@ def test_deploy_promote_rollback_on_two_replicas(fleet: Fleet) -> None:
     assert answer.headers["x-flywheel-adapter"] == first
 
     bad = fleet.register()
-    second = deploy_canary(fleet.settings, fleet.store, LINE, int(bad.split("-v")[1]), fleet.urls)
+    second = deploy_canary(fleet.settings, fleet.clients, LINE, int(bad.split("-v")[1]), fleet.urls)
     assert second.status == "canary", second.reason
     fleet.settled()
     table = routes.table(LINE)
     canary_user = _user_on(table, "canary")
     assert fleet.ask(canary_user).headers["x-flywheel-adapter"] == bad
     started = time.monotonic()
-    rolled = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.ROLLBACK,
+    rolled = judge_canary(fleet.settings, fleet.clients, LINE, force=CanaryAction.ROLLBACK,
                           reason="rehearsal", upstreams=fleet.urls)  # fmt: skip
     assert rolled.action == "rollback"
     # The canary's users are back on the champion within a second, on every replica (the
@@ -199,7 +205,7 @@ def test_a_replica_restarted_under_traffic_gets_its_adapters_back(fleet: Fleet) 
     # bring it back on the restarted replica.
     canary = fleet.register()
     deployed = deploy_canary(
-        fleet.settings, fleet.store, LINE, int(canary.split("-v")[1]), fleet.urls
+        fleet.settings, fleet.clients, LINE, int(canary.split("-v")[1]), fleet.urls
     )
     assert deployed.status == "canary", deployed.reason
     fleet.settled()
@@ -254,9 +260,9 @@ def test_a_replica_restarted_under_traffic_gets_its_adapters_back(fleet: Fleet) 
     models = httpx.get(f"{restarted.base_url}/v1/models", timeout=10).json()["data"]
     assert {champion, canary} <= {m["id"] for m in models}
     # The reconciler agrees: nothing left to load or unload.
-    summary = sync_adapters(fleet.settings, fleet.store, fleet.urls)
+    summary = sync_adapters(fleet.settings, fleet.clients, fleet.urls)
     assert all(not r["loaded"] and not r["unloaded"] and not r["failed"] for r in summary.values())
-    rolled = judge_canary(fleet.settings, fleet.store, LINE, force=CanaryAction.ROLLBACK,
+    rolled = judge_canary(fleet.settings, fleet.clients, LINE, force=CanaryAction.ROLLBACK,
                           reason="done", upstreams=fleet.urls)  # fmt: skip
     assert rolled.action == "rollback"
     assert fleet.drift() == []

@@ -30,6 +30,7 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
+from composition.clients import build_clients
 from composition.recipes import start_training_run
 from feedback.schema import watermarks_table
 from feedback.simulate import SimulationSettings, TrafficSimulator
@@ -211,7 +212,9 @@ def running_gateway(loop: Loop) -> Iterator[Gateway]:
     """A gateway on ``loop``'s store, with one key for customer_service."""
     keys = KeyRing([ApiKey(name="cs", sha256=key_digest(CS_KEY), business_lines=(LINE,))])
     config = GatewaySettings(upstreams=(loop.vllm_url,), routes_refresh_s=0.1, log_flush_s=0.05)
-    app = create_app(loop.settings, config, store=loop.store, keys=keys)
+    app = create_app(
+        loop.settings, config, store=loop.store, routes=RouteStore(loop.store.engine), keys=keys
+    )
     with serving(app, free_port()) as url:
         yield Gateway(url, app)
 
@@ -443,7 +446,9 @@ def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: P
     version = registry.register_adapter(run_id, LINE, lineage)
     registry.set_candidate(LINE, version)
     registry.finish_run(run_id)
-    deployed = deploy_canary(loop.settings, loop.store, LINE, version, [loop.vllm_url])
+    deployed = deploy_canary(
+        loop.settings, build_clients(loop.settings), LINE, version, [loop.vllm_url]
+    )
     assert deployed.status == "canary", deployed.reason
     adapter = deployed.adapter
     assert adapter in loop.served_adapters()

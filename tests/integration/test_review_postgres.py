@@ -12,6 +12,7 @@ import pytest
 from composition.recipes import load_recipe
 from dashboard.review_queue import ReviewQueue, ReviewVerdictIn
 from feedback.online import adapter_windows
+from registry.routes import RouteStore
 from tests.review_world import LINE, build_review_world
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,10 @@ def test_concurrent_reviewers_share_items_only_at_the_end_and_their_verdicts_cou
     recipes = world.settings.recipes_dir
     assert recipes is not None
     queue = ReviewQueue(
-        world.store, lambda line: load_recipe(line, recipes).review, rng=random.Random(1)
+        world.store,
+        lambda line: load_recipe(line, recipes).review,
+        routes=RouteStore(world.store.engine),
+        rng=random.Random(1),
     )
     got: dict[str, list[str]] = {}
     failures: list[BaseException] = []

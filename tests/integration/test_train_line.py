@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from composition.clients import build_clients
 from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
 from feedback.simulate import SimulationSettings, TrafficSimulator
@@ -71,7 +72,7 @@ def test_train_line_registers_once_with_lineage(
     settings = load_settings()
     store = _simulated_dataset(settings, requests=600, seed=3)
 
-    outcome = train_line(settings, "customer_service")
+    outcome = train_line(settings, build_clients(settings), "customer_service")
 
     assert outcome.status == "trained", outcome.reason
     assert outcome.version == 1
@@ -88,7 +89,7 @@ def test_train_line_registers_once_with_lineage(
     assert runs[0].gate_decision == "promote"
     assert runs[0].registered_version == 1
 
-    again = train_line(settings, "customer_service")
+    again = train_line(settings, build_clients(settings), "customer_service")
     assert again.status == "reused"
     assert again.version == 1
     assert len(registry.recent_runs("customer_service")) == 1
@@ -113,12 +114,12 @@ def test_too_little_data_is_skipped_with_the_reason(
     settings = _settings_with(
         RECIPE.replace("min_new_examples: 5", "min_new_examples: 100000"), tmp_path, monkeypatch
     )
-    assert train_line(settings, "customer_service").reason == (
+    assert train_line(settings, build_clients(settings), "customer_service").reason == (
         "no dataset yet: run flywheel datasets build"
     )
     _simulated_dataset(settings, requests=200, seed=5).close()
 
-    outcome = train_line(settings, "customer_service")
+    outcome = train_line(settings, build_clients(settings), "customer_service")
 
     # A dataset is there now: the threshold, not its absence, is why nothing trains.
     assert outcome.status == "skipped"
@@ -140,7 +141,7 @@ def test_a_rank_the_server_cannot_load_fails_before_training(
     _simulated_dataset(settings, requests=200, seed=5).close()
 
     with pytest.raises(FlywheelError, match="LoRA rank 32 is above the serving vLLM's"):
-        train_line(settings, "customer_service")
+        train_line(settings, build_clients(settings), "customer_service")
 
     registry = Registry.for_home(settings.home)
     [run] = registry.client.search_runs([registry.experiment_id("customer_service")])

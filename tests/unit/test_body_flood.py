@@ -20,6 +20,7 @@ from flywheel.settings import Settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
@@ -120,7 +121,11 @@ def test_the_gateway_stays_flat_under_50mb_bodies(settings: Settings) -> None:
     keys = KeyRing([ApiKey(name="ops", sha256=key_digest("fw-k"), business_lines=("*",))])
     with running_stub(StubBehaviour()) as stub:
         app = create_app(
-            settings, GatewaySettings(upstreams=(stub.base_url,)), store=store, keys=keys
+            settings,
+            GatewaySettings(upstreams=(stub.base_url,)),
+            store=store,
+            routes=RouteStore(store.engine),
+            keys=keys,
         )
         with _served(app) as port:
             answers = _flat_under_floods(port, GATEWAY_ENDPOINTS)

@@ -24,6 +24,7 @@ from dashboard.sessions import LoginSessions, session_digest
 from feedback.schema import dashboard_sessions_table
 from flywheel.settings.dashboard import DashboardSettings
 from gateway.keys import ApiKey, add_key, key_digest
+from registry.routes import RouteStore
 from tests.dashboard_store import PageHome, build_page_home, shared_scrubber
 
 REMOTE = ("10.1.2.3", 40000)
@@ -210,6 +211,7 @@ def _page(home: PageHome, clock: _Clock | None = None, **options: Any) -> FastAP
         home.settings,
         settings,
         store=home.store,
+        routes=RouteStore(home.store.engine),
         keys_file=home.settings.home / "gateway-keys.yaml",
         scrubber_factory=shared_scrubber,
         clock=clock,

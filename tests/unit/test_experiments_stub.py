@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from composition.clients import Clients
 from dashboard.app import create_app as create_dashboard
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
@@ -42,6 +44,8 @@ from registry.routes import RouteStore
 from registry.routing import choose_arm
 from registry.tracking import Registry
 from registry.vllm_server import free_port
+from tests.dashboard_store import shared_scrubber
+from tests.fake_clients import fake_clients
 from tests.registered import fake_adapter, register_version
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
@@ -62,6 +66,10 @@ class World:
     def urls(self) -> list[str]:
         return [self.replica.base_url]
 
+    @cached_property
+    def clients(self) -> Clients:
+        return fake_clients(self.settings, store=self.store, registry=self.registry)
+
     def register(self) -> str:
         folder = fake_adapter(self.root / f"adapter-{time.monotonic_ns()}")
         return f"{LINE}-v{register_version(self.settings, self.registry, LINE, folder, self.root)}"
@@ -71,7 +79,7 @@ class World:
 
     def start(self, a: str, b: str, **options: Any) -> Any:
         options = {"metric": "task_success", "min_samples": 20, **options}
-        return start_experiment(self.settings, self.store, LINE, a, b, self.urls, **options)
+        return start_experiment(self.settings, self.clients, LINE, a, b, self.urls, **options)
 
 
 @pytest.fixture
@@ -129,11 +137,11 @@ def test_one_rollout_at_a_time_and_the_arms_checked(world: World) -> None:
         world.start(v1, v2, metric="revenue")
     with pytest.raises(UsageError, match="--share"):
         world.start(v1, v2, share=1.0)
-    assert deploy_canary(world.settings, world.store, LINE, 1, world.urls).status == "canary"
+    assert deploy_canary(world.settings, world.clients, LINE, 1, world.urls).status == "canary"
     with pytest.raises(UsageError, match="canary legal-v1 is live"):
         world.start("champion", v2)
-    judge_canary(world.settings, world.store, LINE, force=CanaryAction.ROLLBACK, reason="make room",
-                 upstreams=world.urls)  # fmt: skip
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.ROLLBACK,
+                 reason="make room", upstreams=world.urls)  # fmt: skip
 
     record = world.start("base", v2, share=0.4)
     assert (record.arm_a, record.arm_b, record.share) == (None, v2, 0.4)
@@ -141,16 +149,16 @@ def test_one_rollout_at_a_time_and_the_arms_checked(world: World) -> None:
     assert world.table().experiment.id == record.id
     assert v2 in world.replica.behaviour.adapters  # loaded and probed
     # The other rollouts wait: a canary deploy, a canary by hand, a second experiment.
-    refused = deploy_canary(world.settings, world.store, LINE, 1, world.urls)
+    refused = deploy_canary(world.settings, world.clients, LINE, 1, world.urls)
     assert refused.status == "refused"
     assert "experiment" in refused.reason
     with pytest.raises(UsageError, match="one rollout at a time"):
         RouteStore(world.store.engine).set_canary(LINE, v1, 0.05, actor="test")
     with pytest.raises(UsageError, match="already live"):
         world.start(v1, v2)
-    assert lifecycle_check(world.settings, world.store, world.urls)["problems"] == []
+    assert lifecycle_check(world.settings, world.clients, world.urls)["problems"] == []
 
-    stopped = stop_experiment(world.settings, world.store, LINE, world.urls, reason="enough")
+    stopped = stop_experiment(world.settings, world.clients, LINE, world.urls, reason="enough")
     assert stopped.record.status == "stopped"
     assert stopped.record.ended_reason == "enough"
     assert world.table().experiment is None
@@ -158,7 +166,7 @@ def test_one_rollout_at_a_time_and_the_arms_checked(world: World) -> None:
     actions = [c.action for c in RouteStore(world.store.engine).history(LINE)]
     assert actions[:2] == ["experiment_stop", "experiment_start"]
     with pytest.raises(UsageError, match="no experiment is live"):
-        stop_experiment(world.settings, world.store, LINE, world.urls)
+        stop_experiment(world.settings, world.clients, LINE, world.urls)
 
 
 def test_the_gateway_splits_users_sticky_and_the_winner_is_promoted(world: World) -> None:
@@ -167,7 +175,9 @@ def test_the_gateway_splits_users_sticky_and_the_winner_is_promoted(world: World
     table = world.table()
     keys = KeyRing([ApiKey(name="t", sha256=key_digest(KEY), business_lines=(LINE,))])
     config = GatewaySettings(upstreams=tuple(world.urls), routes_refresh_s=0.05, log_flush_s=0.05)
-    app = create_app(world.settings, config, store=world.store, keys=keys)
+    app = create_app(
+        world.settings, config, store=world.store, routes=RouteStore(world.store.engine), keys=keys
+    )
     users = [f"shopper-{i}" for i in range(60)]
     served: dict[str, set[str]] = {}
     with serving(app, free_port()) as url:
@@ -210,20 +220,20 @@ def test_the_gateway_splits_users_sticky_and_the_winner_is_promoted(world: World
                        "idempotency_key": f"o-{row.request_id}",
                        "created_at": datetime.now(UTC).isoformat()})  # fmt: skip
     assert world.store.ingest(events, source="test").quarantined == 0
-    status = look_experiment(world.settings, world.store, LINE)
+    status = look_experiment(world.settings, world.clients, LINE)
     assert status.look is not None
     assert status.look.winner == "b", status.look.reasons
     assert status.look.a.samples + status.look.b.samples == 2 * len(users)
     assert status.record.winner == "b"
 
-    promoted, transition = promote_experiment(world.settings, world.store, LINE, world.urls)
+    promoted, transition = promote_experiment(world.settings, world.clients, LINE, world.urls)
     assert promoted.record.status == "promoted"
     assert transition.table.champion == v2
     assert world.table().champion == v2
     assert world.table().experiment is None
     assert world.registry.aliases(LINE)["champion"] == int(v2.split("-v")[1])
     assert v1 not in world.replica.behaviour.adapters
-    assert lifecycle_check(world.settings, world.store, world.urls)["problems"] == []
+    assert lifecycle_check(world.settings, world.clients, world.urls)["problems"] == []
     looks = experiment_looks(world.store.engine, record.id)
     assert [look["look"] for look in looks] == [1, 2]
     assert looks[0]["verdict"] == "b_better"
@@ -240,7 +250,14 @@ def test_the_gateway_splits_users_sticky_and_the_winner_is_promoted(world: World
 
 def _page(world: World, lines: tuple[str, ...]) -> TestClient:
     keys = KeyRing([ApiKey(name="pm", sha256=key_digest("fw-pm"), business_lines=lines)])
-    app = create_dashboard(world.settings, DashboardSettings(), store=world.store, keys=keys)
+    app = create_dashboard(
+        world.settings,
+        DashboardSettings(),
+        store=world.store,
+        routes=RouteStore(world.store.engine),
+        scrubber_factory=shared_scrubber,
+        keys=keys,
+    )
     return TestClient(app, client=("203.0.113.9", 5000), headers={"Authorization": "Bearer fw-pm"})
 
 
@@ -273,18 +290,18 @@ def test_too_few_samples_refuse_a_promotion_unless_forced(world: World) -> None:
     record = world.start(v1, v2, min_samples=50)
     _outcomes(world, "experiment_a", v1, 30, 0)
     _outcomes(world, "experiment_b", v2, 30, 30)
-    status = look_experiment(world.settings, world.store, LINE)
+    status = look_experiment(world.settings, world.clients, LINE)
     assert status.look is not None
     assert status.look.verdict.value == "waiting"
     assert status.look.p_value < 0.05  # a clear difference, on too few samples
     with pytest.raises(UsageError, match="has not decided"):
-        promote_experiment(world.settings, world.store, LINE, world.urls)
+        promote_experiment(world.settings, world.clients, LINE, world.urls)
     with pytest.raises(UsageError, match="--force needs --reason"):
-        promote_experiment(world.settings, world.store, LINE, world.urls, force=True, arm="b")
+        promote_experiment(world.settings, world.clients, LINE, world.urls, force=True, arm="b")
     with pytest.raises(UsageError, match="--force needs --arm"):
-        promote_experiment(world.settings, world.store, LINE, world.urls, force=True,
+        promote_experiment(world.settings, world.clients, LINE, world.urls, force=True,
                            reason="launch day")  # fmt: skip
-    promoted, _ = promote_experiment(world.settings, world.store, LINE, world.urls, force=True,
+    promoted, _ = promote_experiment(world.settings, world.clients, LINE, world.urls, force=True,
                                      arm="b", reason="launch day")  # fmt: skip
     assert promoted.record.status == "promoted"
     assert world.table().champion == v2

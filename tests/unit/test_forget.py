@@ -79,7 +79,7 @@ def traffic(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tra
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with (
             serving(app, free_port()) as url,
             httpx.Client(

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
+from composition.clients import build_clients
 from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
@@ -76,7 +77,9 @@ def gateway(settings: Settings) -> Iterator[Running]:
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02
         )
-        app = create_app(settings, config, store=store, keys=_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_keys()
+        )
         with serving(app, free_port()) as url:
             yield Running(url, stub, store, routes, app)
     store.close()
@@ -272,7 +275,7 @@ def test_no_upstream_gives_503_with_a_body_and_the_failure_is_logged(settings: S
     config = GatewaySettings(
         upstreams=(f"http://127.0.0.1:{free_port()}",), base_model_name="b", log_flush_s=0.02
     )
-    app = create_app(settings, config, store=store, keys=_keys())
+    app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=_keys())
     with serving(app, free_port()) as url, httpx.Client(base_url=url) as client:
         headers = {"Authorization": f"Bearer {CS_KEY}"}
         body = {"model": "customer_service", "messages": [{"role": "user", "content": "hi"}]}
@@ -466,7 +469,16 @@ def test_feedback_sent_to_another_replica_right_after_the_answer_is_accepted(
         apps = []
         for _ in range(2):
             config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.5)
-            apps.append(create_app(settings, config, keys=_keys()))
+            replica = build_clients(settings)  # its own set, as in a process of its own
+            app = create_app(
+                settings,
+                config,
+                store=replica.store,
+                routes=replica.routes,
+                keys=_keys(),
+                on_shutdown=replica.close,
+            )
+            apps.append(app)
         with serving(apps[0], free_port()) as first, serving(apps[1], free_port()) as second:
             headers = {"Authorization": f"Bearer {CS_KEY}"}
             answer = httpx.post(
@@ -552,7 +564,9 @@ def test_a_replica_killed_before_answering_gives_503_not_502(settings: Settings)
         stub.stdout.readline()  # it prints once it listens
         store = FeedbackStore.open(settings)
         config = GatewaySettings(upstreams=(f"http://127.0.0.1:{port}",), base_model_name="b")
-        app = create_app(settings, config, store=store, keys=_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_keys()
+        )
         with serving(app, free_port()) as url, httpx.Client(base_url=url, timeout=30) as client:
             os.kill(stub.pid, signal.SIGSTOP)
             result: dict[str, httpx.Response] = {}
@@ -582,7 +596,7 @@ def test_a_key_added_while_the_gateway_runs_works_without_a_restart(settings: Se
     store = FeedbackStore.open(settings)
     with running_stub(StubBehaviour(adapters=set())) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), routes_refresh_s=0.05)
-        app = create_app(settings, config, store=store)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine))
         with serving(app, free_port()) as url, httpx.Client(base_url=url) as client:
             key = add_key(config.resolved_keys_file(settings.home), "late", ["legal"])
             headers = {"Authorization": f"Bearer {key}"}
@@ -671,7 +685,9 @@ def test_answer_timing_can_be_turned_off(settings: Settings) -> None:
     store = FeedbackStore.open(settings)
     with running_stub(StubBehaviour()) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.02, time_answers=False)
-        app = create_app(settings, config, store=store, keys=_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_keys()
+        )
         with serving(app, free_port()) as url, httpx.Client(base_url=url, timeout=10) as client:
             client.headers["Authorization"] = f"Bearer {CS_KEY}"
             assert _chat(client).status_code == 200

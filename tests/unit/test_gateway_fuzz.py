@@ -35,7 +35,9 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     keys = KeyRing([ApiKey(name="fuzz", sha256=key_digest(KEY), business_lines=("legal",))])
     with running_stub(StubBehaviour(adapters={"legal-v1"}, words=2)) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.05)
-        app = create_app(app_settings, config, store=store, keys=keys)
+        app = create_app(
+            app_settings, config, store=store, routes=RouteStore(store.engine), keys=keys
+        )
         with serving(app, free_port()) as url:
             yield url
     store.close()

@@ -21,6 +21,7 @@ from flywheel.settings import Settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.stub_vllm import StubBehaviour, running_stub
 
@@ -37,7 +38,11 @@ def port(settings: Settings) -> Iterator[int]:
     keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
     with running_stub(StubBehaviour()) as stub:
         app = create_app(
-            settings, GatewaySettings(upstreams=(stub.base_url,)), store=store, keys=keys
+            settings,
+            GatewaySettings(upstreams=(stub.base_url,)),
+            store=store,
+            routes=RouteStore(store.engine),
+            keys=keys,
         )
         chosen = free_port()
         options = {**server_options(), "http": QuickGuard}

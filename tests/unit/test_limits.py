@@ -9,13 +9,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from composition.clients import build_clients
 from feedback.store import FeedbackStore
-from flywheel.settings import Settings
+from flywheel.settings import Settings, load_settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
@@ -28,6 +30,7 @@ from gateway.limits import (
     retry_after,
     sliding_count,
 )
+from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
@@ -117,6 +120,12 @@ def test_limits_unset_are_unlimited() -> None:
 # --------------------------------------------------------------------------- real Redis
 
 
+def _redis(url: str, timeout_s: float = 0.5) -> Any:
+    """The gateway's Redis client as the composition root builds it from the settings."""
+    gateway = GatewaySettings(redis_timeout_s=timeout_s)
+    return build_clients(load_settings(redis_url=url, gateway=gateway)).redis
+
+
 @pytest.mark.integration
 def test_redis_counts_like_memory_and_takes_all_or_nothing(redis_url: str) -> None:
     scope = f"line:test-{uuid.uuid4().hex}"
@@ -124,7 +133,7 @@ def test_redis_counts_like_memory_and_takes_all_or_nothing(redis_url: str) -> No
 
     async def burst() -> list[bool]:
         # One event loop: the limiter's connection pool belongs to it.
-        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
+        limiter = RedisLimiter(_redis(redis_url, timeout_s=5), window_s=60)
         try:
             verdicts = await asyncio.gather(
                 *(limiter.admit([key, line], [1, 1], []) for _ in range(30))
@@ -147,7 +156,7 @@ def test_redis_stream_slots_and_token_charges(redis_url: str) -> None:
     streams, tokens = Quota(scope, "streams", 1), Quota(scope, "tokens", 100)
 
     async def run() -> None:
-        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
+        limiter = RedisLimiter(_redis(redis_url, timeout_s=5), window_s=60)
         try:
             await check(limiter)
         finally:
@@ -173,7 +182,7 @@ def test_redis_settles_a_finished_answer_in_one_call(redis_url: str) -> None:
     streams, tokens = Quota(scope, "streams", 1), Quota(scope, "tokens", 100)
 
     async def run() -> tuple[bool, bool]:
-        limiter = RedisLimiter(redis_url, window_s=60, timeout_s=5)
+        limiter = RedisLimiter(_redis(redis_url, timeout_s=5), window_s=60)
         try:
             first = await limiter.admit([tokens], [0], [streams])
             await limiter.settle([tokens], 150, [streams], first.stream_slot)
@@ -187,7 +196,7 @@ def test_redis_settles_a_finished_answer_in_one_call(redis_url: str) -> None:
 
 
 def test_an_unreachable_redis_falls_back_to_this_process() -> None:
-    limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", window_s=60)
+    limiter = RedisLimiter(_redis(f"redis://127.0.0.1:{free_port()}/0"), window_s=60)
     quota = Quota("line:x", "requests", 2)
 
     async def run() -> list[bool]:
@@ -223,7 +232,9 @@ def limited(settings: Settings) -> Iterator[str]:
     store = FeedbackStore.open(settings)
     with running_stub(StubBehaviour(delay_s=0.0)) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.02)
-        app = create_app(settings, config, store=store, keys=_limited_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_limited_keys()
+        )
         with serving(app, free_port()) as url:
             yield url
     store.close()
@@ -277,7 +288,9 @@ def test_concurrent_streams_are_capped_and_given_back(settings: Settings, tmp_pa
     store = FeedbackStore.open(settings)
     with running_stub(StubBehaviour(delay_s=0.6)) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), log_flush_s=0.02)
-        app = create_app(settings, config, store=store, keys=_limited_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_limited_keys()
+        )
         with serving(app, free_port()) as url:
             slow: dict[str, httpx.Response] = {}
             worker = threading.Thread(
@@ -327,7 +340,9 @@ def test_a_body_that_stalls_is_cut_with_408_and_no_traceback(
     store = FeedbackStore.open(settings)
     with running_stub(StubBehaviour()) as stub:
         config = GatewaySettings(upstreams=(stub.base_url,), body_read_timeout_s=0.5)
-        app = create_app(settings, config, store=store, keys=_limited_keys())
+        app = create_app(
+            settings, config, store=store, routes=RouteStore(store.engine), keys=_limited_keys()
+        )
         port = free_port()
         with serving(app, port), socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
             raw.sendall(

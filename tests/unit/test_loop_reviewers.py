@@ -122,6 +122,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Any, Stage, LoopServices]]:
         settings,
         DashboardSettings(rollup_grace_s=0, rollup_interval_s=0),
         store=store,
+        routes=RouteStore(store.engine),
         keys_file=keys_file,
         scrubber_factory=shared_scrubber,
         review_policy_of=lambda line: recipe_for(settings, line).review,
@@ -130,7 +131,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Any, Stage, LoopServices]]:
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.02, log_flush_s=0.02
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with serving(app, free_port()) as url, serving(page, free_port()) as page_url:
             stage = Stage(settings, store, app)
             services = LoopServices(

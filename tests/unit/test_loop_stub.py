@@ -110,7 +110,7 @@ def world(settings: Settings) -> Iterator[tuple[Any, Stage, FeedbackStore]]:
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.02, log_flush_s=0.02
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with serving(app, free_port()) as url:
             stage = Stage(store, app)
             services = LoopServices(

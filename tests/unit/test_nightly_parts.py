@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-import pytest
-
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flows.rollout import canary_decisions, judge_canary
 from flywheel.settings import Settings
 from registry.routes import RouteStore
+from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
@@ -62,13 +61,14 @@ def _traffic(adapter: str, n: int, thumbs_down: int, start: datetime) -> list[di
 
 def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: Settings) -> None:
     store = FeedbackStore.open(settings)
+    clients = fake_clients(settings, store=store)
     routes = RouteStore(store.engine)
     routes.set_champion("customer_service", "customer_service-v1", actor="t")
     routes.set_canary("customer_service", "customer_service-v2", 0.05, actor="t")
     since = routes.history("customer_service")[0].created_at
     start = since + timedelta(seconds=1)
     store.ingest(_traffic("customer_service-v2", 50, 2, start), source="t")
-    early = judge_canary(settings, store, "customer_service", now=start + timedelta(hours=2))
+    early = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=2))
     assert early.action == "wait"
     assert "waiting for data" in early.reason
     store.ingest(_traffic("customer_service-v1", 6000, 300, start), source="t")
@@ -76,7 +76,7 @@ def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: S
         [e for e in _traffic("customer_service-v2", 3000, 120, start) if "-v2-" in e["request_id"]],
         source="t",
     )
-    later = judge_canary(settings, store, "customer_service", now=start + timedelta(hours=3))
+    later = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=3))
     assert later.action == "step_up", later.reason
     assert later.table is not None
     assert later.table.canary_fraction == 0.10
@@ -85,14 +85,14 @@ def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: S
     assert [(d["look"], d["action"]) for d in decisions] == [(2, "step_up"), (1, "wait")]
     assert decisions[0]["numbers"]["checks"][0]["metric"] == "thumbs_down_rate"
     # A new share starts a new window: the next look is the first of it, and has no data.
-    fresh = judge_canary(settings, store, "customer_service", now=start + timedelta(hours=4))
+    fresh = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=4))
     assert fresh.action == "wait"
     assert canary_decisions(store, "customer_service")[0]["look"] == 1
     store.close()
 
 
 def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
 ) -> None:
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
@@ -106,15 +106,11 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
         rejected: ClassVar[list[tuple[str, int, str]]] = []
 
         @classmethod
-        def for_home(cls, *_args: object) -> type[Registry]:
-            return cls
-
-        @classmethod
         def reject(cls, line: str, version: int, reason: str, *, actor: str) -> None:
             cls.rejected.append((line, version, reason))
 
-    monkeypatch.setattr("registry.tracking.Registry", Registry)
-    outcome = judge_canary(settings, store, "customer_service", now=start + timedelta(hours=1))
+    clients = fake_clients(settings, store=store, registry=Registry)
+    outcome = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=1))
     assert outcome.action == "rollback"
     assert "thumbs_down_rate" in outcome.reason
     table = routes.table("customer_service")

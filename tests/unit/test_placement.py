@@ -152,7 +152,7 @@ def _gateway(
         log_flush_s=0.02,
         replica_watch_s=0.05,
     )
-    app = create_app(settings, config, store=store, keys=keys)
+    app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
     try:
         with serving(app, free_port()) as url:
             yield url, store, app.state.gateway

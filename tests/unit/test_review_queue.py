@@ -31,6 +31,7 @@ from feedback.schema import feedback_table
 from feedback.signals import pull_records
 from flows.rollout import _arm
 from registry.canary import CanaryAction, CanaryPolicy, ReviewTest, decide_canary
+from registry.routes import RouteStore
 from tests.review_world import LINE, OTHER_LINE, RUBRIC, ReviewWorld, build_review_world
 
 REMOTE = ("10.1.2.3", 40000)
@@ -49,6 +50,7 @@ def _queue(world: ReviewWorld, **options: object) -> ReviewQueue:
     return ReviewQueue(
         world.store,
         lambda line: load_recipe(line, recipes).review,
+        routes=RouteStore(world.store.engine),
         rng=random.Random(7),
         **options,  # type: ignore[arg-type]
     )

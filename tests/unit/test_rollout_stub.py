@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import yaml
 from mlflow.entities import LoggedModelStatus
 
+from composition.clients import Clients
 from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from flows.rollout import (
@@ -37,6 +39,7 @@ from registry.names import model_name
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import free_port
+from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
 from tests.registered import fake_adapter, register_version
 from tests.servers import serving
@@ -58,6 +61,10 @@ class World:
     def urls(self) -> list[str]:
         return [r.base_url for r in self.replicas]
 
+    @cached_property
+    def clients(self) -> Clients:
+        return fake_clients(self.settings, store=self.store, registry=self.registry)
+
     def register(self, rank: int = 8) -> int:
         """A registered version of the line's adapter, as the nightly flow leaves it."""
         folder = fake_adapter(self.root / f"adapter-{time.monotonic_ns()}", rank)
@@ -70,7 +77,7 @@ class World:
         return [set(r.behaviour.adapters) for r in self.replicas]
 
     def check(self) -> list[str]:
-        return lifecycle_check(self.settings, self.store, self.urls)["problems"]
+        return lifecycle_check(self.settings, self.clients, self.urls)["problems"]
 
 
 def _recipes(root: Path, **rollout: object) -> Path:
@@ -103,16 +110,16 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
 
 def test_a_rerun_of_a_deploy_keeps_the_canary_where_it_is(world: World) -> None:
     v1 = world.register()
-    assert deploy_canary(world.settings, world.store, LINE, v1, world.urls).status == "canary"
+    assert deploy_canary(world.settings, world.clients, LINE, v1, world.urls).status == "canary"
     RouteStore(world.store.engine).set_canary(LINE, f"{LINE}-v{v1}", 0.3, actor="t")
-    again = deploy_canary(world.settings, world.store, LINE, v1, world.urls)
+    again = deploy_canary(world.settings, world.clients, LINE, v1, world.urls)
     assert again.status == "none"
     assert world.table().canary_fraction == 0.3
-    forced = judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+    forced = judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                           upstreams=world.urls)  # fmt: skip
     assert forced.action == "promote"
     # On main: "canary must differ from champion", raised on every later night.
-    assert deploy_canary(world.settings, world.store, LINE, v1, world.urls).status == "none"
+    assert deploy_canary(world.settings, world.clients, LINE, v1, world.urls).status == "none"
     assert world.check() == []
 
 
@@ -121,7 +128,7 @@ def test_a_probe_failing_on_the_second_replica_leaves_nothing_loaded(world: Worl
     adapter = f"{LINE}-v{version}"
     # The second replica answers like the base model for it: the probe there fails.
     world.replicas[1].behaviour.answers.update({adapter: "same", BASE_MODEL: "same"})
-    deployed = deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    deployed = deploy_canary(world.settings, world.clients, LINE, version, world.urls)
     assert deployed.status == "failed"
     assert world.urls[1] in deployed.reason
     assert world.loaded() == [set(), set()]
@@ -132,7 +139,7 @@ def test_a_probe_failing_on_the_second_replica_leaves_nothing_loaded(world: Worl
 
 def test_an_adapter_above_the_servers_rank_fails_cleanly(world: World) -> None:
     version = world.register(rank=64)
-    deployed = deploy_canary(world.settings, world.store, LINE, version, world.urls)
+    deployed = deploy_canary(world.settings, world.clients, LINE, version, world.urls)
     assert deployed.status == "failed"
     assert "max_lora_rank" in deployed.reason
     assert world.loaded() == [set(), set()]
@@ -143,8 +150,8 @@ def test_a_live_canary_is_kept_and_a_replacement_is_recorded(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     v1, v2 = world.register(), world.register()
-    deploy_canary(world.settings, world.store, LINE, v1, world.urls)
-    kept = deploy_canary(world.settings, world.store, LINE, v2, world.urls)
+    deploy_canary(world.settings, world.clients, LINE, v1, world.urls)
+    kept = deploy_canary(world.settings, world.clients, LINE, v2, world.urls)
     assert kept.status == "kept_canary"
     assert world.table().canary == f"{LINE}-v{v1}"
     assert world.loaded() == [{f"{LINE}-v{v1}"}] * 2
@@ -152,7 +159,9 @@ def test_a_live_canary_is_kept_and_a_replacement_is_recorded(
         "FLYWHEEL_RECIPES_DIR", str(_recipes(world.root / "replace", on_live_canary="replace"))
     )
     settings = load_settings()
-    replaced = deploy_canary(settings, world.store, LINE, v2, world.urls)
+    replaced = deploy_canary(
+        settings, fake_clients(settings, store=world.store), LINE, v2, world.urls
+    )
     assert replaced.status == "canary"
     assert world.table().canary == f"{LINE}-v{v2}"
     assert world.loaded() == [{f"{LINE}-v{v2}"}] * 2
@@ -163,10 +172,10 @@ def test_a_live_canary_is_kept_and_a_replacement_is_recorded(
 def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World) -> None:
     versions = [world.register() for _ in range(3)]
     for version in versions:
-        assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == (
+        assert deploy_canary(world.settings, world.clients, LINE, version, world.urls).status == (
             "canary"
         )
-        outcome = judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+        outcome = judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                                upstreams=world.urls)  # fmt: skip
         assert outcome.action == "promote"
         assert world.check() == [], world.check()
@@ -177,7 +186,7 @@ def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World
     aliases = world.registry.aliases(LINE)
     assert (aliases["champion"], aliases["previous"]) == (versions[2], versions[1])
     # By hand, the alias moves with the routing (on main only the routing moved).
-    set_champion(world.settings, world.store, LINE, v1, world.urls, reason="hotfix", actor="t")
+    set_champion(world.settings, world.clients, LINE, v1, world.urls, reason="hotfix", actor="t")
     assert world.registry.aliases(LINE)["champion"] == versions[0]
     assert world.table().champion == v1
     assert world.check() == [], world.check()
@@ -203,14 +212,14 @@ def test_a_champion_that_regresses_after_promotion_is_reverted(world: World) -> 
     v1, v2 = world.register(), world.register()
     start = datetime.now(UTC) - timedelta(hours=2)
     for version, at in ((v1, start), (v2, start + timedelta(minutes=30))):
-        deploy_canary(world.settings, world.store, LINE, version, world.urls)
-        judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+        deploy_canary(world.settings, world.clients, LINE, version, world.urls)
+        judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                      upstreams=world.urls, now=at)  # fmt: skip
     old, new = f"{LINE}-v{v1}", f"{LINE}-v{v2}"
     promoted = start + timedelta(minutes=30)
     _traffic(world, old, 60, 3, promoted - timedelta(minutes=20))
     _traffic(world, new, 60, 40, promoted + timedelta(minutes=5))
-    outcome = watch_champion(world.settings, world.store, LINE, upstreams=world.urls,
+    outcome = watch_champion(world.settings, world.clients, LINE, upstreams=world.urls,
                              now=promoted + timedelta(minutes=20))  # fmt: skip
     assert outcome.action == "revert", outcome.reason
     table = world.table()
@@ -224,8 +233,8 @@ def test_a_champion_that_regresses_after_promotion_is_reverted(world: World) -> 
 def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
     version = world.register()
     adapter = f"{LINE}-v{version}"
-    deploy_canary(world.settings, world.store, LINE, version, world.urls)
-    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+    deploy_canary(world.settings, world.clients, LINE, version, world.urls)
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                  upstreams=world.urls)  # fmt: skip
     # The first replica restarts: it comes back with no adapter at all.
     world.replicas[0].behaviour.adapters.clear()
@@ -234,7 +243,9 @@ def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
     config = GatewaySettings(
         upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02, replica_watch_s=0
     )
-    app = create_app(world.settings, config, store=world.store, keys=keys)
+    app = create_app(
+        world.settings, config, store=world.store, routes=RouteStore(world.store.engine), keys=keys
+    )
     with serving(app, free_port()) as url:
         for i in range(4):  # round robin: at least one lands on the restarted replica first
             answer = httpx.post(
@@ -257,20 +268,20 @@ def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
     assert world.check() == []
     # The reconciler does the same without traffic.
     world.replicas[1].behaviour.adapters.clear()
-    summary = sync_adapters(world.settings, world.store, world.urls)
+    summary = sync_adapters(world.settings, world.clients, world.urls)
     assert summary[world.urls[1]]["loaded"] == [adapter]
     assert world.check() == []
 
 
 def test_the_gateways_replica_watch_reloads_routed_adapters_without_traffic(world: World) -> None:
     champion, gone, canary = (world.register() for _ in range(3))
-    deploy_canary(world.settings, world.store, LINE, champion, world.urls)
-    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+    deploy_canary(world.settings, world.clients, LINE, champion, world.urls)
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                  upstreams=world.urls)  # fmt: skip
-    deploy_canary(world.settings, world.store, LINE, gone, world.urls)
-    judge_canary(world.settings, world.store, LINE, force=CanaryAction.ROLLBACK,
+    deploy_canary(world.settings, world.clients, LINE, gone, world.urls)
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.ROLLBACK,
                  upstreams=world.urls)  # fmt: skip
-    deploy_canary(world.settings, world.store, LINE, canary, world.urls)
+    deploy_canary(world.settings, world.clients, LINE, canary, world.urls)
     routed = world.table().adapters
     assert routed == {f"{LINE}-v{champion}", f"{LINE}-v{canary}"}
     world.replicas[0].behaviour.adapters.clear()  # a restart: nothing loaded
@@ -278,7 +289,9 @@ def test_the_gateways_replica_watch_reloads_routed_adapters_without_traffic(worl
     config = GatewaySettings(
         upstreams=tuple(world.urls), routes_refresh_s=0.02, log_flush_s=0.02, replica_watch_s=0.1
     )
-    app = create_app(world.settings, config, store=world.store, keys=keys)
+    app = create_app(
+        world.settings, config, store=world.store, routes=RouteStore(world.store.engine), keys=keys
+    )
     with serving(app, free_port()):
         deadline = time.monotonic() + 10
         while world.loaded()[0] != world.loaded()[1] and time.monotonic() < deadline:
@@ -295,10 +308,10 @@ def test_a_placed_line_is_loaded_only_on_its_replica_and_checked_there(world: Wo
     routes.change(LINE, lambda t: t.placed_on((home,)), action="placement_set", actor="t")
     v1, v2 = world.register(), world.register()
     for version in (v1, v2):
-        assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == (
+        assert deploy_canary(world.settings, world.clients, LINE, version, world.urls).status == (
             "canary"
         )
-        judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+        judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                      upstreams=world.urls)  # fmt: skip
     routed = {f"{LINE}-v{v1}", f"{LINE}-v{v2}"}
     assert world.loaded() == [routed, set()]
@@ -307,12 +320,12 @@ def test_a_placed_line_is_loaded_only_on_its_replica_and_checked_there(world: Wo
     # An adapter where the line is not placed is drift, and the reconciler unloads it.
     world.replicas[1].behaviour.adapters.add(f"{LINE}-v{v2}")
     assert any("not placed" in p for p in world.check())
-    summary = sync_adapters(world.settings, world.store, world.urls)
+    summary = sync_adapters(world.settings, world.clients, world.urls)
     assert summary[other]["unloaded"] == [f"{LINE}-v{v2}"]
     assert world.loaded() == [routed, set()]
     # Placed elsewhere: the reconciler loads it there and takes it off the first.
     routes.change(LINE, lambda t: t.placed_on((other,)), action="placement_set", actor="t")
-    sync_adapters(world.settings, world.store, world.urls)
+    sync_adapters(world.settings, world.clients, world.urls)
     assert world.loaded() == [set(), routed]
     assert world.check() == []
 
@@ -328,8 +341,8 @@ def test_placement_plan_packs_a_cold_line_and_moves_its_adapters(
     runner = CliRunner()
     version = world.register()
     adapter = f"{LINE}-v{version}"
-    deploy_canary(world.settings, world.store, LINE, version, world.urls)
-    judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+    deploy_canary(world.settings, world.clients, LINE, version, world.urls)
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                  upstreams=world.urls)  # fmt: skip
     assert world.loaded() == [{adapter}] * 2
     hour_ago = datetime.now(UTC) - timedelta(hours=1)

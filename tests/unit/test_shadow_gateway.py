@@ -84,7 +84,7 @@ def _run(
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02, **gateway
         )
-        app = create_app(settings, config, store=store, keys=keys)
+        app = create_app(settings, config, store=store, routes=RouteStore(store.engine), keys=keys)
         with serving(app, free_port()) as url:
             yield Running(url, stub, store, app)
     store.close()

@@ -9,12 +9,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from composition.clients import Clients
 from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from flows.rollout import deploy_canary, judge_canary, judge_shadow_stage, lifecycle_check
@@ -40,6 +42,7 @@ from registry.routes import RouteChangeRecord, RouteStore
 from registry.routing import RoutingTable
 from registry.shadow import ShadowAction, ShadowPolicy
 from registry.tracking import Registry
+from tests.fake_clients import fake_clients
 from tests.registered import fake_adapter, register_version
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
@@ -143,6 +146,10 @@ class World:
     def urls(self) -> list[str]:
         return [r.base_url for r in self.replicas]
 
+    @cached_property
+    def clients(self) -> Clients:
+        return fake_clients(self.settings, store=self.store, registry=self.registry)
+
     def register(self) -> int:
         folder = fake_adapter(self.root / f"adapter-{time.monotonic_ns()}")
         return register_version(self.settings, self.registry, LINE, folder, self.root)
@@ -216,20 +223,20 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
 def test_a_candidate_goes_shadow_then_canary_and_a_bad_one_is_rejected(world: World) -> None:
     v1, v2, v3 = world.register(), world.register(), world.register()
     good, bad = f"{LINE}-v{v1}", f"{LINE}-v{v2}"
-    deployed = deploy_canary(world.settings, world.store, LINE, v1, world.urls)
+    deployed = deploy_canary(world.settings, world.clients, LINE, v1, world.urls)
     assert deployed.status == "shadow", deployed.reason
     assert (world.table().shadow, world.table().shadow_fraction) == (good, 0.2)
     assert world.table().canary is None
     assert world.loaded() == [{good}] * 2
     assert "canary" not in world.registry.aliases(LINE)
-    assert lifecycle_check(world.settings, world.store, world.urls)["problems"] == []
+    assert lifecycle_check(world.settings, world.clients, world.urls)["problems"] == []
 
     world.pairs(good, 20, shadow_answer="Here is the answer to question {i}, briefly put.")
-    early = judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    early = judge_shadow_stage(world.settings, world.clients, LINE, upstreams=world.urls)
     assert early.action == "shadow_wait"
     assert "30 pairs needed" in early.reason
     world.pairs(good, 15, shadow_answer="Here is an answer to question {i}, in few words.")
-    moved = judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    moved = judge_shadow_stage(world.settings, world.clients, LINE, upstreams=world.urls)
     assert moved.action == "shadow_advance", moved.reason
     assert moved.numbers["shadow"]["pairs"] == 35
     table = world.table()
@@ -238,23 +245,23 @@ def test_a_candidate_goes_shadow_then_canary_and_a_bad_one_is_rejected(world: Wo
     [latest, first] = latest_decisions(world.store.engine, LINE, limit=2)
     assert (latest["action"], latest["look"], first["look"]) == ("shadow_advance", 2, 1)
 
-    promoted = judge_canary(world.settings, world.store, LINE, force=CanaryAction.PROMOTE,
+    promoted = judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
                             upstreams=world.urls)  # fmt: skip
     assert promoted.action == "promote"
-    assert deploy_canary(world.settings, world.store, LINE, v2, world.urls).status == "shadow"
-    waiting = deploy_canary(world.settings, world.store, LINE, v3, world.urls)
+    assert deploy_canary(world.settings, world.clients, LINE, v2, world.urls).status == "shadow"
+    waiting = deploy_canary(world.settings, world.clients, LINE, v3, world.urls)
     assert waiting.status == "kept_shadow"
     world.pairs(bad, 40, shadow_answer="I'm sorry, but I can't help with that.")
-    rejected = judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    rejected = judge_shadow_stage(world.settings, world.clients, LINE, upstreams=world.urls)
     assert rejected.action == "shadow_reject", rejected.reason
     assert rejected.reason.startswith("refusal: shadow 100.0% vs champion 0.0%")
     table = world.table()
     assert (table.champion, table.shadow, table.canary) == (good, None, None)
     assert world.loaded() == [{good}] * 2
     assert "refusal" in world.registry.version_tags(LINE, v2)["rolled_back"]
-    none = judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    none = judge_shadow_stage(world.settings, world.clients, LINE, upstreams=world.urls)
     assert none.action == "none"
-    assert lifecycle_check(world.settings, world.store, world.urls)["problems"] == []
+    assert lifecycle_check(world.settings, world.clients, world.urls)["problems"] == []
 
 
 def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
@@ -265,7 +272,9 @@ def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
     runner = CliRunner()
     version = world.register()
     adapter = f"{LINE}-v{version}"
-    assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == "shadow"
+    assert (
+        deploy_canary(world.settings, world.clients, LINE, version, world.urls).status == "shadow"
+    )
     world.pairs(adapter, 35, shadow_answer="Here is the answer to question {i}, in a few words.")
     shown = runner.invoke(app, ["canary", "shadow", "report", LINE, "--json"])
     assert shown.exit_code == 0, shown.output
@@ -273,7 +282,7 @@ def test_the_shadow_commands_set_report_and_clear(world: World) -> None:
     assert (body["shadow"], body["share"], body["decision"]) == (adapter, 0.2, "advance")
     assert (body["report"]["pairs"], body["report"]["identical"]) == (35, 35)
     assert world.table().shadow == adapter  # a report applies nothing
-    judge_shadow_stage(world.settings, world.store, LINE, upstreams=world.urls)
+    judge_shadow_stage(world.settings, world.clients, LINE, upstreams=world.urls)
     status = runner.invoke(app, ["canary", "status", LINE])
     assert status.exit_code == 0, status.output
     assert "35 pairs" in status.output
@@ -308,7 +317,9 @@ def test_the_shadow_report_scores_both_answers_with_a_user_model(
     )
     version = world.register()
     adapter = f"{LINE}-v{version}"
-    assert deploy_canary(world.settings, world.store, LINE, version, world.urls).status == "shadow"
+    assert (
+        deploy_canary(world.settings, world.clients, LINE, version, world.urls).status == "shadow"
+    )
     world.pairs(adapter, 30, shadow_answer="The answer is {i} .")
     runner = CliRunner()
     shown = runner.invoke(
