@@ -15,8 +15,10 @@ reviewer's key that sees every line: the overview, samples, funnel and eval revi
 one line, its review queue (each request hands the reviewer a new blind, scrubbed answer
 of the canary or the champion), and the page of an A/B experiment on another line's
 last week of traffic (its users split between two adapters). Baselines:
-the overview's counts without the rollup (the same aggregation over the raw tables),
-and the first, cold request of each view (rollup fold, scrubbing a page of samples).
+the overview's counts without the rollup (the same aggregation over the raw tables), the
+experiment's numbers recounted from the raw tables (what its views cost before its
+running tally), and the first, cold request of each view (scrubbing a page of samples;
+the rollup's and the tally's first folds are timed on their own, before the views).
 It also EXPLAINs the samples queries before and after ANALYZE (stale statistics must not
 turn a page into a scan) and flags any sequential scan of the big tables.
 
@@ -266,6 +268,7 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
     folded = pages.rollup.refresh(force=True)
     results["rollup: first fold"] = {"cold_ms": (time.perf_counter() - started) * 1e3}
     results["rollup: first fold"]["rows"] = folded
+    results["experiment tally: first fold"] = first_tally_fold(site)
     targets = views(site)
     with (
         TestClient(
@@ -291,6 +294,62 @@ def time_views(site: Site, requests: int) -> dict[str, dict[str, float]]:
             }
             advance(1)
     return results
+
+
+def _experiment(site: Site) -> Any:
+    from registry.experiment_store import get_experiment
+
+    record = get_experiment(site.store.engine, site.experiment_id)
+    assert record is not None
+    return record
+
+
+def first_tally_fold(site: Site) -> dict[str, float]:
+    """The experiment's first fold into its running tally (every request of its week,
+    once; later views fold what arrived since)."""
+    from registry.experiment_tally import fold_tally
+
+    started = time.perf_counter()
+    fold_tally(site.store.engine, _experiment(site), grace=timedelta(0))
+    return {"cold_ms": (time.perf_counter() - started) * 1e3}
+
+
+def recount_experiment(site: Site, requests: int) -> dict[str, float]:
+    """The experiment's numbers recounted from the raw tables, as a look does: what each
+    experiment view cost before the running tally."""
+    from registry.experiment_store import current_look
+
+    record = _experiment(site)
+    times = []
+    for _ in range(max(3, requests // 5)):
+        began = time.perf_counter()
+        current_look(site.store.engine, record, datetime.now(UTC))
+        times.append((time.perf_counter() - began) * 1e3)
+    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99)}
+
+
+def tally_plan(site: Site) -> str:
+    """EXPLAIN ANALYZE the query a view runs on top of the folded tally (the rows above its
+    marks): execution time, and any sequential scan of the big tables named."""
+    from registry.experiment_tally import _marks, changes_query
+
+    record = _experiment(site)
+    with site.store.engine.connect() as connection:
+        marks = _marks(connection, record.id)
+        assert marks is not None
+        compiled = changes_query(record, marks).compile(
+            site.store.engine, compile_kwargs={"render_postcompile": True}
+        )
+        plan = "\n".join(
+            row[0]
+            for row in connection.exec_driver_sql(
+                "EXPLAIN ANALYZE " + str(compiled), compiled.params
+            )
+        )
+    scans = [t for t in ("interactions", "feedback_events") if f"Seq Scan on {t}" in plan]
+    took = plan.rsplit("Execution Time: ", 1)[-1].split(" ms")[0]
+    where = f"SEQ SCAN on {', '.join(scans)}" if scans else "index"
+    return f"{float(took):.1f} ms ({where})"
 
 
 NAIVE_QUERIES = (
@@ -392,7 +451,11 @@ def main() -> None:
                 site.key = add_reviewer(site)
             for site in sites:
                 results[site.label] = time_views(site, args.requests)
+                results[f"{site.label} experiment recount"] = recount_experiment(
+                    site, args.requests
+                )
             results["naive"] = naive_overview(sites[0], args.requests)
+            results["tally plan"] = tally_plan(sites[0])
             results["scans after ANALYZE"] = scan_check(sites[0])
         finally:
             for site in sites:
@@ -423,6 +486,16 @@ def main() -> None:
     console.print(
         f"rollup first fold: {fold['rows']:,.0f} rows in {fold['cold_ms'] / 1e3:.1f} s "
         f"(once; later reads fold only what arrived since)"
+    )
+    tally = big["experiment tally: first fold"]["cold_ms"]
+    recount = {label: results[f"{label} experiment recount"] for label in ("big", "small")}
+    console.print(
+        f"experiment tally first fold: {tally / 1e3:.2f} s (once); recounting the experiment "
+        f"from the raw tables (a look, and every view before the tally): p50 "
+        f"{recount['big']['p50_ms']:.0f} ms (p99 {recount['big']['p99_ms']:.0f}) vs "
+        f"{recount['small']['p50_ms']:.0f} ms on the small store "
+        f"({recount['big']['p50_ms'] / recount['small']['p50_ms']:.1f}x); the page's query "
+        f"above the tally's marks: {results['tally plan']}"
     )
     naive = results["naive"]["p50_ms"]
     console.print(

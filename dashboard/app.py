@@ -371,7 +371,7 @@ def _add_routes(
     _add_access_routes(app, context)
     _add_pages(app, context)
     _add_api(app, context)
-    add_experiment_routes(app, context, pages.engine)
+    add_experiment_routes(app, context, pages.engine, grace=pages.rollup.grace)
     if review_queue is not None:
         add_review_routes(app, context, review_queue, pages.scrubber)
 

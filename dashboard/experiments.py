@@ -1,13 +1,16 @@
 """The feedback page's A/B experiments: a list per line and a page per experiment (arms,
 samples so far, rates, the effect and its confidence sequence over the recorded looks,
-the always-valid p-value and the decision). Read-only: looks are recorded by
-``flywheel experiment status`` and the flows, never by a page view."""
+the always-valid p-value and the decision). A view's numbers are every request up to the
+moment it is drawn, from the experiment's running tally (``registry.experiment_tally``:
+a view folds in what arrived since the last one, so it costs that, not the experiment's
+size). A view records no look: looks are recorded by ``flywheel experiment status`` and
+the flows, from a recount of the raw tables."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import orjson
@@ -19,12 +22,12 @@ from sqlalchemy import Engine
 from dashboard.errors import PageError
 from registry.experiment_store import (
     ExperimentRecord,
-    current_look,
     experiment_looks,
     get_experiment,
     list_experiments,
 )
-from registry.experiments import METRICS, ExperimentLook
+from registry.experiment_tally import arm_tallies
+from registry.experiments import METRICS, ArmLabel, ExperimentLook
 
 
 class PageContext(Protocol):
@@ -42,6 +45,8 @@ class ExperimentView:
     look: ExperimentLook
     looks: list[dict[str, Any]]
     metric_description: str
+    counted_at: datetime
+    requests: dict[ArmLabel, int]
 
     @property
     def decision(self) -> str:
@@ -58,12 +63,21 @@ class ExperimentView:
             "undecided": "no difference shown yet",
         }.get(self.look.verdict.value, self.look.verdict.value)
 
+    def now(self) -> dict[str, Any]:
+        """The numbers as of ``counted_at``, with every request of each arm so far."""
+        return {
+            **self.look.as_dict(),
+            "counted_at": self.counted_at.isoformat(),
+            "a_requests": self.requests["a"],
+            "b_requests": self.requests["b"],
+        }
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the page's API)."""
         return {
             **self.record.as_dict(),
             "decision": self.decision,
-            "now": self.look.as_dict(),
+            "now": self.now(),
             "looks": [
                 {
                     "look": look["look"],
@@ -76,26 +90,41 @@ class ExperimentView:
         }
 
 
+_GRACE = timedelta(minutes=2)
 _LOOK_FIELDS = ("a_samples", "b_samples", "a_rate", "b_rate", "effect", "lower", "upper", "p_value")
 
 
-def experiment_view(engine: Engine, business_line: str, experiment_id: int) -> ExperimentView:
+def _view(
+    engine: Engine,
+    record: ExperimentRecord,
+    looks: list[dict[str, Any]],
+    description: str,
+    grace: timedelta,
+) -> ExperimentView:
+    tallies = arm_tallies(engine, record, grace=grace, now=datetime.now(UTC))
+    return ExperimentView(
+        record, tallies.look(), looks, description, tallies.counted_at, dict(tallies.requests)
+    )
+
+
+def experiment_view(
+    engine: Engine, business_line: str, experiment_id: int, *, grace: timedelta = _GRACE
+) -> ExperimentView:
     """The experiment's page data; 404 when it does not exist on this line (ids are scoped
     by line: another line's experiment is not shown)."""
     record = get_experiment(engine, experiment_id)
     if record is None or record.business_line != business_line:
         raise PageError(404, f"no experiment {experiment_id} on {business_line}")
-    look = current_look(engine, record, datetime.now(UTC))
-    return ExperimentView(
-        record, look, experiment_looks(engine, record.id), METRICS[record.metric].description
-    )
+    looks = experiment_looks(engine, record.id)
+    return _view(engine, record, looks, METRICS[record.metric].description, grace)
 
 
-def experiment_list(engine: Engine, business_line: str) -> list[ExperimentView]:
+def experiment_list(
+    engine: Engine, business_line: str, *, grace: timedelta = _GRACE
+) -> list[ExperimentView]:
     """The line's experiments, newest first, each with its numbers now."""
-    now = datetime.now(UTC)
     return [
-        ExperimentView(record, current_look(engine, record, now), [], "")
+        _view(engine, record, [], "", grace)
         for record in list_experiments(engine, business_line, limit=50)
     ]
 
@@ -164,8 +193,11 @@ def _experiment_id(raw: str) -> int:
     return int(raw)
 
 
-def add_experiment_routes(app: FastAPI, context: PageContext, engine: Engine) -> None:
-    """The experiments list and pages, and their JSON, under each line's access check."""
+def add_experiment_routes(
+    app: FastAPI, context: PageContext, engine: Engine, *, grace: timedelta = _GRACE
+) -> None:
+    """The experiments list and pages, and their JSON, under each line's access check;
+    rows younger than ``grace`` are counted live, then folded into the tallies."""
 
     @app.get("/lines/{business_line}/experiments")
     def experiments_page(request: Request, business_line: str) -> Response:
@@ -176,14 +208,14 @@ def add_experiment_routes(app: FastAPI, context: PageContext, engine: Engine) ->
             lines=lines,
             business_line=business_line,
             tab="experiments",
-            experiments=experiment_list(engine, business_line),
+            experiments=experiment_list(engine, business_line, grace=grace),
             metrics=METRICS,
         )
 
     @app.get("/lines/{business_line}/experiments/{experiment_id}")
     def experiment_page(request: Request, business_line: str, experiment_id: str) -> Response:
         viewer, lines = context.line_view(request, business_line)
-        view = experiment_view(engine, business_line, _experiment_id(experiment_id))
+        view = experiment_view(engine, business_line, _experiment_id(experiment_id), grace=grace)
         return context.render(
             "experiment.html",
             viewer=viewer,
@@ -198,13 +230,13 @@ def add_experiment_routes(app: FastAPI, context: PageContext, engine: Engine) ->
     def api_experiments(request: Request, business_line: str) -> Response:
         context.line_view(request, business_line)
         rows = [
-            {**v.record.as_dict(), "decision": v.decision, "now": v.look.as_dict()}
-            for v in experiment_list(engine, business_line)
+            {**v.record.as_dict(), "decision": v.decision, "now": v.now()}
+            for v in experiment_list(engine, business_line, grace=grace)
         ]
         return _json(rows)
 
     @app.get("/api/lines/{business_line}/experiments/{experiment_id}")
     def api_experiment(request: Request, business_line: str, experiment_id: str) -> Response:
         context.line_view(request, business_line)
-        view = experiment_view(engine, business_line, _experiment_id(experiment_id))
+        view = experiment_view(engine, business_line, _experiment_id(experiment_id), grace=grace)
         return _json(view.as_dict())

@@ -6,7 +6,9 @@ text, a shadow answer) with the scrubber's output and stamps the row's metadata 
 ``scrubbed_at``, so the next night skips it; rows already stamped are never read again,
 which keeps the task idempotent and its cost to the rows that crossed the line since.
 Deleting removes old interactions with their feedback and shadow answers; the hourly
-rollup keeps its counts (counts name nobody), datasets keep their scrubbed examples.
+rollup keeps its counts (counts name nobody), datasets keep their scrubbed examples, and
+an A/B experiment's numbers are those of the requests still stored (the tallies of the
+line's experiments that started before the cutoff are counted again).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Table, delete, func, select, update
 
 from feedback.schema import (
+    experiment_tallies_table,
+    experiment_tally_marks_table,
+    experiments_table,
     feedback_table,
     interactions_table,
     review_claims_table,
@@ -168,6 +173,15 @@ def apply_retention(
                 delete(review_claims_table).where(review_claims_table.c.request_id.in_(owned))
             )
             report.interactions = connection.execute(delete(i).where(old)).rowcount
+            if report.interactions:
+                # An experiment's running tally only ever adds (registry.experiment_tally):
+                # those that may have counted a deleted request count again on their next view.
+                touched = select(experiments_table.c.id).where(
+                    experiments_table.c.business_line == business_line,
+                    experiments_table.c.started_at < cutoff,
+                )
+                for table in (experiment_tallies_table, experiment_tally_marks_table):
+                    connection.execute(delete(table).where(table.c.experiment_id.in_(touched)))
         return report
     targets = (
         (i, ("messages", "response"), _unscrubbed(i, business_line, cutoff)),

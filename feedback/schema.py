@@ -385,6 +385,43 @@ class ExperimentLook(Base):
     __table_args__ = (Index("ix_experiment_looks_experiment", "experiment_id", "look"),)
 
 
+class ExperimentTally(Base):
+    """How many of an experiment arm's requests have each set of flags (a bit mask over
+    ``registry.experiments.FLAGS``), as counted up to the experiment's tally marks
+    (``registry.experiment_tally``): every metric is a sum over these few cells."""
+
+    __tablename__ = "experiment_tallies"
+
+    experiment_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"),
+        ForeignKey("experiments.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    arm: Mapped[str] = mapped_column(String(1), primary_key=True)
+    flag_mask: Mapped[int] = mapped_column(Integer, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+
+
+class ExperimentTallyMark(Base):
+    """What an experiment's tally has counted: interactions and feedback events up to these
+    ids, within its window up to ``window_until`` (NULL: still open), with the flags named
+    in ``flag_names`` (in bit order). ``version`` moves by compare-and-set with each fold."""
+
+    __tablename__ = "experiment_tally_marks"
+
+    experiment_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"),
+        ForeignKey("experiments.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    interaction_id: Mapped[int] = mapped_column(BigInteger)
+    feedback_id: Mapped[int] = mapped_column(BigInteger)
+    window_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    flag_names: Mapped[str] = mapped_column(String(256))
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class ReviewClaim(Base):
     """An answer handed to a reviewer by the feedback page's review queue
     (``dashboard.review_queue``): kept from other reviewers until ``expires_at`` or the
@@ -425,3 +462,5 @@ forgotten_users_table = ForgottenUser.__table__
 review_claims_table = ReviewClaim.__table__
 experiments_table = Experiment.__table__
 experiment_looks_table = ExperimentLook.__table__
+experiment_tallies_table = ExperimentTally.__table__
+experiment_tally_marks_table = ExperimentTallyMark.__table__

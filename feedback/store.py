@@ -41,6 +41,8 @@ from feedback.events import (
 from feedback.examples import user_digest
 from feedback.jsonl import JsonlRecord, MalformedLine
 from feedback.schema import (
+    experiment_tallies_table,
+    experiment_tally_marks_table,
     feedback_table,
     forgotten_users_table,
     interactions_table,
@@ -822,6 +824,9 @@ class FeedbackStore:
                 # The hourly rollup only ever adds; the next read recounts from scratch.
                 connection.execute(delete(signal_rollup_table))
                 connection.execute(delete(rollup_watermarks_table))
+                # So do the experiments' running tallies (registry.experiment_tally).
+                connection.execute(delete(experiment_tallies_table))
+                connection.execute(delete(experiment_tally_marks_table))
             forgotten = forgotten_users_table
             connection.execute(delete(forgotten).where(forgotten.c.user_key == erasure.user_key))
             connection.execute(

@@ -262,13 +262,17 @@ def experiment_looks(engine: Engine, experiment_id: int) -> list[dict[str, Any]]
         return [dict(row._mapping) for row in connection.execute(query)]
 
 
-def _flag_conditions() -> dict[str, ColumnElement[bool]]:
-    """Each of :data:`registry.experiments.FLAGS` as a condition on one joined row."""
+def flag_conditions(feedback_upto: int | None = None) -> dict[str, ColumnElement[bool]]:
+    """Each of :data:`registry.experiments.FLAGS` as a condition on one row of an
+    interaction outer-joined to its feedback; with ``feedback_upto``, only feedback events
+    with ids up to it count (what a tally saw at that watermark)."""
     feedback = feedback_table
     outcome = feedback.c.outcome
 
     def typed(kind: str) -> ColumnElement[bool]:
-        return feedback.c.type == kind
+        if feedback_upto is None:
+            return feedback.c.type == kind
+        return and_(feedback.c.id <= feedback_upto, feedback.c.type == kind)
 
     conditions = {
         "thumbs_up": typed("thumbs_up"),
@@ -293,7 +297,7 @@ def arm_counts(
     interactions, feedback = interactions_table, feedback_table
     flags = [
         func.max(case((condition, 1), else_=0)).label(name)
-        for name, condition in _flag_conditions().items()
+        for name, condition in flag_conditions().items()
     ]
     per_request = (
         select(interactions.c.request_id, *flags)

@@ -27,6 +27,7 @@ valid at every look at once (its plot over looks narrows, never lies).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -138,6 +139,36 @@ class ArmCount:
     def rate(self) -> float | None:
         """Hits per sample (None before any sample)."""
         return self.hits / self.samples if self.samples else None
+
+
+def flag_mask(flags: Iterable[str]) -> int:
+    """The bit mask of a set of :data:`FLAGS` (bit ``k`` for ``FLAGS[k]``): how a request's
+    flags are tallied (``registry.experiment_tally``)."""
+    mask = 0
+    for flag in flags:
+        mask |= 1 << FLAGS.index(flag)
+    return mask
+
+
+def metric_counts(tally: Mapping[int, int]) -> dict[str, ArmCount]:
+    """Each metric's samples and hits from an arm's tally (how many requests have each
+    flag mask): the same rule per request as the store's recount, summed over the cells."""
+    counts = {}
+    for name, metric in METRICS.items():
+        among, hit_any, hit_none = (
+            flag_mask(metric.among),
+            flag_mask(metric.hit_any),
+            flag_mask(metric.hit_none),
+        )
+        samples = hits = 0
+        for mask, requests in tally.items():
+            if among and not mask & among:
+                continue
+            samples += requests
+            if mask & hit_any and not mask & hit_none:
+                hits += requests
+        counts[name] = ArmCount(samples, hits)
+    return counts
 
 
 class Verdict(StrEnum):
