@@ -5,8 +5,12 @@ Build a :class:`Scrubber` once with :func:`build_scrubber` and pass it to
 :func:`scrub_text` (one text). Nothing heavy happens at import.
 """
 
-from feedback.pii.language import TextLanguage, cjk_share, detect_language
-from feedback.pii.scrubber import (
+from feedback.pii.presidio_import import import_presidio
+
+import_presidio()
+
+from feedback.pii.language import TextLanguage, cjk_share, detect_language  # noqa: E402
+from feedback.pii.scrubber import (  # noqa: E402
     PlaceholderBook,
     ScrubbedSpan,
     Scrubber,
@@ -15,7 +19,7 @@ from feedback.pii.scrubber import (
     scrub_records,
     scrub_text,
 )
-from flywheel.settings.scrubber import SUPPORTED_ENTITIES, ScrubberSettings
+from flywheel.settings.scrubber import SUPPORTED_ENTITIES, ScrubberSettings  # noqa: E402
 
 __all__ = [
     "SUPPORTED_ENTITIES",

@@ -19,6 +19,9 @@ class TextLanguage(StrEnum):
 
 def cjk_share(text: str) -> float:
     """Share of letters in ``text`` that are CJK ideographs (0.0 when it has no letters)."""
+    # Most texts hold no ideograph at all: no letter needs counting.
+    if text.isascii() or _CJK.search(text) is None:
+        return 0.0
     letters = len(_LETTER.findall(text))
     if not letters:
         return 0.0

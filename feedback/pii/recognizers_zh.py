@@ -87,15 +87,27 @@ class Token:
     end: int
 
 
+_SEGMENTED_BLOCKS = 50_000
+"""Blocks whose segmentation a segmenter keeps (per kind; cleared when full)."""
+
+
 class ChineseSegmenter:
     """jieba's part-of-speech segmenter, loaded on first use.
 
     The HMM that guesses unknown words is off: it is ten times slower, and
     unknown names are caught by the surname rules instead.
+
+    jieba cuts a text into blocks (runs of Han characters, letters and digits, and what
+    lies between them) and segments each block on its own, so the segmentation of a
+    text is the concatenation of its blocks' segmentations. A block seen before (a
+    greeting, a sentence of a template, the system prompt's clauses) is not segmented
+    again: its words are kept by block, at most ``_SEGMENTED_BLOCKS`` of each kind.
     """
 
     def __init__(self) -> None:
         self._tokenizer: Any = None
+        self._tagged: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._hmm_words: dict[str, tuple[str, ...]] = {}
 
     def _load(self) -> Any:
         if self._tokenizer is None:
@@ -103,7 +115,7 @@ class ChineseSegmenter:
             import jieba.posseg
 
             jieba.setLogLevel(logging.WARNING)
-            self._tokenizer = jieba.posseg.POSTokenizer(jieba.Tokenizer())
+            self._tokenizer = _tagger(jieba.Tokenizer())
             self._tokenizer.tokenizer.initialize()
         return self._tokenizer
 
@@ -125,25 +137,67 @@ class ChineseSegmenter:
 
     def new_words(self, text: str) -> list[Token]:
         """Words jieba's HMM proposes that are not in its dictionary (often names)."""
+        import jieba
+
         tokenizer = self._load().tokenizer
+        known = self._hmm_words
         out: list[Token] = []
         position = 0
-        for word in tokenizer.cut(text, HMM=True):
-            end = position + len(word)
-            if len(word) > 1 and word not in tokenizer.FREQ:
-                out.append(Token(word, "new", position, end))
-            position = end
+        for block in jieba.re_han_default.split(text):
+            words = known.get(block)
+            if words is None:
+                words = tuple(tokenizer.cut(block, HMM=True))
+                _remember(known, block, words)
+            for word in words:
+                end = position + len(word)
+                if len(word) > 1 and word not in tokenizer.FREQ:
+                    out.append(Token(word, "new", position, end))
+                position = end
         return out
 
     def tokens(self, text: str) -> list[Token]:
         """Segment ``text`` into tagged tokens with offsets."""
+        import jieba.posseg
+
+        tagger = self._load()
+        known = self._tagged
         out: list[Token] = []
         position = 0
-        for pair in self._load().cut(text, HMM=False):
-            end = position + len(pair.word)
-            out.append(Token(pair.word, pair.flag, position, end))
-            position = end
+        for block in jieba.posseg.re_han_internal.split(text):
+            pairs = known.get(block)
+            if pairs is None:
+                pairs = tuple((pair.word, pair.flag) for pair in tagger.cut(block, HMM=False))
+                _remember(known, block, pairs)
+            for word, flag in pairs:
+                end = position + len(word)
+                out.append(Token(word, flag, position, end))
+                position = end
         return out
+
+
+def _tagger(tokenizer: Any) -> Any:
+    """jieba's part-of-speech tagger over ``tokenizer`` (a fresh one, default dictionary).
+
+    Importing ``jieba.posseg`` already read the default dictionary's tags for its own
+    tagger (half a second); while jieba's default tokenizer is untouched (never loaded,
+    so no word added), those are the default dictionary's tags and are copied.
+    """
+    import jieba
+    import jieba.posseg
+
+    default = jieba.dt
+    if default.dictionary is not None or default.initialized:
+        return jieba.posseg.POSTokenizer(tokenizer)
+    tagger = jieba.posseg.POSTokenizer.__new__(jieba.posseg.POSTokenizer)
+    tagger.tokenizer = tokenizer
+    tagger.word_tag_tab = dict(jieba.posseg.dt.word_tag_tab)
+    return tagger
+
+
+def _remember(known: dict[str, Any], block: str, words: Any) -> None:
+    if len(known) >= _SEGMENTED_BLOCKS:
+        known.clear()
+    known[block] = words
 
 
 _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
