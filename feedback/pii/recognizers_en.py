@@ -10,6 +10,8 @@ unit, city, region, postcode and country that follow it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import cache
 
 from presidio_analyzer import EntityRecognizer, RecognizerResult
 from presidio_analyzer.nlp_engine import NlpArtifacts
@@ -148,34 +150,86 @@ _AFTER_TYPES = r"u\.|út|utca|tér|körút|köz|sétány|ulica|cesta|put|gata|ga
 _MILITARY_POST = r"(?:APO|FPO|DPO)\s+(?:AA|AE|AP)\s+\d{5}\b"
 """US military post: APO/FPO/DPO, the "state" (Americas, Europe, Pacific) and a ZIP code."""
 
-_ADDRESS_CORES = re.compile(
-    "|".join(
-        [
-            # 2450 Crown St, 363 52 Huntly Street, 1317 Kimberly Way
-            rf"\b{_HOUSE}\s+(?:\d{{1,5}}\s+)?(?:[NSEW]\.?\s+)?(?:{_CAP}\s+){{0,3}}{_CAP}\s+"
-            rf"(?i:(?:{_STREET_TYPES})s?)\b\.?",
-            # Koskikatu 25, 6750 Koskikatu 25, tawastintie 6, Nieuwe Baan 473
-            rf"(?:\b{_HOUSE}\s+)?(?:\b{_CAP}\s+){{0,2}}\b[^\W\d_][\w'’-]*(?i:{_STREET_ENDINGS})\s+"
-            rf"{_HOUSE}\b\.?",
-            # Rua Diadema 1903, Via dei Fiorentini 1, ul. Więckowskiego Stefana 28
-            rf"(?:\b{_HOUSE}\s+)?(?<![\w.])(?i:{_STREET_PREFIXES})\s+(?:{_WORD}\s+){{0,4}}?"
-            rf"{_HOUSE}\b\.?",
-            # Király u. 15., hegyalja út 98.
-            rf"\b(?:{_WORD}\s+){{0,2}}{_WORD}\s+(?i:{_AFTER_TYPES})\s+{_HOUSE}\b\.?",
-            # 5100 Quadra 104, 22829 Jagerij 64: a number, a street name, a number.
-            rf"\b\d{{3,6}}\s+(?:{_CAP}\s+){{0,2}}{_CAP}\s+\d{{1,4}}[A-Za-z]?\b",
-            # Military mail: PSC 0729, Box 5797, APO AP 96854 / Unit 1234 Box 5678, DPO AE 12345
-            # / USS Mahler, FPO AA 70489 / USNS Smith FPO AP 12345; the box alone is enough.
-            rf"\b(?:PSC|Unit|CMR)\s+\d{{1,5}},?\s+Box\s+\d{{1,5}}\b(?:,?\s+{_MILITARY_POST})?",
-            rf"\b(?:USNS|USNV|USS|USCGC)\s+(?:{_CAP}\s+)?{_CAP},?\s+{_MILITARY_POST}",
-            rf"\b{_MILITARY_POST}",
-            # P.O. Box 149, PO Box 12
-            r"(?<!\w)(?:\d{1,6}\s+)?(?i:P\.?\s?O\.?\s*Box)\s+\d{1,6}\b",
-            # the corner of 35 Pentelis Str. and Waechter Turnpike
-            r"\b(?i:(?:the\s+)?corner\s+of)\s+[^.,;!?\n]{3,60}?\s+and\s+[^.,;!?\n]{3,40}?(?=[.,;!?\n]|$)",
-        ]
+_ENDING_BEFORE_NUMBER = re.compile(rf"(?i:{_STREET_ENDINGS})\Z")
+_SPACE_BEFORE_DIGIT = re.compile(r"\s+\d")
+_TYPE_BEFORE_NUMBER = re.compile(rf"\s(?i:{_AFTER_TYPES})\s+\d")
+
+
+def _street_ending_before_number(text: str) -> bool:
+    """Whether a street ending ("katu", "straße") runs into spaces and a digit somewhere."""
+    return any(
+        _ENDING_BEFORE_NUMBER.search(text, max(0, space.start() - 12), space.start())
+        for space in _SPACE_BEFORE_DIGIT.finditer(text)
     )
+
+
+def _street_type_before_number(text: str) -> bool:
+    """Whether a street type written after the name ("u.", "út") precedes a number."""
+    return _TYPE_BEFORE_NUMBER.search(text) is not None
+
+
+_ADDRESS_FORMS: tuple[tuple[str, Callable[[str], bool] | None], ...] = (
+    # 2450 Crown St, 363 52 Huntly Street, 1317 Kimberly Way
+    (
+        rf"\b{_HOUSE}\s+(?:\d{{1,5}}\s+)?(?:[NSEW]\.?\s+)?(?:{_CAP}\s+){{0,3}}{_CAP}\s+"
+        rf"(?i:(?:{_STREET_TYPES})s?)\b\.?",
+        None,
+    ),
+    # Koskikatu 25, 6750 Koskikatu 25, tawastintie 6, Nieuwe Baan 473
+    (
+        rf"(?:\b{_HOUSE}\s+)?(?:\b{_CAP}\s+){{0,2}}\b[^\W\d_][\w'’-]*(?i:{_STREET_ENDINGS})\s+"
+        rf"{_HOUSE}\b\.?",
+        _street_ending_before_number,
+    ),
+    # Rua Diadema 1903, Via dei Fiorentini 1, ul. Więckowskiego Stefana 28
+    (
+        rf"(?:\b{_HOUSE}\s+)?(?<![\w.])(?i:{_STREET_PREFIXES})\s+(?:{_WORD}\s+){{0,4}}?"
+        rf"{_HOUSE}\b\.?",
+        None,
+    ),
+    # Király u. 15., hegyalja út 98.
+    (
+        rf"\b(?:{_WORD}\s+){{0,2}}{_WORD}\s+(?i:{_AFTER_TYPES})\s+{_HOUSE}\b\.?",
+        _street_type_before_number,
+    ),
+    # 5100 Quadra 104, 22829 Jagerij 64: a number, a street name, a number.
+    (rf"\b\d{{3,6}}\s+(?:{_CAP}\s+){{0,2}}{_CAP}\s+\d{{1,4}}[A-Za-z]?\b", None),
+    # Military mail: PSC 0729, Box 5797, APO AP 96854 / Unit 1234 Box 5678, DPO AE 12345
+    # / USS Mahler, FPO AA 70489 / USNS Smith FPO AP 12345; the box alone is enough.
+    (rf"\b(?:PSC|Unit|CMR)\s+\d{{1,5}},?\s+Box\s+\d{{1,5}}\b(?:,?\s+{_MILITARY_POST})?", None),
+    (rf"\b(?:USNS|USNV|USS|USCGC)\s+(?:{_CAP}\s+)?{_CAP},?\s+{_MILITARY_POST}", None),
+    (rf"\b{_MILITARY_POST}", None),
+    # P.O. Box 149, PO Box 12
+    (r"(?<!\w)(?:\d{1,6}\s+)?(?i:P\.?\s?O\.?\s*Box)\s+\d{1,6}\b", None),
+    # the corner of 35 Pentelis Str. and Waechter Turnpike
+    (
+        r"\b(?i:(?:the\s+)?corner\s+of)\s+[^.,;!?\n]{3,60}?\s+and\s+[^.,;!?\n]{3,40}?"
+        r"(?=[.,;!?\n]|$)",
+        None,
+    ),
 )
+"""The forms of an address core, in the order they are tried, each with a test that every
+text holding a match of it passes (``None``: no test)."""
+_ADDRESS_CORES = re.compile("|".join(form for form, _ in _ADDRESS_FORMS))
+
+
+@cache
+def _cores_of(forms: tuple[bool, ...]) -> re.Pattern[str]:
+    return re.compile(
+        "|".join(form for (form, _), kept in zip(_ADDRESS_FORMS, forms, strict=True) if kept)
+    )
+
+
+def _address_cores(text: str) -> re.Pattern[str]:
+    """The address cores for ``text``: without the forms that cannot match anywhere in it.
+
+    Two forms try every word as the start of a street name and cost most of the search;
+    a form that matches nowhere in a text changes no match of the others, so the
+    matches are those of :data:`_ADDRESS_CORES`.
+    """
+    return _cores_of(tuple(test is None or test(text) for _, test in _ADDRESS_FORMS))
+
+
 _UNIT = re.compile(
     r"(?:Apt\.?|Apartment|Suite|Ste\.?|Unit|Flat|Room|Floor|Fl\.?)\s*#?\s*\d{1,5}[A-Za-z]?\b", re.I
 )
@@ -222,7 +276,7 @@ class StreetAddressRecognizer(EntityRecognizer):
         if _MAY_HOLD_ADDRESS.search(text) is None:
             return []
         results = []
-        for match in _ADDRESS_CORES.finditer(text):
+        for match in _address_cores(text).finditer(text):
             start, end = match.span()
             end = self._grow(text, end)
             score = 0.75 if _ADDRESS_CUES.search(text, max(0, start - 30), start) else 0.6

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from presidio_analyzer import (
     AnalyzerEngine,
@@ -107,8 +107,7 @@ class PlaceholderBook:
         return f"{entity_type}_{number}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
+class _Slot(NamedTuple):
     """Where a text of a record lives: a field, or the content of one message of a field."""
 
     record: int
@@ -303,16 +302,7 @@ class Scrubber:
     def _apply(
         self, text: str, results: list[RecognizerResult], book: PlaceholderBook
     ) -> ScrubResult:
-        spans = [
-            ScrubbedSpan(
-                result.start,
-                result.end,
-                result.entity_type,
-                f"<{book.placeholder(result.entity_type, text[result.start : result.end])}>",
-            )
-            for result in results
-        ]
-        scrubbed = replace_spans(text, spans)
+        scrubbed, spans = _replace(text, results, book)
         summary = dict(Counter(span.entity_type for span in spans))
         language = detect_language(text, self.settings.zh_share_threshold)
         return ScrubResult(scrubbed, summary, tuple(spans), language)
@@ -364,12 +354,30 @@ class Scrubber:
             for position, text, detections in zip(
                 positions, record_texts, record_found, strict=True
             ):
-                result = self._apply(text, detections, book)
-                summaries[index].update(result.summary)
-                _put(outputs[index], slots[position], result.text)
+                # Only the text and its counts: a record needs no ScrubResult (nor its
+                # language, which costs a count of every letter of a Chinese text).
+                scrubbed, spans = _replace(text, detections, book)
+                summaries[index].update(span.entity_type for span in spans)
+                _put(outputs[index], slots[position], scrubbed)
         for output, summary in zip(outputs, summaries, strict=True):
             output["pii"] = dict(sorted(summary.items()))
         return outputs
+
+
+def _replace(
+    text: str, results: list[RecognizerResult], book: PlaceholderBook
+) -> tuple[str, list[ScrubbedSpan]]:
+    """``text`` with ``results`` replaced by the book's placeholders, and the spans."""
+    spans = [
+        ScrubbedSpan(
+            result.start,
+            result.end,
+            result.entity_type,
+            f"<{book.placeholder(result.entity_type, text[result.start : result.end])}>",
+        )
+        for result in results
+    ]
+    return replace_spans(text, spans), spans
 
 
 def replace_spans(text: str, spans: Sequence[ScrubbedSpan]) -> str:
