@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from presidio_analyzer import RecognizerResult
 
@@ -494,15 +495,27 @@ def _verb_stems(word: str) -> list[str]:
     return []
 
 
-@dataclass(frozen=True, slots=True)
-class _Word:
+class _Word(NamedTuple):
+    """One word of a text, where it is, and whether it is capitalised (not all capitals
+    beyond three letters)."""
+
     text: str
     start: int
     end: int
+    capitalised: bool
 
-    @property
-    def capitalised(self) -> bool:
-        return self.text[0].isupper() and not (len(self.text) > 3 and self.text.isupper())
+
+def _words_of(text: str) -> list[_Word]:
+    # A tuple per word, built once per text: the rules look at each word many times.
+    return [
+        _Word(
+            word := match.group(),
+            match.start(),
+            match.end(),
+            word[0].isupper() and not (len(word) > 3 and word.isupper()),
+        )
+        for match in _NAME_TOKEN.finditer(text)
+    ]
 
 
 class PersonNameFinder:
@@ -544,7 +557,7 @@ class PersonNameFinder:
         ("on Ubuntu", "the Python script"): the small model's person is a product."""
         if " " in span or self.gazetteer.is_listed_name(span):
             return False
-        words = [_Word(m.group(), m.start(), m.end()) for m in _NAME_TOKEN.finditer(text)]
+        words = _words_of(text)
         index = next((i for i, w in enumerate(words) if w.start == start), None)
         return (
             index is not None
@@ -588,7 +601,7 @@ class PersonNameFinder:
         return len(words) >= 2 and self.gazetteer.is_surname(words[-1])
 
     def _gazetteer_names(self, text: str) -> list[RecognizerResult]:
-        words = [_Word(m.group(), m.start(), m.end()) for m in _NAME_TOKEN.finditer(text)]
+        words = _words_of(text)
         results = []
         index = 0
         while index < len(words):
