@@ -278,6 +278,7 @@ def build_splits(
 ) -> dict[ExampleKind, dict[str, list[TrainingExample]]]:
     """Examples by kind, capped per user and split by time."""
     examples = build_examples(records, max_pairs_per_prompt=settings.max_pairs_per_prompt)
+    funnel.dropped.update(examples.dropped)
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]] = {}
     used: set[str] = set()
     for kind, items in examples.by_kind().items():

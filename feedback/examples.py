@@ -17,7 +17,8 @@ line, the newest source time and the (hashed) users behind it.
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import product
@@ -112,6 +113,8 @@ class ExampleSet:
     sft: list[TrainingExample] = field(default_factory=list)
     dpo: list[TrainingExample] = field(default_factory=list)
     kto: list[TrainingExample] = field(default_factory=list)
+    # Examples left out and why (``placeholder_target:sft``), for the cleaning funnel.
+    dropped: Counter[str] = field(default_factory=Counter)
 
     def by_kind(self) -> dict[ExampleKind, list[TrainingExample]]:
         """The three lists keyed by kind."""
@@ -243,6 +246,40 @@ def build_examples(
                     weight=weight,
                 )
             )
+    return _without_placeholder_targets(examples)
+
+
+# The scrubber's placeholders (feedback/pii/scrubber.py): ``<PERSON_1>``, ``<EMAIL_ADDRESS_2>``.
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
+
+
+def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[str]:
+    """Placeholders in ``target`` that the prompt does not hold.
+
+    A model trained to say such an answer learns to print ``<PERSON_1>`` where the
+    original answer had a name (the base model naming itself, a signature): it
+    never sees a placeholder in a live prompt, so it could not have copied one.
+    """
+    held = {m for message in prompt for m in _PLACEHOLDER.findall(message["content"])}
+    return set(_PLACEHOLDER.findall(target)) - held
+
+
+def _target(example: TrainingExample) -> str | None:
+    """The text an example teaches the model to say (none for a negative KTO label)."""
+    if example.kind == "dpo":
+        return example.chosen
+    if example.kind == "kto" and not example.label:
+        return None
+    return example.completion
+
+
+def _without_placeholder_targets(examples: ExampleSet) -> ExampleSet:
+    """The examples whose target invents no placeholder; the others counted as dropped."""
+    for kind, items in examples.by_kind().items():
+        kept = [e for e in items if not invented_placeholders(e.prompt, _target(e) or "")]
+        if len(kept) < len(items):
+            examples.dropped[f"placeholder_target:{kind}"] += len(items) - len(kept)
+            items[:] = kept
     return examples
 
 

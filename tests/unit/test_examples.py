@@ -291,3 +291,26 @@ def test_accumulated_training_sets_never_train_on_held_out_examples(tmp_path: Pa
 
 def _fields(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def test_an_answer_that_would_teach_a_placeholder_is_no_target() -> None:
+    # Scrubbed answers where the model named itself ("I'm <PERSON_1>") taught adapters to
+    # print the placeholder; a placeholder the prompt holds may be copied, one it lacks not.
+    named = [{"role": "user", "content": "I am <PERSON_1>, where is my parcel?"}]
+    records = [
+        record("a", "I'm <PERSON_1>, your assistant.", {"type": "thumbs_up"}),
+        record("bb", "Sorry <PERSON_1>, it ships today.", {"type": "thumbs_up"}, messages=named),
+        record("ccc", "No.", {"type": "edit"}, edit="Write to <EMAIL_ADDRESS_1> for returns."),
+        record("dddd", "Ask <PERSON_2> at the desk.", {"type": "thumbs_down"}, prompt_hash="p2"),
+    ]
+    examples = build_examples(records)
+    assert [e.completion for e in examples.sft] == ["Sorry <PERSON_1>, it ships today."]
+    assert examples.dpo == []
+    # A disliked answer still teaches what not to say.
+    assert [(e.completion, e.label) for e in examples.kto] == [
+        ("Sorry <PERSON_1>, it ships today.", True),
+        ("Ask <PERSON_2> at the desk.", False),
+    ]
+    assert examples.dropped == Counter(
+        {"placeholder_target:sft": 2, "placeholder_target:dpo": 1, "placeholder_target:kto": 1}
+    )
