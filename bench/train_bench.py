@@ -159,6 +159,12 @@ def main() -> None:
     parser.add_argument(
         "--max-chars", type=int, default=1200, help="Longest pair used (characters)."
     )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="Training and scoring precision (auto: the product's choice for this machine).",
+    )
     parser.add_argument("--models", type=Path, default=Path.home() / ".flywheel" / "models")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -170,14 +176,14 @@ def main() -> None:
     from eval.paired import compare_paired
     from training.base_model import ensure_base_model
     from training.config import LoraShape
-    from training.train import cpu_has_bf16, train_adapter
+    from training.train import train_adapter, trains_in_bf16
 
     console = Console()
     if not DATA.exists():
         console.print(f"skipped: {DATA} is absent (public data lives beside the repo)")
         return
     base = ensure_base_model(args.models)
-    mixed = cpu_has_bf16()
+    mixed = trains_in_bf16(args.precision, on_gpu=False)
     results: dict[str, Any] = {"base_model": base.name, "bf16": mixed}
     table = Table(title="training on feedback: base model vs adapter, same held-out data")
     for column in ("task", "metric", "base", "adapter", "change"):
@@ -197,6 +203,7 @@ def main() -> None:
             max_length=384,
             beta=args.beta,
             sft_weight=args.sft_weight,
+            precision=args.precision,
         )
         dpo = train_adapter(
             recipe,

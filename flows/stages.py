@@ -219,7 +219,7 @@ def train_line(
     from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
     from registry.records import TAG_ENDED_BECAUSE, truncate
     from training.base_model import ensure_base_model
-    from training.train import cpu_has_bf16, train_adapter
+    from training.train import train_adapter, trains_in_bf16
 
     recipe = recipe_for(settings, line)
     build = _training_set(settings, line, recipe, dataset_hash)
@@ -302,7 +302,8 @@ def train_line(
                 canaries=canaries,
                 pii_detector=detector,
                 max_length=recipe.max_length,
-                mixed_precision=result.device == "cpu" and cpu_has_bf16(),
+                mixed_precision=result.device == "cpu"
+                and trains_in_bf16(recipe.precision, on_gpu=False),
             )
             del model
         decision = decide_promotion(reports["candidate"], reports["champion"], recipe.gate)

@@ -89,6 +89,12 @@ class TrainingConfig(BaseModel):
         description="Expected copies of an example in training per unit of its signal weight "
         "(edits and thumbs weigh 1, regenerates 0.5, abandons 0.25).",
     )
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto",
+        description="'auto': bfloat16 where the hardware has it (a GPU that supports it, "
+        "a CPU with AVX512-BF16 or AMX: autocast, measured faster by bench/precision_bench.py), "
+        "else float32; 'bf16' / 'fp32' force one (training and the gate's evaluation).",
+    )
     seed: int = 0
 
     @model_validator(mode="after")

@@ -40,6 +40,15 @@ def loop(
     ] = 100,
     seed: Annotated[int, typer.Option(help="Same seed, same users and prompts.")] = 0,
     canary_users: Annotated[int, typer.Option(min=1, help="Users per arm per canary round.")] = 30,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=256,
+            help="Requests in flight at once (vLLM batches them: on 2 CPU cores 16 answered "
+            "2.2x the tokens/s of 4).",
+        ),
+    ] = 16,
     bad_canary: Annotated[
         bool,
         typer.Option(
@@ -95,6 +104,7 @@ def loop(
         eval_prompts=eval_prompts,
         seed=seed,
         canary_users=canary_users,
+        concurrency=concurrency,
         bad_canary=bad_canary,
         reviewers=reviewers,
         reviews_per_round=reviews_per_round,
@@ -132,6 +142,7 @@ def run_loop_command(
     seed: int,
     canary_users: int,
     bad_canary: bool,
+    concurrency: int = 16,
     reviewers: int = 0,
     reviews_per_round: int = 40,
     review_noise: float = 0.1,
@@ -148,6 +159,7 @@ def run_loop_command(
         seed=seed,
         canary_users=canary_users,
         champion_users=canary_users,
+        concurrency=concurrency,
         reviews_per_round=reviews_per_round if reviewers else 0,
         review_noise=review_noise,
     )

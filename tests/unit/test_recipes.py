@@ -47,6 +47,7 @@ def test_production_recipes_wait_for_enough_data() -> None:
         ),
         ("business_line: x\nmethod: sft\nepochs: 1\ncanary_steps: [0.5, 0.05]\n", "canary_steps"),
         ("business_line: x\nmethod: [sft\n", "not valid YAML"),
+        ("business_line: x\nmethod: sft\nepochs: 1\nprecision: fp16\n", "precision"),
     ],
 )
 def test_bad_recipes_are_refused(tmp_path: Path, text: str, message: str) -> None:
@@ -81,3 +82,12 @@ def test_kto_is_chosen_where_pairs_are_scarce() -> None:
     assert training_method(plain, {"dpo": 0, "kto": 900}) == ("dpo", None)
     sft = Recipe(method="sft", kto_below_pairs=200, **fields)
     assert training_method(sft, {"dpo": 0, "kto": 900}) == ("sft", None)
+
+
+def test_precision_auto_follows_the_cpu() -> None:
+    from training.train import cpu_has_bf16, trains_in_bf16
+
+    assert trains_in_bf16("auto", on_gpu=False) is cpu_has_bf16()
+    assert trains_in_bf16("bf16", on_gpu=False) is True
+    assert trains_in_bf16("fp32", on_gpu=True) is False
+    assert read_recipe(packaged_recipes_dir() / "demo" / "medical.yaml").precision == "auto"
