@@ -41,7 +41,7 @@ from feedback.dedup.history import (
 )
 from feedback.dedup.records import record_time, scope_hash
 from feedback.dedup.signature import exact_text_hash
-from feedback.examples import ExampleKind, TrainingExample, build_examples
+from feedback.examples import PLACEHOLDER, ExampleKind, TrainingExample, build_examples
 from feedback.signals import pull_records
 from flywheel.settings.cleaning import (
     SCRUB_CACHE_TEXTS,
@@ -52,7 +52,6 @@ from flywheel.settings.cleaning import (
 
 ScrubBatch = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 SCRUBBED_FIELDS = ("messages", "response", "edit")
-PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
 FUNNEL_STEPS = ("pulled", "filtered", "deduplicated", "in_training")
 FAILED_REQUEST = "failed_request"
 EXACT_DUPLICATE = "exact_duplicate"

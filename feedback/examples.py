@@ -250,7 +250,7 @@ def build_examples(
 
 
 # The scrubber's placeholders (feedback/pii/scrubber.py): ``<PERSON_1>``, ``<EMAIL_ADDRESS_2>``.
-_PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
+PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
 
 
 def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[str]:
@@ -260,8 +260,8 @@ def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[
     original answer had a name (the base model naming itself, a signature): it
     never sees a placeholder in a live prompt, so it could not have copied one.
     """
-    held = {m for message in prompt for m in _PLACEHOLDER.findall(message["content"])}
-    return set(_PLACEHOLDER.findall(target)) - held
+    held = {m for message in prompt for m in PLACEHOLDER.findall(message["content"])}
+    return set(PLACEHOLDER.findall(target)) - held
 
 
 def _target(example: TrainingExample) -> str | None:
