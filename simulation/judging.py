@@ -195,6 +195,42 @@ def on_topic(prompt: str, answer: str, topic_terms: Iterable[str] = ()) -> bool:
     return len(content_words(prompt) & content_words(answer)) >= 2
 
 
+def terms_named(text: str, terms: Iterable[str]) -> set[str]:
+    """Which of ``terms`` the text mentions (a word prefix, or a phrase)."""
+    return {term for term in terms if mentions(text, (term,))}
+
+
+def gives_advice(
+    prompt: str,
+    answer: str,
+    topic_terms: Iterable[str] = (),
+    *,
+    style_terms: Iterable[str] = (),
+    min_words: int = 8,
+) -> bool:
+    """Whether the answer says something about the question beyond its style.
+
+    A style (an apology, a referral, a caveat) is cheap to learn and satisfies a
+    user only around real advice: the sentences that carry the topic must hold
+    ``min_words`` words and name at least two of the topic's terms (one broad
+    word such as "order" or "record" in a stray sentence is not advice); a
+    style's own words (``style_terms``) never count as topic terms. For prompts
+    of no known topic, those sentences share two content words with the prompt.
+    """
+    style = tuple(style_terms)
+    terms = tuple(t for t in topic_terms if not mentions(t, style))
+    if terms:
+        carrying = [s for s in sentences(answer) if terms_named(s, terms)]
+    else:
+        carrying = [s for s in sentences(answer) if content_words(prompt) & content_words(s)]
+    said = " ".join(carrying)
+    if word_count(said) < min_words:
+        return False
+    if terms:
+        return len(terms_named(said, terms)) >= 2
+    return len(content_words(prompt) & content_words(said)) >= 2
+
+
 def word_count(text: str) -> int:
     """Words in a text (Chinese characters count as words)."""
     return len(words(text))

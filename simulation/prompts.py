@@ -161,7 +161,7 @@ TOPICS: dict[str, tuple[Topic, ...]] = {
             ),
             ("back pain",),
             ("back", "pain", "stretch", "posture", "rest", "heat", "move", "exercise"),
-            "Keep moving gently, use heat and take regular breaks from sitting.",
+            "Keep moving gently, use heat on your back and take regular breaks from sitting.",
         ),
         Topic(
             "rash",
@@ -215,8 +215,8 @@ TOPICS: dict[str, tuple[Topic, ...]] = {
             ),
             ("without asking", "found on the internet"),
             ("copyright", "permission", "license", "takedown", "owner", "credit"),
-            "Collect screenshots, ask for removal in writing and send a takedown notice to the "
-            "site if they refuse.",
+            "Collect screenshots, ask for removal in writing and send a copyright takedown "
+            "notice to the site if they refuse.",
         ),
         Topic(
             "traffic_ticket",

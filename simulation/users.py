@@ -11,6 +11,11 @@ line's taste:
 - legal users want **numbered steps and a caveat**: at least two numbered
   steps and a word that laws differ or a lawyer should check, at most 110 words.
 
+Each taste is cheap to learn alone, so every user also wants advice on their
+question besides it: sentences naming at least two of the topic's terms, eight
+words or more (an apology, a referral or a caveat around a stray sentence does
+not do).
+
 Feedback is sparse and noisy: most users say nothing, a few contradict
 themselves (a thumbs-up on an answer they did not like), some regenerate or
 leave, and some edit the answer into what they wanted; task outcomes follow
@@ -25,6 +30,7 @@ import re
 from typing import Any
 
 from simulation.judging import (
+    gives_advice,
     is_complete,
     is_degenerate,
     mentions,
@@ -55,6 +61,8 @@ class HiddenPreferenceUsers:
     # traffic lets an answer say (96 tokens hold about 70 words), or the answer users write
     # is one no model could give them.
     edit_words = 45
+    # The words of the taste itself (an apology, a referral, a caveat): never advice.
+    style_terms: tuple[str, ...] = ()
 
     def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
         """Questions these users ask (the line's built-in prompts)."""
@@ -65,10 +73,13 @@ class HiddenPreferenceUsers:
         return business_line
 
     def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
-        """Whether the answer is on topic, finished, sane, short enough and to their taste."""
+        """Whether the answer is on topic, finished, sane, short enough and to their taste,
+        with advice on the question besides the taste (:func:`gives_advice`)."""
         topic = topic_of(self.line_of(business_line), prompt)
+        terms = topic.answer_terms if topic else ()
         return (
-            on_topic(prompt, answer, topic.answer_terms if topic else ())
+            on_topic(prompt, answer, terms)
+            and gives_advice(prompt, answer, terms, style_terms=self.style_terms)
             and is_complete(answer)
             and not is_degenerate(answer)
             and word_count(answer) <= self.max_words
@@ -129,6 +140,7 @@ class CustomerServiceUsers(HiddenPreferenceUsers):
     max_words = 60
     preference = "at most 60 words, with an apology"
     edit_words = 40
+    style_terms = APOLOGY
 
     def line_of(self, business_line: str) -> str:
         """Customer service topics whatever the line is called."""
@@ -160,6 +172,7 @@ class MedicalUsers(HiddenPreferenceUsers):
 
     max_words = 90
     preference = "names a doctor, pharmacist or nurse; no diagnosis; at most 90 words"
+    style_terms = PROFESSIONALS
 
     def line_of(self, business_line: str) -> str:
         """Medical topics whatever the line is called."""
@@ -193,6 +206,7 @@ class LegalUsers(HiddenPreferenceUsers):
 
     max_words = 110
     preference = "at least two numbered steps and a caveat (lawyer / laws vary); <= 110 words"
+    style_terms = CAVEATS
 
     def line_of(self, business_line: str) -> str:
         """Legal topics whatever the line is called."""

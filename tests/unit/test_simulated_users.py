@@ -127,6 +127,25 @@ def test_vacuous_cut_off_and_looping_answers_satisfy_nobody(line: str, users: ob
 
 
 @pytest.mark.parametrize(("line", "users"), MODELS)
+def test_the_taste_around_a_stray_sentence_is_not_advice(line: str, users: object) -> None:
+    """What an adapter learnt to game the legal users with: the style (numbered steps, an
+    apology, a referral) around one sentence that names a single broad topic word."""
+    for prompt in builtin_prompts(line, 30, 13):
+        topic = topic_of(line, prompt)
+        assert topic is not None
+        edit = users.rewrite(prompt, "", topic)  # type: ignore[attr-defined]
+        assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+        stray = f"Many people ask about the {topic.answer_terms[0]} these days."
+        for gamed in (
+            f"I'm sorry for the trouble. 1. {stray} 2. Laws vary by place, so check with a "
+            "local lawyer. If it does not get better, please see a doctor or pharmacist.",
+            "I'm sorry for the trouble. 1. We are here for you and we care a great deal. "
+            "2. Laws vary by place, so check with a local lawyer. Please see a doctor.",
+        ):
+            assert not users.satisfied(line, prompt, gamed), gamed  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
 def test_reactions_change_when_the_answer_changes(line: str, users: object) -> None:
     prompts = builtin_prompts(line, 300, 5)
     good = {p: users.rewrite(p, "", topic_of(line, p)) for p in prompts}  # type: ignore[attr-defined]
