@@ -5,6 +5,11 @@ whole path — users' reactions to real answers reach the store through the
 gateway, the nightly trains on them and puts a canary up, the canary flow
 decides from those reactions, and the fresh-prompt comparison runs through vLLM —
 not that the answers get better (the README's table of full runs shows that).
+
+The night needs DPO pairs, and they come from the users' edits: about one
+unsatisfied answer in seven, less those keeping a name the model made up. 60
+requests gave 2 to 4, and one CI run skipped the night at 2 of the 3 the recipe
+asked for; 100 requests and a minimum of 1 keep the path from hanging on a draw.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ batch_size: 2
 max_length: 160
 sft_weight: 1.0
 history_days: 14
-min_new_examples: 3
+min_new_examples: 1
 eval_generations: 2
 gate: {preference_test: non_inferior, non_inferiority_margin: 1.0, min_margin_gain: -100,
        min_eval_pairs: 1, max_preferred_loss_increase: 10, max_general_loss_increase: 10,
@@ -70,7 +75,7 @@ def test_one_night_of_the_loop_on_vllm(
     env.pop("FLYWHEEL_DATABASE_URL", None)
     done = subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main()", "loop",
-         "--line", "customer_service", "--nights", "1", "--requests", "60",
+         "--line", "customer_service", "--nights", "1", "--requests", "100",
          "--eval-prompts", "12", "--canary-users", "12", "--json", str(summary)],
         env=env, capture_output=True, text=True, timeout=1_500, check=False,
     )  # fmt: skip
@@ -79,7 +84,7 @@ def test_one_night_of_the_loop_on_vllm(
     assert set(document) >= {"line", "base_model", "nights", "final"}
     (night,) = document["nights"]
     assert set(night) >= {"night", "champion", "canary", "decision", "satisfied", "served"}
-    assert night["served"].get("base", 0) >= 60
+    assert night["served"].get("base", 0) >= 100
     assert night["canary"] == "customer_service-v1", night["nightly"]
     assert night["served"]["canary"] >= 12
     assert night["canary_decisions"], "the canary flow was never asked"
@@ -90,6 +95,6 @@ def test_one_night_of_the_loop_on_vllm(
     with engine.connect() as connection:
         answers = connection.execute(select(func.count()).select_from(interactions_table))
         reactions = connection.execute(select(func.count()).select_from(feedback_table))
-        assert answers.scalar_one() >= 72 + 12
+        assert answers.scalar_one() >= 100 + 12 + 12
         assert reactions.scalar_one() > 0
     assert (home / "loop" / "customer_service-seed0.png").stat().st_size > 1_000
