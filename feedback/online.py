@@ -54,6 +54,9 @@ class AnswerStats:
     p99_ttft_ms: float | None = None
     p50_tpot_ms: float | None = None
     p99_tpot_ms: float | None = None
+    # The timed answers (ms), for the canary's confidence bounds on their quantiles.
+    ttft_samples_ms: tuple[float, ...] = ()
+    tpot_samples_ms: tuple[float, ...] = ()
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -94,6 +97,8 @@ def answer_stats(rows: Iterable[Any]) -> AnswerStats:
         p99_ttft_ms=_quantile(ttfts, 0.99),
         p50_tpot_ms=_quantile(tpots, 0.5),
         p99_tpot_ms=_quantile(tpots, 0.99),
+        ttft_samples_ms=tuple(ttfts),
+        tpot_samples_ms=tuple(tpots),
     )
 
 
@@ -106,6 +111,7 @@ class AdapterWindow:
     errors: int
     p99_latency_ms: float | None
     signals: dict[str, int]
+    latency_samples_ms: tuple[float, ...] = ()
     answers: AnswerStats = field(default_factory=AnswerStats)
     reviews: int = 0
     review_failures: int = 0
@@ -192,6 +198,7 @@ def adapter_windows(
                 requests=len(rows),
                 errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
                 p99_latency_ms=_quantile(latencies, 0.99),
+                latency_samples_ms=tuple(float(v) for v in latencies),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}
                 | {

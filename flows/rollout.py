@@ -275,6 +275,16 @@ def deploy_canary(
 # --------------------------------------------------------------------------- canary looks
 
 
+def _recorded(window: Any) -> dict[str, Any]:
+    """A window's numbers as a decision records them: without the timed answers one by
+    one (thousands per look; the checks carry the bounds taken from them)."""
+    numbers = asdict(window)
+    numbers.pop("latency_samples_ms", None)
+    for name in ("ttft_samples_ms", "tpot_samples_ms"):
+        numbers.get("answers", {}).pop(name, None)
+    return numbers
+
+
 def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
     window = windows[adapter]
     return ArmStats(
@@ -291,6 +301,9 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         p99_latency_ms=window.p99_latency_ms,
         p99_ttft_ms=window.answers.p99_ttft_ms,
         p50_tpot_ms=window.answers.p50_tpot_ms,
+        latency_samples_ms=window.latency_samples_ms,
+        ttft_samples_ms=window.answers.ttft_samples_ms,
+        tpot_samples_ms=window.answers.tpot_samples_ms,
         answered=window.answers.answered,
         output_tokens_mean=window.answers.output_tokens_mean,
         output_tokens_sd=window.answers.output_tokens_sd,
@@ -330,8 +343,8 @@ def judge_canary(
     numbers: dict[str, Any] = {
         "window_start": since.isoformat(),
         "window_end": until.isoformat(),
-        "champion": asdict(windows[table.champion]),
-        "canary": asdict(windows[table.canary]),
+        "champion": _recorded(windows[table.champion]),
+        "canary": _recorded(windows[table.canary]),
     }
     decision = None
     if force is None:
@@ -477,8 +490,8 @@ def watch_champion(
         "window_start": before.isoformat(),
         "promoted_at": since.isoformat(),
         "window_end": until.isoformat(),
-        "previous": asdict(then[table.previous]),
-        "champion": asdict(lately[table.champion]),
+        "previous": _recorded(then[table.previous]),
+        "champion": _recorded(lately[table.champion]),
         "checks": [asdict(check) for check in decision.checks],
     }
     if transition.action != "none":

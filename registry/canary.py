@@ -11,7 +11,10 @@ dissatisfied rate, which pools the signals and so has the most events.
 
 - **Roll back** as soon as one rate is shown *worse* on the canary, its mean
   output length is shown outside ``1 ± max_length_change`` times the
-  champion's, or a speed figure is over its allowed ratio.
+  champion's, or a speed figure is shown over its allowed ratio: the canary's
+  lower confidence bound on the quantile above the champion's upper bound times
+  the ratio (order statistics, :func:`quantile_bounds`; a p99 on 30 answers is
+  one sample, so with too few answers a lower quantile is tested, and said).
 - **Promote** (or step up to the next canary share) once every rate is shown
   *non-inferior*: the canary's rate below the champion's plus the rate's margin.
 - Otherwise **wait**; after ``max_looks`` looks without proof, roll back
@@ -236,6 +239,10 @@ class ArmStats:
     p99_latency_ms: float | None = None
     p99_ttft_ms: float | None = None
     p50_tpot_ms: float | None = None
+    # The timed answers themselves (ms): the speed guardrails bound quantiles from them.
+    latency_samples_ms: tuple[float, ...] = ()
+    ttft_samples_ms: tuple[float, ...] = ()
+    tpot_samples_ms: tuple[float, ...] = ()
     # Output length over the answered requests: count, mean and standard deviation (tokens).
     answered: int = 0
     output_tokens_mean: float | None = None
@@ -277,6 +284,8 @@ class MetricCheck:
     counts: tuple[int, int] | None = None
     # The "worse" test's likelihood ratio (its e-value; worse_p is min(1, 1 / it)).
     worse_evidence: float | None = None
+    # How a speed guardrail decided: the quantile it could bound and the bounds.
+    detail: str | None = None
 
     def __str__(self) -> str:
         return (
@@ -469,7 +478,6 @@ def decide_canary(
         return CanaryDecision(action, (reason,), (), look, *levels)
     checks = [
         *_rate_checks(champion, canary, policy),
-        _latency_check(champion, canary, policy),
         *_speed_checks(champion, canary, policy),
         _length_check(champion, canary, policy),
     ]
@@ -635,6 +643,8 @@ def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
             f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "
             f"±{check.margin:.0%} of the champion's <= {policy.worse_alpha:.3g}"
         )
+    if check.detail is not None:
+        return f"{check} ({requests}): {check.detail}"
     if check.worse_p is None or check.non_inferior_p is None:
         return str(check)
     if check.verdict == "WORSE":
@@ -648,42 +658,127 @@ def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
     )
 
 
-def _latency_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> MetricCheck:
-    if champion.p99_latency_ms is None or canary.p99_latency_ms is None:
-        return MetricCheck("p99_latency_ms", 0.0, 0.0, None, None, "OK")
-    allowed = champion.p99_latency_ms * policy.max_p99_ratio + policy.p99_slack_ms
-    verdict = "WORSE" if canary.p99_latency_ms > allowed else "OK"
-    return MetricCheck(
-        "p99_latency_ms", champion.p99_latency_ms, canary.p99_latency_ms, None, None, verdict
+def quantile_bounds(
+    values: Sequence[float], q: float, level: float
+) -> tuple[float | None, float | None]:
+    """Distribution-free one-sided confidence bounds on the ``q``-quantile of what
+    ``values`` were drawn from: a lower bound and an upper bound, each wrong with
+    probability at most ``level``, or None where the sample is too small to give one.
+
+    Order statistics: the k-th smallest of n draws is below the quantile exactly when
+    at least k draws are, a Binomial(n, q) event, so the bound is the order statistic
+    whose binomial tail reaches ``level``. The upper bound needs ``q**n <= level``: a
+    p99 needs about 300 answers at 0.05, a median 5.
+    """
+    n = len(values)
+    if n == 0 or not 0 < q < 1:
+        return None, None
+    ordered = sorted(values)
+    k = np.arange(n)
+    # log P(Bin(n, q) = k) by the ratio of successive terms, then P(Bin(n, q) <= k).
+    steps = np.log((n - k[:-1]) / (k[:-1] + 1.0)) + math.log(q / (1 - q))
+    log_pmf = n * math.log1p(-q) + np.concatenate(([0.0], np.cumsum(steps)))
+    cdf = np.cumsum(np.exp(log_pmf))
+    below = np.flatnonzero(cdf <= level)
+    above = np.flatnonzero(cdf >= 1 - level)
+    low = float(ordered[below[-1]]) if below.size else None
+    high = float(ordered[above[0]]) if above.size else None
+    return low, high
+
+
+# The quantiles a speed guardrail steps down through when its arms have too few timed
+# answers to bound the one it names (a p99 needs hundreds per arm, a median a dozen).
+SPEED_QUANTILES = (0.99, 0.95, 0.9, 0.75, 0.5)
+
+
+def speed_check(
+    metric: str,
+    quantile: float,
+    champion: Sequence[float],
+    canary: Sequence[float],
+    *,
+    ratio: float,
+    slack_ms: float,
+    level: float,
+) -> MetricCheck:
+    """A speed guardrail: WORSE when the canary's ``quantile`` is shown above the
+    champion's times ``ratio`` plus ``slack_ms``, i.e. the canary's lower confidence bound
+    is above the allowed value computed from the champion's upper bound (each bound at
+    ``level``). Where the arms are too small to bound ``quantile``, the highest lower
+    quantile of :data:`SPEED_QUANTILES` they can bound is tested instead, and said so; with
+    no bound at all the guardrail holds nothing (OK, with the reason). The values shown
+    are the two arms' observed ``quantile``."""
+    shown = tuple(_observed_quantile(v, quantile) for v in (champion, canary))
+    if not champion or not canary:
+        return MetricCheck(metric, shown[0], shown[1], None, None, "OK", detail="no timed answers")
+    for q in (quantile, *(q for q in SPEED_QUANTILES if q < quantile)):
+        canary_low, _ = quantile_bounds(canary, q, level)
+        _, champion_high = quantile_bounds(champion, q, level)
+        if canary_low is not None and champion_high is not None:
+            break
+    else:
+        detail = (
+            f"too few timed answers ({len(canary)} canary, {len(champion)} champion) to "
+            f"bound even a median at {level:.2g}; not judged"
+        )
+        return MetricCheck(metric, shown[0], shown[1], None, None, "OK", detail=detail)
+    allowed = champion_high * ratio + slack_ms
+    verdict = "WORSE" if canary_low > allowed else "OK"
+    named = f"p{q * 100:g}" + (
+        "" if q == quantile else f" (too few answers for p{quantile * 100:g})"
     )
+    relation = ">" if verdict == "WORSE" else "<="
+    detail = (
+        f"{named}: canary at least {canary_low:.4g} ms {relation} champion at most "
+        f"{champion_high:.4g} ms x {ratio:g} + {slack_ms:g} ms, each bound at {level:.2g}"
+    )
+    return MetricCheck(metric, shown[0], shown[1], None, None, verdict, detail=detail)
+
+
+def _observed_quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def _speed_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> list[MetricCheck]:
-    """TTFT p99 and median TPOT against their allowed ratios (guardrails: they roll back a
-    slower canary, and never hold a promotion when a side has no timed answers)."""
-    checks = []
-    for metric, ours, theirs, ratio, slack in (
-        (
-            "p99_ttft_ms",
-            canary.p99_ttft_ms,
-            champion.p99_ttft_ms,
-            policy.max_ttft_p99_ratio,
-            policy.ttft_slack_ms,
-        ),
-        (
-            "p50_tpot_ms",
-            canary.p50_tpot_ms,
-            champion.p50_tpot_ms,
-            policy.max_tpot_ratio,
-            policy.tpot_slack_ms,
-        ),
-    ):
-        if ours is None or theirs is None:
-            checks.append(MetricCheck(metric, theirs or 0.0, ours or 0.0, None, None, "OK"))
-            continue
-        verdict = "WORSE" if ours > theirs * ratio + slack else "OK"
-        checks.append(MetricCheck(metric, theirs, ours, None, None, verdict))
-    return checks
+    """p99 latency, p99 time to first token and median time per output token against their
+    allowed ratios, on confidence bounds (:func:`speed_check`). Guardrails: they roll back a
+    canary shown slower and never hold a promotion. Order-statistic bounds are not
+    anytime-valid, so each guardrail's ``policy.worse_alpha`` is split over its two bounds
+    and over ``max_looks`` (Bonferroni): a canary as fast as its champion is wrongly rolled
+    back by one guardrail with probability at most ``worse_alpha`` over all its looks."""
+    level = policy.worse_alpha / (2 * policy.max_looks)
+    return [
+        speed_check(metric, quantile, theirs, ours, ratio=ratio, slack_ms=slack, level=level)
+        for metric, quantile, theirs, ours, ratio, slack in (
+            (
+                "p99_latency_ms",
+                0.99,
+                champion.latency_samples_ms,
+                canary.latency_samples_ms,
+                policy.max_p99_ratio,
+                policy.p99_slack_ms,
+            ),
+            (
+                "p99_ttft_ms",
+                0.99,
+                champion.ttft_samples_ms,
+                canary.ttft_samples_ms,
+                policy.max_ttft_p99_ratio,
+                policy.ttft_slack_ms,
+            ),
+            (
+                "p50_tpot_ms",
+                0.5,
+                champion.tpot_samples_ms,
+                canary.tpot_samples_ms,
+                policy.max_tpot_ratio,
+                policy.tpot_slack_ms,
+            ),
+        )
+    ]
 
 
 def length_evidence(

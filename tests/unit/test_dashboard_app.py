@@ -163,10 +163,13 @@ def test_overview_shows_the_canary_flows_latest_checks(home: PageHome) -> None:
 
     line = "legal"
     canary = f"{line}-v3"
+    quick, sluggish = tuple(150.0 + i / 8 for i in range(400)), tuple(900.0 + i for i in range(400))
     champion = ArmStats(None, 400, refusal=4, p99_ttft_ms=200.0, p50_tpot_ms=30.0,
-                        answered=400, output_tokens_mean=80.0, output_tokens_sd=20.0)  # fmt: skip
+                        answered=400, output_tokens_mean=80.0, output_tokens_sd=20.0,
+                        ttft_samples_ms=quick, tpot_samples_ms=(30.0,) * 400)  # fmt: skip
     slow = ArmStats(None, 400, refusal=40, p99_ttft_ms=900.0, p50_tpot_ms=31.0,
-                    answered=400, output_tokens_mean=82.0, output_tokens_sd=20.0)  # fmt: skip
+                    answered=400, output_tokens_mean=82.0, output_tokens_sd=20.0,
+                    ttft_samples_ms=sluggish, tpot_samples_ms=(31.0,) * 400)  # fmt: skip
     decision = decide_canary(champion, slow, CanaryPolicy(), look=1)
     checks = [
         {"metric": c.metric, "champion": c.champion, "canary": c.canary, "verdict": c.verdict,
