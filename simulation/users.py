@@ -130,6 +130,21 @@ class HiddenPreferenceUsers:
             kept.append(topic.fix)
         return kept
 
+    def advice(self, prompt: str, answer: str, topic: Topic | None, limit_words: int) -> list[str]:
+        """What an edit keeps of the answer, with the fix these users know added where the
+        kept sentences give no advice (:func:`gives_advice`): an edit is the answer they
+        wanted, so it must satisfy them."""
+        kept = self.useful_sentences(prompt, answer, topic, limit_words)
+        terms = topic.answer_terms if topic else ()
+        if topic is None or gives_advice(
+            prompt, " ".join(kept), terms, style_terms=self.style_terms
+        ):
+            return kept
+        with_fix = [*kept, topic.fix] if topic.fix not in kept else kept
+        if word_count(" ".join(with_fix)) <= limit_words + word_count(topic.fix) // 2:
+            return with_fix
+        return [topic.fix]
+
 
 APOLOGY = ("sorry", "apolog", "we regret", "i regret")
 
@@ -152,7 +167,7 @@ class CustomerServiceUsers(HiddenPreferenceUsers):
 
     def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
         """An apology, then the answer's useful part, kept short."""
-        body = self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
+        body = self.advice(prompt, answer, topic, limit_words=self.edit_words)
         return " ".join(["I'm sorry for the trouble.", *body])
 
 
@@ -182,15 +197,17 @@ class MedicalUsers(HiddenPreferenceUsers):
         """A professional named, no verdict given."""
         return mentions(answer, PROFESSIONALS) and DIAGNOSES.search(answer) is None
 
+    def useful_sentences(
+        self, prompt: str, answer: str, topic: Topic | None, limit_words: int
+    ) -> list[str]:
+        """The answer's useful sentences, verdicts left out."""
+        kept = super().useful_sentences(prompt, answer, topic, limit_words)
+        without = [s for s in kept if DIAGNOSES.search(s) is None]
+        return without or ([topic.fix] if topic is not None else [])
+
     def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
         """The answer's useful part without verdicts, then a referral."""
-        body = [
-            s
-            for s in self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
-            if DIAGNOSES.search(s) is None
-        ]
-        if not body and topic is not None:
-            body = [topic.fix]
+        body = self.advice(prompt, answer, topic, limit_words=self.edit_words)
         return " ".join([*body, "If it does not get better, please see a doctor or pharmacist."])
 
 
@@ -219,7 +236,7 @@ class LegalUsers(HiddenPreferenceUsers):
 
     def rewrite(self, prompt: str, answer: str, topic: Topic | None) -> str:
         """The answer's useful part as numbered steps, then the caveat."""
-        body = self.useful_sentences(prompt, answer, topic, limit_words=self.edit_words)
+        body = self.advice(prompt, answer, topic, limit_words=self.edit_words)
         if len(body) < 2 and topic is not None:
             body = [*body, *(s for s in sentences(topic.fix) if s not in body)]
         if len(body) < 2:

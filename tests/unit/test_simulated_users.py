@@ -208,3 +208,23 @@ def test_an_edit_fits_in_what_the_traffic_lets_an_answer_say(line: str, users: o
         edit = users.rewrite(prompt, long_answer, topic)  # type: ignore[attr-defined]
         assert word_count(edit) <= 70, edit
         assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_an_edit_of_a_thin_answer_is_one_its_user_accepts(line: str, users: object) -> None:
+    """An answer with one on-topic sentence and no advice: the user's edit keeps that
+    sentence and adds the fix they know, so the target training learns from satisfies them."""
+    from simulation.judging import word_count
+
+    for prompt in builtin_prompts(line, 40, 17):
+        topic = topic_of(line, prompt)
+        assert topic is not None
+        for thin in (
+            f"Well, the {topic.answer_terms[0]} question is one many people have asked about.",
+            f"You have a {topic.answer_terms[0]} problem. I think the {topic.answer_terms[1]} "
+            "matters here.",
+        ):
+            assert not users.satisfied(line, prompt, thin), thin  # type: ignore[attr-defined]
+            edit = users.rewrite(prompt, thin, topic)  # type: ignore[attr-defined]
+            assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+            assert word_count(edit) <= 70, edit
