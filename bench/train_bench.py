@@ -149,6 +149,13 @@ def main() -> None:
     parser.add_argument(
         "--sft-weight", type=float, default=0.5, help="Weight of an SFT term on the chosen answers."
     )
+    parser.add_argument(
+        "--dpo-loss",
+        choices=("sigmoid", "sigmoid_norm"),
+        default="sigmoid",
+        help="DPO loss: log-ratios summed per answer (sigmoid) or averaged per token "
+        "(sigmoid_norm, which matches the per-token accuracy scored here; use a beta of a few).",
+    )
     parser.add_argument("--eval-pairs", type=int, default=500, help="Held-out pairs scored.")
     parser.add_argument(
         "--held-out-buckets",
@@ -203,6 +210,7 @@ def main() -> None:
             max_length=384,
             beta=args.beta,
             sft_weight=args.sft_weight,
+            dpo_loss=args.dpo_loss,
             precision=args.precision,
         )
         dpo = train_adapter(
@@ -221,6 +229,12 @@ def main() -> None:
             "tokens_per_second": dpo.tokens_per_second,
             "held_out_pairs": len(held),
             "scoring": "mean log-probability per answer token, chosen > rejected",
+            "recipe": {
+                "learning_rate": args.learning_rate,
+                "beta": args.beta,
+                "dpo_loss": args.dpo_loss,
+                "sft_weight": args.sft_weight,
+            },
             "base": before,
             "adapter": after,
             "paired": paired.as_dict(),
@@ -252,7 +266,8 @@ def main() -> None:
     console.print(
         f"DPO: {dpo_r['steps']} steps in {dpo_r['seconds'] / 60:.1f} min "
         f"({dpo_r['tokens_per_second']:.0f} tokens/s, lr {args.learning_rate:g}, beta "
-        f"{args.beta:g}, SFT term {args.sft_weight:g}); {sft_line}peak RSS {peak:.0f} MB; "
+        f"{args.beta:g}, loss {args.dpo_loss}, SFT term {args.sft_weight:g}); {sft_line}"
+        f"peak RSS {peak:.0f} MB; "
         f"bf16 autocast: {'on' if mixed else 'off'}"
     )
     if args.json:

@@ -69,12 +69,20 @@ class Recipe(TrainingConfig):
         return self.canary.model_copy(update={"reviews": test})
 
 
+_HASHED_ONLY_WHEN_SET: dict[str, object] = {"dpo_loss": "sigmoid"}
+
+
 def recipe_hash(recipe: Recipe) -> str:
     """A stable hash of everything in a recipe but its retention policy and review block
     (key order and formatting do not matter)."""
     # Retention is about the store and the review block about the feedback page's queue,
     # not training: changing them must not look like a new recipe.
     trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
+    # Fields added after recipes were first hashed leave the hash alone at their default,
+    # so upgrading flywheel does not retrain every line on unchanged data.
+    for name, default in _HASHED_ONLY_WHEN_SET.items():
+        if trained.get(name) == default:
+            trained.pop(name)
     canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

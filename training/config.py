@@ -67,6 +67,13 @@ class TrainingConfig(BaseModel):
         le=10,
         description="DPO only: weight of an added SFT loss on the chosen answers (RPO).",
     )
+    dpo_loss: Literal["sigmoid", "sigmoid_norm"] = Field(
+        default="sigmoid",
+        description="DPO only: 'sigmoid' compares log-ratios summed over each answer (the "
+        "paper's); 'sigmoid_norm' averages them per answer token, so a pair weighs the same "
+        "whatever its answers' lengths and the loss matches a per-token preference score "
+        "(beta then acts per token: a few units, not 0.1).",
+    )
     history_days: float = Field(
         default=0.0,
         ge=0,

@@ -283,9 +283,9 @@ def _trainer(
     from trl import DPOConfig, DPOTrainer
 
     losses: dict[str, Any] = (
-        {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, recipe.sft_weight]}
+        {"loss_type": [recipe.dpo_loss, "sft"], "loss_weights": [1.0, recipe.sft_weight]}
         if recipe.sft_weight > 0
-        else {}
+        else {"loss_type": [recipe.dpo_loss]}
     )
     return DPOTrainer(
         model=model,

@@ -169,3 +169,22 @@ def test_kto_learns_from_labelled_answers(base_model_dir: Path, tmp_path: Path) 
     assert report.mean_margin is not None
     assert base.mean_margin is not None
     assert report.mean_margin > base.mean_margin
+
+
+def test_length_normalised_dpo_with_an_sft_term_raises_the_per_token_margin(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """``dpo_loss: sigmoid_norm`` (per-token log-ratios) plus an SFT term trains and moves
+    the per-token margin the gate scores toward the chosen answers."""
+    base = evaluate(base_model_dir, None, "base")
+    trained = train_adapter(
+        recipe(dpo_loss="sigmoid_norm", beta=5.0, sft_weight=0.5),
+        base_model_dir=base_model_dir,
+        rows=rows(),
+        output_dir=tmp_path / "norm",
+    )
+    assert trained.steps == 6
+    report = evaluate(base_model_dir, trained.adapter_dir, "norm")
+    assert report.mean_margin is not None
+    assert base.mean_margin is not None
+    assert report.mean_margin > base.mean_margin

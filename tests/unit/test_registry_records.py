@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -78,6 +80,18 @@ def test_recipe_hash_is_stable_and_sensitive() -> None:
     assert recipe_hash(_recipe()) == recipe_hash(_recipe())
     assert recipe_hash(_recipe()) != recipe_hash(_recipe(learning_rate=1e-4))
     assert len(recipe_hash(_recipe())) == 64
+
+
+def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
+    """Recipes hashed before ``dpo_loss`` existed keep their hash; setting it changes it."""
+    recipe = _recipe()
+    dumped = recipe.model_dump(mode="json", exclude={"retention", "review"})
+    dumped.pop("dpo_loss")
+    before = hashlib.sha256(
+        json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    assert recipe_hash(recipe) == before
+    assert recipe_hash(_recipe(dpo_loss="sigmoid_norm")) != before
 
 
 def test_truncate_keeps_short_text_and_marks_cut_text() -> None:
