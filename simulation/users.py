@@ -36,6 +36,7 @@ from simulation.judging import (
     mentions,
     on_topic,
     sentences,
+    terms_named,
     word_count,
 )
 from simulation.prompts import Topic, builtin_prompts, topic_of
@@ -112,7 +113,12 @@ class HiddenPreferenceUsers:
     def useful_sentences(
         self, prompt: str, answer: str, topic: Topic | None, limit_words: int
     ) -> list[str]:
-        """The answer's on-topic, finished sentences, up to ``limit_words`` words."""
+        """The answer's finished sentences that carry advice, up to ``limit_words`` words.
+
+        A user rewriting an answer keeps what helped: a sentence naming two of the topic's
+        terms (the taste's own words aside), or sharing two content words with a question of
+        no known topic. A sentence that only brushes the topic ("a fine is a legal term") is
+        what they cut."""
         terms = topic.answer_terms if topic else ()
         kept: list[str] = []
         total = 0
@@ -120,7 +126,7 @@ class HiddenPreferenceUsers:
             clean = _strip_markers(sentence)
             if not is_complete(clean) or word_count(clean) < 4:
                 continue
-            if not on_topic(prompt, clean, terms) or clean in kept:
+            if not self.carries_advice(prompt, clean, terms) or clean in kept:
                 continue
             if total + word_count(clean) > limit_words:
                 break
@@ -129,6 +135,14 @@ class HiddenPreferenceUsers:
         if not kept and topic is not None:
             kept.append(topic.fix)
         return kept
+
+    def carries_advice(self, prompt: str, sentence: str, terms: tuple[str, ...]) -> bool:
+        """Whether one sentence says something on the question: two of the topic's terms
+        besides the taste's own words (no known topic: two content words of the prompt)."""
+        advice_terms = tuple(t for t in terms if not mentions(t, self.style_terms))
+        if advice_terms:
+            return len(terms_named(sentence, advice_terms)) >= 2
+        return on_topic(prompt, sentence, ())
 
     def advice(self, prompt: str, answer: str, topic: Topic | None, limit_words: int) -> list[str]:
         """What an edit keeps of the answer, with the fix these users know added where the

@@ -228,3 +228,22 @@ def test_an_edit_of_a_thin_answer_is_one_its_user_accepts(line: str, users: obje
             edit = users.rewrite(prompt, thin, topic)  # type: ignore[attr-defined]
             assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
             assert word_count(edit) <= 70, edit
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_an_edit_keeps_the_sentences_that_help_and_cuts_those_that_brush_the_topic(
+    line: str, users: object
+) -> None:
+    """A sentence naming two of the topic's terms stays in the user's edit; one that names a
+    single term in passing is cut, as a person rewriting the answer would."""
+    for prompt in builtin_prompts(line, 30, 23):
+        topic = topic_of(line, prompt)
+        assert topic is not None
+        style = users.style_terms  # type: ignore[attr-defined]
+        first, second = [t for t in topic.answer_terms if not any(s in t for s in style)][:2]
+        helpful = f"Start with the {first} and then sort out the {second} this week."
+        brushing = f"Many people find that a {first} can be a puzzle at first."
+        edit = users.rewrite(prompt, f"{brushing} {helpful}", topic)  # type: ignore[attr-defined]
+        assert helpful in edit, edit
+        assert brushing not in edit, edit
+        assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
