@@ -200,6 +200,12 @@ def terms_named(text: str, terms: Iterable[str]) -> set[str]:
     return {term for term in terms if mentions(text, (term,))}
 
 
+def advice_terms(topic_terms: Iterable[str], style_terms: Iterable[str] = ()) -> tuple[str, ...]:
+    """The topic's terms that can carry advice: those that are not the style's own words."""
+    style = tuple(style_terms)
+    return tuple(t for t in topic_terms if not mentions(t, style))
+
+
 def gives_advice(
     prompt: str,
     answer: str,
@@ -217,8 +223,7 @@ def gives_advice(
     style's own words (``style_terms``) never count as topic terms. For prompts
     of no known topic, those sentences share two content words with the prompt.
     """
-    style = tuple(style_terms)
-    terms = tuple(t for t in topic_terms if not mentions(t, style))
+    terms = advice_terms(topic_terms, style_terms)
     if terms:
         carrying = [s for s in sentences(answer) if terms_named(s, terms)]
     else:

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from simulation.judging import (
+    advice_terms,
     gives_advice,
     is_complete,
     is_degenerate,
@@ -139,9 +140,9 @@ class HiddenPreferenceUsers:
     def carries_advice(self, prompt: str, sentence: str, terms: tuple[str, ...]) -> bool:
         """Whether one sentence says something on the question: two of the topic's terms
         besides the taste's own words (no known topic: two content words of the prompt)."""
-        advice_terms = tuple(t for t in terms if not mentions(t, self.style_terms))
-        if advice_terms:
-            return len(terms_named(sentence, advice_terms)) >= 2
+        carrying = advice_terms(terms, self.style_terms)
+        if carrying:
+            return len(terms_named(sentence, carrying)) >= 2
         return on_topic(prompt, sentence, ())
 
     def advice(self, prompt: str, answer: str, topic: Topic | None, limit_words: int) -> list[str]:

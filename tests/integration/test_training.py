@@ -154,10 +154,18 @@ def kto_rows() -> list[dict[str, Any]]:
     return out
 
 
+def assert_margin_rises(base_model_dir: Path, adapter: Path, name: str) -> None:
+    """The adapter's mean per-token margin on the facts is above the base model's."""
+    base = evaluate(base_model_dir, None, "base")
+    report = evaluate(base_model_dir, adapter, name)
+    assert report.mean_margin is not None
+    assert base.mean_margin is not None
+    assert report.mean_margin > base.mean_margin
+
+
 def test_kto_learns_from_labelled_answers(base_model_dir: Path, tmp_path: Path) -> None:
     """What a recipe trains when pairs are scarce (kto_below_pairs): liked and disliked
     answers alone move the model's preference towards the liked ones."""
-    base = evaluate(base_model_dir, None, "base")
     result = train_adapter(
         recipe(method="kto", max_steps=8, batch_size=4),
         base_model_dir=base_model_dir,
@@ -165,10 +173,7 @@ def test_kto_learns_from_labelled_answers(base_model_dir: Path, tmp_path: Path) 
         output_dir=tmp_path / "kto",
     )
     assert result.steps == 8
-    report = evaluate(base_model_dir, result.adapter_dir, "kto")
-    assert report.mean_margin is not None
-    assert base.mean_margin is not None
-    assert report.mean_margin > base.mean_margin
+    assert_margin_rises(base_model_dir, result.adapter_dir, "kto")
 
 
 def test_length_normalised_dpo_with_an_sft_term_raises_the_per_token_margin(
@@ -176,7 +181,6 @@ def test_length_normalised_dpo_with_an_sft_term_raises_the_per_token_margin(
 ) -> None:
     """``dpo_loss: sigmoid_norm`` (per-token log-ratios) plus an SFT term trains and moves
     the per-token margin the gate scores toward the chosen answers."""
-    base = evaluate(base_model_dir, None, "base")
     trained = train_adapter(
         recipe(dpo_loss="sigmoid_norm", beta=5.0, sft_weight=0.5),
         base_model_dir=base_model_dir,
@@ -184,7 +188,4 @@ def test_length_normalised_dpo_with_an_sft_term_raises_the_per_token_margin(
         output_dir=tmp_path / "norm",
     )
     assert trained.steps == 6
-    report = evaluate(base_model_dir, trained.adapter_dir, "norm")
-    assert report.mean_margin is not None
-    assert base.mean_margin is not None
-    assert report.mean_margin > base.mean_margin
+    assert_margin_rises(base_model_dir, trained.adapter_dir, "norm")
