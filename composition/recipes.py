@@ -69,7 +69,7 @@ class Recipe(TrainingConfig):
         return self.canary.model_copy(update={"reviews": test})
 
 
-_HASHED_ONLY_WHEN_SET: dict[str, object] = {"dpo_loss": "sigmoid"}
+_HASHED_ONLY_WHEN_SET: dict[str, object] = {"dpo_loss": "sigmoid", "continue_learning_rate": None}
 
 
 def recipe_hash(recipe: Recipe) -> str:

@@ -89,6 +89,14 @@ class TrainingConfig(BaseModel):
         description="Train a fresh adapter on the base model, or continue the champion's "
         "adapter (its LoRA shape wins).",
     )
+    continue_learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Learning rate when continuing the champion's adapter (default: "
+        "learning_rate). Each night's schedule restarts at its peak, so a lower rate keeps "
+        "nights of continuation from compounding their drift away from the base model.",
+    )
     copies_per_weight: float = Field(
         default=2.0,
         ge=1,

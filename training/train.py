@@ -140,7 +140,7 @@ def train_adapter(
     ``output_dir/checkpoints`` (removed once the adapter is saved). With
     ``max_seconds``, training stops after the step that crosses the budget.
     ``init_adapter`` continues a trained adapter (e.g. the champion's) instead
-    of starting a fresh one.
+    of starting a fresh one, at the recipe's ``continue_learning_rate`` when it has one.
     """
     import torch
     from datasets import Dataset
@@ -190,7 +190,11 @@ def train_adapter(
         "output_dir": str(checkpoints),
         "per_device_train_batch_size": recipe.batch_size,
         "gradient_accumulation_steps": recipe.gradient_accumulation,
-        "learning_rate": recipe.learning_rate,
+        "learning_rate": (
+            recipe.continue_learning_rate
+            if init_adapter is not None and recipe.continue_learning_rate is not None
+            else recipe.learning_rate
+        ),
         "logging_steps": 1,
         "save_strategy": "steps",
         "save_steps": max(5, steps_hint // 4),
