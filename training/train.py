@@ -114,6 +114,25 @@ def trains_in_bf16(precision: str, on_gpu: bool) -> bool:
     return cpu_has_bf16()
 
 
+def time_decay(elapsed_s: float, budget_s: float) -> float:
+    """The learning rate's share of its peak after ``elapsed_s`` of a ``budget_s`` training
+    budget: linear from 1 to 0 over the budget's wall time."""
+    return max(0.0, 1.0 - elapsed_s / budget_s)
+
+
+def _decay_over_time(trainer: Any, started: float, budget_s: float) -> None:
+    """Make the trainer's constant schedule follow :func:`time_decay` of the wall time since
+    ``started``: the trainer built it just before training began, and its factor is read at
+    each scheduler step."""
+    scheduler = getattr(trainer, "lr_scheduler", None)
+    scheduler = getattr(scheduler, "scheduler", scheduler)
+    if not hasattr(scheduler, "lr_lambdas"):
+        raise FlywheelError("the trainer's learning-rate schedule cannot follow a time budget")
+    scheduler.lr_lambdas = [
+        lambda _step: time_decay(time.perf_counter() - started, budget_s)
+    ] * len(scheduler.lr_lambdas)
+
+
 def _last_checkpoint(folder: Path) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -138,7 +157,9 @@ def train_adapter(
 
     The adapter lands in ``output_dir/adapter`` and checkpoints in
     ``output_dir/checkpoints`` (removed once the adapter is saved). With
-    ``max_seconds``, training stops after the step that crosses the budget.
+    ``max_seconds``, training stops after the step that crosses the budget and the
+    learning rate decays linearly over that budget's wall time (:func:`time_decay`), not
+    over steps it would never reach.
     ``init_adapter`` continues a trained adapter (e.g. the champion's) instead
     of starting a fresh one, at the recipe's ``continue_learning_rate`` when it has one.
     """
@@ -209,14 +230,20 @@ def train_adapter(
         # Few distinct shapes: oneDNN builds a kernel per shape, costly in bfloat16 on CPU.
         "pad_to_multiple_of": 64,
         **schedule,
+        # A time budget's schedule is set once training begins (_decay_over_time).
+        **({"lr_scheduler_type": "constant"} if max_seconds is not None else {}),
     }
     dataset = Dataset.from_list(rows)
 
     class _Forward(TrainerCallback):  # type: ignore[misc]
         started = time.perf_counter()
 
+        trainer: Any = None
+
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             self.started = time.perf_counter()
+            if max_seconds is not None:
+                _decay_over_time(self.trainer, self.started, max_seconds)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             if on_log is not None and logs:
@@ -226,7 +253,9 @@ def train_adapter(
             if max_seconds is not None and time.perf_counter() - self.started > max_seconds:
                 control.should_training_stop = True
 
-    trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, [_Forward()])
+    forward = _Forward()
+    trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, [forward])
+    forward.trainer = trainer
     resume = _last_checkpoint(checkpoints)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)

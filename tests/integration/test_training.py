@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +191,45 @@ def test_length_normalised_dpo_with_an_sft_term_raises_the_per_token_margin(
     )
     assert trained.steps == 6
     assert_margin_rises(base_model_dir, trained.adapter_dir, "norm")
+
+
+def test_a_time_budget_decays_the_rate_and_a_continuation_trains_at_its_own_rate(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """With a time budget the rate falls with the wall time (not over an epoch count it
+    never reaches); continuing an adapter starts at the recipe's continue_learning_rate."""
+    budgeted: list[tuple[float, float]] = []
+
+    def note_rate(log: dict[str, Any]) -> None:
+        if "loss" in log:
+            budgeted.append((time.perf_counter(), log["learning_rate"]))
+
+    first = train_adapter(
+        # float32: bfloat16 autocast's first step builds its CPU kernels, seconds of the budget
+        recipe(max_steps=None, epochs=100, precision="fp32"),
+        base_model_dir=base_model_dir,
+        rows=rows(),
+        output_dir=tmp_path / "budget",
+        max_seconds=90,
+        on_log=note_rate,
+    )
+    assert first.steps < 200  # stopped by the budget, not by the 100 epochs
+    rates = [rate for _, rate in budgeted]
+    assert len(rates) >= 2
+    assert rates[0] == pytest.approx(5e-4)
+    assert all(later < earlier for earlier, later in itertools.pairwise(rates))
+    # The last step began with at most its own duration left of the 90 s it crossed.
+    last_step_s = budgeted[-1][0] - budgeted[-2][0]
+    assert rates[-1] <= 5e-4 * min(1.0, last_step_s / 90) * 1.05
+
+    continued: list[float] = []
+    train_adapter(
+        recipe(max_steps=2, continue_learning_rate=1e-4),
+        base_model_dir=base_model_dir,
+        rows=rows(),
+        output_dir=tmp_path / "continued",
+        init_adapter=first.adapter_dir,
+        on_log=lambda log: continued.extend([log["learning_rate"]] if "loss" in log else []),
+    )
+    # The logged rate is the one each step used: the first step trains at the peak.
+    assert continued[0] == pytest.approx(1e-4)

@@ -91,3 +91,20 @@ def test_precision_auto_follows_the_cpu() -> None:
     assert trains_in_bf16("bf16", on_gpu=False) is True
     assert trains_in_bf16("fp32", on_gpu=True) is False
     assert read_recipe(packaged_recipes_dir() / "demo" / "medical.yaml").precision == "auto"
+
+
+def test_a_time_budget_decays_the_rate_linearly_to_zero() -> None:
+    from training.train import time_decay
+
+    assert time_decay(0, 900) == 1.0
+    assert time_decay(450, 900) == pytest.approx(0.5)
+    assert time_decay(900, 900) == 0.0
+    assert time_decay(1_000, 900) == 0.0
+
+
+def test_a_continuation_rate_is_a_recipe_field_checked_like_the_rate() -> None:
+    from composition.recipes import Recipe
+
+    assert Recipe(business_line="x", method="sft", max_steps=10).continue_learning_rate is None
+    with pytest.raises(ValueError, match="continue_learning_rate"):
+        Recipe(business_line="x", method="sft", max_steps=10, continue_learning_rate=0)
