@@ -144,10 +144,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dpo-minutes", type=float, default=15.0)
     parser.add_argument("--sft-minutes", type=float, default=3.0, help="0 skips the SFT part.")
-    parser.add_argument("--learning-rate", type=float, default=3e-4, help="DPO learning rate.")
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=8e-4,
+        help="DPO peak learning rate (decays over the time budget).",
+    )
     parser.add_argument("--beta", type=float, default=0.1, help="DPO beta.")
     parser.add_argument(
-        "--sft-weight", type=float, default=0.5, help="Weight of an SFT term on the chosen answers."
+        "--sft-weight", type=float, default=1.0, help="Weight of an SFT term on the chosen answers."
     )
     parser.add_argument(
         "--dpo-loss",
