@@ -708,7 +708,7 @@ def speed_check(
     quantile of :data:`SPEED_QUANTILES` they can bound is tested instead, and said so; with
     no bound at all the guardrail holds nothing (OK, with the reason). The values shown
     are the two arms' observed ``quantile``."""
-    shown = tuple(observed_quantile(v, quantile) or 0.0 for v in (champion, canary))
+    shown = tuple(_observed_quantile(v, quantile) for v in (champion, canary))
     if not champion or not canary:
         return MetricCheck(metric, shown[0], shown[1], None, None, "OK", detail="no timed answers")
     for q in (quantile, *(q for q in SPEED_QUANTILES if q < quantile)):
@@ -735,11 +735,9 @@ def speed_check(
     return MetricCheck(metric, shown[0], shown[1], None, None, verdict, detail=detail)
 
 
-def observed_quantile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile of ``values`` as observed (the order statistic at ``q * n``), or
-    None without values: what the canary's reasons and the feedback page show."""
+def _observed_quantile(values: Sequence[float], q: float) -> float:
     if not values:
-        return None
+        return 0.0
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
