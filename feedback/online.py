@@ -30,6 +30,7 @@ from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
 from feedback.events import FeedbackType, ReviewVerdict
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import ONLINE_SIGNALS, Signal
+from flywheel.quantiles import observed_quantile
 
 COUNTED_SIGNALS = tuple(
     s.value for s in (*ONLINE_SIGNALS, Signal.THUMBS_UP) if s is not Signal.TASK_FAILURE
@@ -57,13 +58,6 @@ class AnswerStats:
     # The timed answers (ms), for the canary's confidence bounds on their quantiles.
     ttft_samples_ms: tuple[float, ...] = ()
     tpot_samples_ms: tuple[float, ...] = ()
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def answer_stats(rows: Iterable[Any]) -> AnswerStats:
@@ -94,9 +88,9 @@ def answer_stats(rows: Iterable[Any]) -> AnswerStats:
         refusals=refusals,
         output_tokens_mean=mean,
         output_tokens_sd=sd,
-        p99_ttft_ms=_quantile(ttfts, 0.99),
-        p50_tpot_ms=_quantile(tpots, 0.5),
-        p99_tpot_ms=_quantile(tpots, 0.99),
+        p99_ttft_ms=observed_quantile(ttfts, 0.99),
+        p50_tpot_ms=observed_quantile(tpots, 0.5),
+        p99_tpot_ms=observed_quantile(tpots, 0.99),
         ttft_samples_ms=tuple(ttfts),
         tpot_samples_ms=tuple(tpots),
     )
@@ -197,7 +191,7 @@ def adapter_windows(
                 adapter=adapter,
                 requests=len(rows),
                 errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
-                p99_latency_ms=_quantile(latencies, 0.99),
+                p99_latency_ms=observed_quantile(latencies, 0.99),
                 latency_samples_ms=tuple(float(v) for v in latencies),
                 signals=dict.fromkeys(COUNTED_SIGNALS, 0)
                 | {k: int(n) for k, n in counts}

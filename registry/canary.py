@@ -92,6 +92,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flywheel.quantiles import observed_quantile
+
 # The online signals (feedback.signals.ONLINE_SIGNALS), errors, requests with any of
 # those signals (feedback.online.DISSATISFIED), and answers that refused
 # (feedback.answers.is_refusal); a test keeps them equal.
@@ -708,7 +710,7 @@ def speed_check(
     quantile of :data:`SPEED_QUANTILES` they can bound is tested instead, and said so; with
     no bound at all the guardrail holds nothing (OK, with the reason). The values shown
     are the two arms' observed ``quantile``."""
-    shown = tuple(_observed_quantile(v, quantile) for v in (champion, canary))
+    shown = tuple(observed_quantile(v, quantile) or 0.0 for v in (champion, canary))
     if not champion or not canary:
         return MetricCheck(metric, shown[0], shown[1], None, None, "OK", detail="no timed answers")
     for q in (quantile, *(q for q in SPEED_QUANTILES if q < quantile)):
@@ -733,13 +735,6 @@ def speed_check(
         f"{champion_high:.4g} ms x {ratio:g} + {slack_ms:g} ms, each bound at {level:.2g}"
     )
     return MetricCheck(metric, shown[0], shown[1], None, None, verdict, detail=detail)
-
-
-def _observed_quantile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def _speed_checks(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) -> list[MetricCheck]:
