@@ -69,7 +69,12 @@ class Recipe(TrainingConfig):
         return self.canary.model_copy(update={"reviews": test})
 
 
-_HASHED_ONLY_WHEN_SET: dict[str, object] = {"dpo_loss": "sigmoid", "continue_learning_rate": None}
+# Dotted paths into the recipe ("gate.x": the gate block's field x).
+_HASHED_ONLY_WHEN_SET: dict[str, object] = {
+    "dpo_loss": "sigmoid",
+    "continue_learning_rate": None,
+    "gate.max_general_loss_drift": None,
+}
 
 
 def recipe_hash(recipe: Recipe) -> str:
@@ -80,9 +85,13 @@ def recipe_hash(recipe: Recipe) -> str:
     trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
     # Fields added after recipes were first hashed leave the hash alone at their default,
     # so upgrading flywheel does not retrain every line on unchanged data.
-    for name, default in _HASHED_ONLY_WHEN_SET.items():
-        if trained.get(name) == default:
-            trained.pop(name)
+    for path, default in _HASHED_ONLY_WHEN_SET.items():
+        *blocks, name = path.split(".")
+        holder = trained
+        for block in blocks:
+            holder = holder.get(block) or {}
+        if name in holder and holder[name] == default:
+            holder.pop(name)
     canonical = json.dumps(trained, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -67,6 +67,14 @@ class GatePolicy(BaseModel):
     max_general_loss_increase: float = Field(
         default=0.10, ge=0, le=10, description="Relative increase of loss on the fixed general set."
     )
+    max_general_loss_drift: float | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="Relative increase of the general-set loss over the base model's: a line "
+        "that continues its champion night after night adds up each night's allowed increase, "
+        "and this bounds the sum (off unless set).",
+    )
     max_refusal_rate_increase: float = Field(default=0.10, ge=0, le=1)
     max_length_ratio: float = Field(default=2.0, ge=1, le=100)
     min_length_ratio: float = Field(default=0.3, gt=0, le=1)
@@ -80,13 +88,20 @@ class GatePolicy(BaseModel):
 
 
 def decide_promotion(
-    candidate: EvalReport, champion: EvalReport, policy: GatePolicy
+    candidate: EvalReport,
+    champion: EvalReport,
+    policy: GatePolicy,
+    *,
+    base_general_loss: float | None = None,
 ) -> GateDecision:
     """Compare a candidate with the champion under ``policy``; promote only if every check passes.
 
     Both reports must come from the same held-out data, pairs in the same
     order. Preference and preferred-loss checks are left out when neither
-    report has that data (too few pairs then fails on its own).
+    report has that data (too few pairs then fails on its own). With
+    ``policy.max_general_loss_drift`` set, ``base_general_loss`` (the base
+    model's loss on the same general set) is what the candidate's drift is
+    measured from; without it that check fails, saying so.
     """
     checks = [_held_out_pairs(candidate, champion, policy)]
     checks += _preference(candidate, champion, policy)
@@ -112,6 +127,8 @@ def decide_promotion(
         champion.general_loss,
         policy.max_general_loss_increase,
     )
+    if policy.max_general_loss_drift is not None:
+        checks.append(_drift(candidate, base_general_loss, policy.max_general_loss_drift))
     checks += [
         _refusal_rate(candidate, champion, policy),
         _answer_length(candidate, champion, policy),
@@ -231,6 +248,20 @@ def _loss(
             f"({increase:+.1%}, allowed <= {max_increase:+.1%})",
         )
     ]
+
+
+def _drift(candidate: EvalReport, base_loss: float | None, max_increase: float) -> GateCheck:
+    """The candidate's general-set loss against the base model's, not the champion's."""
+    name, label = "general_loss_drift", "general-set loss against the base model"
+    if base_loss is None:
+        return GateCheck(name, False, f"{label}: the base model's loss was not measured")
+    increase = _relative_increase(candidate.general_loss, base_loss)
+    return GateCheck(
+        name,
+        _at_most(increase, max_increase),
+        f"{label} {candidate.general_loss:.3f} vs base {base_loss:.3f} "
+        f"({increase:+.1%}, allowed <= {max_increase:+.1%} over all nights)",
+    )
 
 
 def _refusal_rate(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> GateCheck:

@@ -374,6 +374,46 @@ def evaluate_model(
     )
 
 
+def general_set_loss(
+    model: Any,
+    tokenizer: Any,
+    *,
+    name: str,
+    general_set: Sequence[PromptAnswer] | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+    mixed_precision: bool = False,
+) -> float:
+    """A model's token-weighted loss on the general set alone (what :func:`evaluate_model`
+    reports as ``general_loss``), e.g. the base model's, for the gate's drift bound."""
+    import torch
+
+    general = tuple(general_set) if general_set is not None else load_general_set()
+    if not general:
+        raise FlywheelError("the general set is empty; general_loss needs at least one item")
+    was_training = model.training
+    model.eval()
+    try:
+        with (
+            torch.autocast(_device(model).type, dtype=torch.bfloat16, enabled=mixed_precision),
+            progress_bar(f"scoring {name} on the general set", total=len(general)) as advance,
+        ):
+            scored = answer_logprobs(
+                model,
+                tokenizer,
+                [list(g.prompt) for g in general],
+                [g.answer for g in general],
+                batch_size=batch_size,
+                max_length=max_length,
+                advance=advance,
+            )
+    finally:
+        model.train(was_training)
+    loss = mean_token_loss(scored)
+    assert loss is not None  # every answer has at least its eos token
+    return loss
+
+
 def load_for_eval(
     base_model_dir: Path, adapter_dir: Path | None = None, *, device: str | None = None
 ) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -142,6 +142,67 @@ def _with_method(recipe: Recipe, build: DatasetBuild) -> tuple[Recipe, str | Non
     return (recipe.model_copy(update={"method": method}) if reason else recipe), reason
 
 
+def _evaluate_and_gate(
+    clients: Clients,
+    recipe: Recipe,
+    base_dir: Path,
+    dataset_dir: Path,
+    champion_adapter: Path | None,
+    candidate_adapter: Path,
+    *,
+    mixed_precision: bool,
+    canaries: Sequence[str],
+    log_base_loss: Callable[[float], None],
+) -> tuple[dict[str, EvalReport], GateDecision]:
+    """Both models' offline reports on the line's held-out data and the gate's decision; with
+    a drift bound in the gate, the base model's general-set loss too (the champion's report
+    when the champion is the base model, else one more scoring pass)."""
+    from eval.gate import decide_promotion
+    from eval.offline import (
+        evaluate_model,
+        general_set_loss,
+        load_eval_data,
+        load_for_eval,
+        pii_detector_for,
+    )
+
+    data = load_eval_data(dataset_dir, max_samples=recipe.eval_generations)
+    detector = pii_detector_for(clients.scrubber, GENERATION_PII_TYPES)
+    reports: dict[str, EvalReport] = {}
+    for name, adapter in (("champion", champion_adapter), ("candidate", candidate_adapter)):
+        model, tokenizer = load_for_eval(base_dir, adapter)
+        reports[name] = evaluate_model(
+            model,
+            tokenizer,
+            data,
+            name=name if adapter is not None else "base",
+            canaries=canaries,
+            pii_detector=detector,
+            max_length=recipe.max_length,
+            mixed_precision=mixed_precision,
+        )
+        del model
+    base_loss = None
+    if recipe.gate.max_general_loss_drift is not None:
+        if champion_adapter is None:
+            base_loss = reports["champion"].general_loss
+        else:
+            model, tokenizer = load_for_eval(base_dir, None)
+            base_loss = general_set_loss(
+                model,
+                tokenizer,
+                name="base",
+                max_length=recipe.max_length,
+                mixed_precision=mixed_precision,
+            )
+            del model
+        log_base_loss(base_loss)
+    decision = decide_promotion(
+        reports["candidate"], reports["champion"], recipe.gate, base_general_loss=base_loss
+    )
+    return reports, decision
+
+
 def _tag_how_trained(registry: Any, run_id: str, inverted: bool, method_reason: str | None) -> None:
     if inverted:
         registry.tag_run(run_id, "flywheel.inverted_preferences", "true")
@@ -215,8 +276,6 @@ def train_line(
     worse adapter, for rehearsing a rollback: ``flywheel loop --bad-canary``);
     it always trains anew and its run is tagged so.
     """
-    from eval.gate import decide_promotion
-    from eval.offline import evaluate_model, load_eval_data, load_for_eval, pii_detector_for
     from registry.records import TAG_ENDED_BECAUSE, truncate
     from training.base_model import ensure_base_model
     from training.train import train_adapter, trains_in_bf16
@@ -285,28 +344,21 @@ def train_line(
             },
         )
         registry.log_adapter(run_id, result.adapter_dir)
-        data = load_eval_data(build.path, max_samples=recipe.eval_generations)
-        detector = pii_detector_for(clients.scrubber, GENERATION_PII_TYPES)
         champion_adapter = (
             registry.adapter_path(line, champion_version) if champion_version is not None else None
         )
-        reports: dict[str, EvalReport] = {}
-        for name, adapter in (("champion", champion_adapter), ("candidate", result.adapter_dir)):
-            model, tokenizer = load_for_eval(base_dir, adapter)
-            label = name if adapter is not None else "base"
-            reports[name] = evaluate_model(
-                model,
-                tokenizer,
-                data,
-                name=label,
-                canaries=canaries,
-                pii_detector=detector,
-                max_length=recipe.max_length,
-                mixed_precision=result.device == "cpu"
-                and trains_in_bf16(recipe.precision, on_gpu=False),
-            )
-            del model
-        decision = decide_promotion(reports["candidate"], reports["champion"], recipe.gate)
+        reports, decision = _evaluate_and_gate(
+            clients,
+            recipe,
+            base_dir,
+            build.path,
+            champion_adapter,
+            result.adapter_dir,
+            mixed_precision=result.device == "cpu"
+            and trains_in_bf16(recipe.precision, on_gpu=False),
+            canaries=canaries,
+            log_base_loss=lambda loss: registry.log_metrics(run_id, {"base.general_loss": loss}),
+        )
         registry.log_evaluation(run_id, reports["candidate"], reports["champion"], decision)
         version = registry.register_adapter(
             run_id,

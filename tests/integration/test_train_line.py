@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,52 @@ def test_a_rank_the_server_cannot_load_fails_before_training(
     assert not (settings.runs_dir / "customer_service").exists() or not any(
         (settings.runs_dir / "customer_service").rglob("adapter_model.safetensors")
     )
+
+
+def _drift_detail(outcome: Any) -> tuple[float, float]:
+    """(candidate, base) general-set losses from the gate's drift check."""
+    assert outcome.decision is not None, outcome.reason
+    [check] = [c for c in outcome.decision.checks if c.name == "general_loss_drift"]
+    found = re.search(r"model (\d+\.\d+) vs base (\d+\.\d+) \(", check.detail)
+    assert found, check.detail
+    return float(found.group(1)), float(found.group(2))
+
+
+def test_drift_bound_measures_a_continued_adapter_against_the_base_model(
+    tmp_path: Path, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Night 1 reads the base's general-set loss off the champion's report (the champion is
+    the base); night 2 continues v1's adapter and scores the base model once more: the
+    same loss, the reference however many nights the line has continued."""
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(base_model_dir))
+    # A high rate for six steps, so that v1 moves the general-set loss visibly.
+    recipe = (
+        RECIPE.replace(
+            "max_general_loss_increase: 10,",
+            "max_general_loss_increase: 10,\n       max_general_loss_drift: 10,",
+        ).replace("learning_rate: 2.0e-4\nmax_steps: 2", "learning_rate: 3.0e-3\nmax_steps: 6")
+        + "start_from: champion\n"
+    )
+    settings = _settings_with(recipe, tmp_path, monkeypatch)
+    _simulated_dataset(settings, requests=300, seed=3).close()
+    first = train_line(settings, build_clients(settings), "customer_service")
+    assert first.status == "trained", first.reason
+    _, base_on_night_1 = _drift_detail(first)
+    registry = Registry.for_home(settings.home)
+    registry.set_alias("customer_service", "champion", 1)
+
+    _simulated_dataset(settings, requests=300, seed=4).close()
+    second = train_line(settings, build_clients(settings), "customer_service")
+
+    assert second.status == "trained", second.reason
+    _, base_on_night_2 = _drift_detail(second)
+    # Scored alone, not batched beside the held-out pairs: bfloat16 rounding may differ a hair.
+    assert base_on_night_2 == pytest.approx(base_on_night_1, rel=0.01)
+    # ... and not the champion's: v1 moved the general-set loss, the reference did not move.
+    [step] = [c for c in second.decision.checks if c.name == "general_loss"]
+    found = re.search(r"vs champion (\d+\.\d+) \(", step.detail)
+    assert found, step.detail
+    assert abs(float(found.group(1)) - base_on_night_2) > 0.02 * base_on_night_2, step.detail
+    [latest, *_] = registry.recent_runs("customer_service")
+    run = registry.client.get_run(latest.run_id)
+    assert run.data.metrics["base.general_loss"] == pytest.approx(base_on_night_2, abs=5e-4)

@@ -245,6 +245,42 @@ def test_each_guard_rejects_on_its_own(change: dict[str, Any], check: str, words
     assert words in detail(candidate, check)
 
 
+def test_drift_over_the_base_is_bounded_across_nights() -> None:
+    """Each night within its own +10% of the champion, a continued line still stops where
+    its general-set loss has risen past the bound over the base model."""
+    policy = POLICY.model_copy(update={"max_general_loss_drift": 0.3})
+    # The champion already sits at 2.00 (+25% over a base of 1.60); +5% more is +31%.
+    candidate = dataclasses.replace(GOOD, general_loss=2.10)
+
+    decision = decide_promotion(candidate, CHAMPION, policy, base_general_loss=1.60)
+    assert {c.name for c in decision.checks if not c.passed} == {"general_loss_drift"}
+    drift = next(c for c in decision.checks if c.name == "general_loss_drift")
+    assert drift.detail == (
+        "general-set loss against the base model 2.100 vs base 1.600 "
+        "(+31.2%, allowed <= +30.0% over all nights)"
+    )
+    within = decide_promotion(GOOD, CHAMPION, policy, base_general_loss=1.60)
+    assert within.promote
+    assert "(+25.0%, allowed <= +30.0% over all nights)" in next(
+        c.detail for c in within.checks if c.name == "general_loss_drift"
+    )
+
+
+def test_drift_bound_without_the_base_loss_refuses_and_says_so() -> None:
+    policy = POLICY.model_copy(update={"max_general_loss_drift": 0.3})
+
+    decision = decide_promotion(GOOD, CHAMPION, policy)
+    assert not decision.promote
+    assert [c.detail for c in decision.checks if not c.passed] == [
+        "general-set loss against the base model: the base model's loss was not measured"
+    ]
+
+
+def test_drift_bound_is_off_unless_set() -> None:
+    checks = decide_promotion(GOOD, CHAMPION, POLICY, base_general_loss=0.5).checks
+    assert {c.name for c in checks} == ALL_CHECKS
+
+
 def test_too_few_held_out_pairs_is_rejected() -> None:
     policy = POLICY.model_copy(update={"min_eval_pairs": 100})
 
