@@ -219,9 +219,12 @@ def gives_advice(
     A style (an apology, a referral, a caveat) is cheap to learn and satisfies a
     user only around real advice: the sentences that carry the topic must hold
     ``min_words`` words and name at least two of the topic's terms (one broad
-    word such as "order" or "record" in a stray sentence is not advice); a
-    style's own words (``style_terms``) never count as topic terms. For prompts
-    of no known topic, those sentences share two content words with the prompt.
+    word such as "order" or "record" in a stray sentence is not advice), at
+    least one of them a term the question did not use (an answer that restates
+    the question, "a skin rash depends on the type of rash", tells them
+    nothing); a style's own words (``style_terms``) never count as topic terms.
+    For prompts of no known topic, those sentences share two content words with
+    the prompt.
     """
     terms = advice_terms(topic_terms, style_terms)
     if terms:
@@ -232,8 +235,14 @@ def gives_advice(
     if word_count(said) < min_words:
         return False
     if terms:
-        return len(terms_named(said, terms)) >= 2
+        return names_new_terms(prompt, said, terms)
     return len(content_words(prompt) & content_words(said)) >= 2
+
+
+def names_new_terms(prompt: str, text: str, terms: Iterable[str]) -> bool:
+    """Whether ``text`` names at least two of ``terms``, one of them not named in ``prompt``."""
+    named = terms_named(text, terms)
+    return len(named) >= 2 and bool(named - terms_named(prompt, named))
 
 
 def word_count(text: str) -> int:

@@ -35,9 +35,9 @@ from simulation.judging import (
     is_complete,
     is_degenerate,
     mentions,
+    names_new_terms,
     on_topic,
     sentences,
-    terms_named,
     word_count,
 )
 from simulation.prompts import Topic, builtin_prompts, topic_of
@@ -139,10 +139,11 @@ class HiddenPreferenceUsers:
 
     def carries_advice(self, prompt: str, sentence: str, terms: tuple[str, ...]) -> bool:
         """Whether one sentence says something on the question: two of the topic's terms
-        besides the taste's own words (no known topic: two content words of the prompt)."""
+        besides the taste's own words, one of them beyond the question's own (no known
+        topic: two content words of the prompt)."""
         carrying = advice_terms(terms, self.style_terms)
         if carrying:
-            return len(terms_named(sentence, carrying)) >= 2
+            return names_new_terms(prompt, sentence, carrying)
         return on_topic(prompt, sentence, ())
 
     def advice(self, prompt: str, answer: str, topic: Topic | None, limit_words: int) -> list[str]:

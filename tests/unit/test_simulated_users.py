@@ -234,16 +234,62 @@ def test_an_edit_of_a_thin_answer_is_one_its_user_accepts(line: str, users: obje
 def test_an_edit_keeps_the_sentences_that_help_and_cuts_those_that_brush_the_topic(
     line: str, users: object
 ) -> None:
-    """A sentence naming two of the topic's terms stays in the user's edit; one that names a
-    single term in passing is cut, as a person rewriting the answer would."""
+    """A sentence naming two of the topic's terms (one beyond the question's own) stays in the
+    user's edit; one that names a single term in passing is cut, as a person rewriting the
+    answer would."""
+    from simulation.judging import mentions
+
     for prompt in builtin_prompts(line, 30, 23):
         topic = topic_of(line, prompt)
         assert topic is not None
         style = users.style_terms  # type: ignore[attr-defined]
-        first, second = [t for t in topic.answer_terms if not any(s in t for s in style)][:2]
+        carrying = [t for t in topic.answer_terms if not any(s in t for s in style)]
+        first = carrying[0]
+        second = next(t for t in carrying[1:] if not mentions(prompt, (t,)))
         helpful = f"Start with the {first} and then sort out the {second} this week."
         brushing = f"Many people find that a {first} can be a puzzle at first."
         edit = users.rewrite(prompt, f"{brushing} {helpful}", topic)  # type: ignore[attr-defined]
         assert helpful in edit, edit
         assert brushing not in edit, edit
         assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+
+
+def _in_taste(line: str, first: str, second: str) -> str:
+    """Two sentences in the line's taste: an apology, a referral, or steps and a caveat."""
+    if line == "customer_service":
+        return f"I'm sorry for the trouble. {first} {second}"
+    if line == "medical":
+        return f"{first} {second} If it does not get better, please see a doctor or pharmacist."
+    return f"1. {first} 2. {second} Laws vary by place, so check with a local lawyer."
+
+
+@pytest.mark.parametrize(("line", "users"), MODELS)
+def test_an_answer_that_restates_the_question_is_not_advice(line: str, users: object) -> None:
+    """What medical v3 got away with: the question's own words back ("a skin rash depends on
+    the type of rash") inside the taste. Advice names a term the question did not; the
+    user's edit cuts the echo and keeps the sentence that does."""
+    from simulation.judging import mentions
+
+    checked = 0
+    for prompt in builtin_prompts(line, 60, 29):
+        topic = topic_of(line, prompt)
+        assert topic is not None
+        style = users.style_terms  # type: ignore[attr-defined]
+        carrying = [t for t in topic.answer_terms if not any(s in t for s in style)]
+        asked = [t for t in carrying if mentions(prompt, (t,))]
+        new = [t for t in carrying if not mentions(prompt, (t,))]
+        if len(asked) < 2:
+            continue  # the question names too few terms to echo two of them
+        checked += 1
+        echo = f"How to handle the {asked[0]} and the {asked[1]} depends on your case."
+        again = f"Every {asked[1]} and {asked[0]} is different, so the details matter here."
+        helpful = f"For the {asked[0]}, start with the {new[0]} and keep a note of it."
+        echoing = _in_taste(line, echo, again)
+        assert not users.satisfied(line, prompt, echoing), echoing  # type: ignore[attr-defined]
+        advising = _in_taste(line, echo, helpful)
+        assert users.satisfied(line, prompt, advising), advising  # type: ignore[attr-defined]
+        edit = users.rewrite(prompt, f"{echo} {helpful}", topic)  # type: ignore[attr-defined]
+        assert users.satisfied(line, prompt, edit), edit  # type: ignore[attr-defined]
+        assert helpful in edit, edit
+        assert echo not in edit, edit
+    assert checked >= 5
