@@ -95,10 +95,25 @@ def test_adding_a_replica_moves_only_the_lines_that_now_rank_it_first(
     moved = [line for line in lines if before[line] != after[line]]
     # Every move goes to the new replica; none shuffles between the old ones.
     assert all(after[line] == (after_urls[-1],) for line in moved)
-    # About 1/(N+1) of the lines move (binomial: a generous bound for 40 lines).
-    assert len(moved) <= len(lines) / (count + 1) + 3 * (len(lines) / (count + 1)) ** 0.5 + 2
     # Removing it again puts every line back where it was.
     assert plan_placement(lines, before_urls, hot_share=1.0) == before
+
+
+@pytest.mark.parametrize("count", range(2, 9))
+def test_adding_a_replica_moves_about_its_share_of_the_lines(count: int) -> None:
+    """About 1/(N+1) of the lines move to an (N+1)th replica. A share is a statistical
+    property: checked on 4,000 fixed names (within 5 standard deviations of the binomial),
+    not on the 40 lines of a searched example, where a search finds a rare salt that moves
+    three times the share."""
+    lines = {f"line-{i}": 1 for i in range(4_000)}
+    before_urls = [f"http://r{i}" for i in range(count)]
+    after_urls = [*before_urls, f"http://r{count}"]
+    before = plan_placement(lines, before_urls, hot_share=1.0)
+    after = plan_placement(lines, after_urls, hot_share=1.0)
+    moved = sum(before[line] != after[line] for line in lines)
+    share = 1 / (count + 1)
+    spread = (len(lines) * share * (1 - share)) ** 0.5
+    assert abs(moved - len(lines) * share) <= 5 * spread, (moved, len(lines) * share)
 
 
 def test_the_rendezvous_order_does_not_depend_on_the_list_order() -> None:
