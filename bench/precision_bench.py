@@ -108,8 +108,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
+    from flywheel.hardware import cpu_has_bf16
     from training.base_model import ensure_base_model
-    from training.train import cpu_has_bf16
 
     base = ensure_base_model(args.models)
     print(f"CPU has native bfloat16 (AVX512-BF16 or AMX): {cpu_has_bf16()}")

@@ -655,7 +655,7 @@ def serve_vllm(
         model=base,
         port=port,
         served_model_name=os.environ.get("FLYWHEEL_VLLM_SERVED_MODEL_NAME") or base.name,
-    )
+    ).for_this_cpu()
     if print_command:
         env = server_settings.environment({})
         flags = " ".join(f"{k}={v}" for k, v in sorted(env.items()))

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Literal, Self
 
 import httpx
 from pydantic import Field, field_validator
@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.errors import FlywheelError
 from flywheel.file_modes import open_private, private_dir
+from flywheel.hardware import cpu_serving_dtype
 from flywheel.install import (
     DEFAULT_TORCH_INDEX,
     InstallError,
@@ -276,6 +277,12 @@ class VllmServerSettings(BaseSettings):
         default=True, description="VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes."
     )
     start_timeout_s: float = Field(default=240.0, gt=0.0, le=3_600.0)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="--dtype; 'auto' leaves it to vLLM, except that a CPU server started "
+        "here (VllmServer, `flywheel serve vllm`) serves in float32 on an x86 CPU without "
+        "AVX-512, where vLLM emulates bfloat16 (flywheel.hardware.cpu_serving_dtype).",
+    )
     extra_args: tuple[str, ...] = ()
 
     @field_validator("max_lora_rank")
@@ -304,7 +311,17 @@ class VllmServerSettings(BaseSettings):
             "--host", self.host,
             "--port", str(self.port),
         ]  # fmt: skip
+        if self.dtype != "auto":
+            argv += ["--dtype", self.dtype]
         return [*argv, *self.extra_args]
+
+    def for_this_cpu(self) -> VllmServerSettings:
+        """These settings for a vLLM CPU server on this machine: ``dtype`` 'auto' resolved
+        to what its CPU serves fastest (:func:`flywheel.hardware.cpu_serving_dtype`)."""
+        if self.dtype != "auto":
+            return self
+        dtype = cpu_serving_dtype()
+        return self if dtype == "auto" else self.model_copy(update={"dtype": dtype})
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The server's environment: ``base`` (this process's by default) plus vLLM's switches."""
@@ -345,7 +362,7 @@ class VllmServer:
         env: Mapping[str, str] | None = None,
         report: Callable[[str], None] | None = None,
     ) -> None:
-        self.settings = settings
+        self.settings = settings.for_this_cpu()
         self.python = python
         self.log_path = log_path
         self._env = env
@@ -381,7 +398,8 @@ class VllmServer:
         private_dir(self.log_path.parent)
         self._log = os.fdopen(open_private(self.log_path), "wb")
         started = time.monotonic()
-        self._report(f"starting vLLM on {self.base_url} (log: {self.log_path})")
+        dtype = "" if self.settings.dtype == "auto" else f", {self.settings.dtype}"
+        self._report(f"starting vLLM on {self.base_url}{dtype} (log: {self.log_path})")
         self._process = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
             self.command(),
             stdin=subprocess.DEVNULL,

