@@ -23,6 +23,7 @@ from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
+    from simulation.traffic import Sampling
 
 DEFAULT_USERS = "simulation.users:BuiltinUsers"
 
@@ -74,10 +75,27 @@ def loop(
     review_noise: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Share of verdicts a reviewer gets wrong.")
     ] = 0.1,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=4_096,
+            help="Longest answer the users ask for, in tokens (traffic and the final scoring).",
+        ),
+    ] = 96,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=2.0,
+            help="Sampling temperature of the users' requests and of the final scoring.",
+        ),
+    ] = 0.7,
 ) -> None:
     """Run N nights of the loop with simulated users who react to the real answers, then score
     the base model and the final champion on fresh prompts."""
     from simulation.protocol import load_users
+    from simulation.traffic import Sampling
 
     settings = _loop_settings(load_settings())
     if line not in settings.business_lines:
@@ -109,6 +127,7 @@ def loop(
         reviewers=reviewers,
         reviews_per_round=reviews_per_round,
         review_noise=review_noise,
+        sampling=Sampling(max_tokens=max_tokens, temperature=temperature),
     )
     document = scrub_examples(result.as_dict(), clients(settings).scrubber)
     plot_path = settings.home / "loop" / f"{line}-seed{seed}.png"
@@ -146,10 +165,14 @@ def run_loop_command(
     reviewers: int = 0,
     reviews_per_round: int = 40,
     review_noise: float = 0.1,
+    sampling: Sampling | None = None,
 ) -> Any:
-    """The loop on live services, with progress and a table per night."""
+    """The loop on live services, with progress and a table per night; ``sampling`` (default
+    :class:`~simulation.traffic.Sampling`'s) is how the users' requests and the final scoring
+    ask the model to answer."""
     from simulation.live import live_services
     from simulation.loop import LoopPlan, run_loop
+    from simulation.traffic import Sampling
 
     plan = LoopPlan(
         business_line=line,
@@ -162,12 +185,14 @@ def run_loop_command(
         concurrency=concurrency,
         reviews_per_round=reviews_per_round if reviewers else 0,
         review_noise=review_noise,
+        sampling=sampling or Sampling(),
     )
     out.print(
         f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
-        f"{users.spec}; canary traffic: {canary_users} users per arm per round until the canary "
-        f"flow decides (at most {plan.canary_rounds} rounds), picked with the gateway's own "
-        "sticky split so a 5% canary gets enough of them"
+        f"{users.spec}, answers of at most {plan.sampling.max_tokens} tokens at temperature "
+        f"{plan.sampling.temperature:g}; canary traffic: {canary_users} users per arm per round "
+        f"until the canary flow decides (at most {plan.canary_rounds} rounds), picked with the "
+        "gateway's own sticky split so a 5% canary gets enough of them"
     )
     nights_done: list[int] = []
 

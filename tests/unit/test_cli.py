@@ -107,3 +107,31 @@ def test_serve_vllm_prints_its_command(
     assert f"--model {model}" in line
     assert "--enable-lora" in line
     assert "--host 127.0.0.1 --port 8123" in line
+
+
+def test_loop_passes_its_sampling_to_the_users_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cli.commands.loop as loop_command
+
+    seen: dict[str, object] = {}
+
+    class StopError(Exception):
+        pass
+
+    def run_loop_command(*_args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise StopError
+
+    monkeypatch.setattr(loop_command, "run_loop_command", run_loop_command)
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    argv = ["loop", "--line", "customer_service", "--max-tokens", "48", "--temperature", "0"]
+    result = runner.invoke(app, argv)
+    assert isinstance(result.exception, StopError), result.output
+    sampling = seen["sampling"]
+    assert (sampling.max_tokens, sampling.temperature) == (48, 0.0)  # type: ignore[attr-defined]
+    assert sampling.top_p == 0.9  # type: ignore[attr-defined]
+    for bad in (["--max-tokens", "0"], ["--temperature", "2.5"]):
+        refused = cli("loop", "--line", "customer_service", *bad, home=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert "Traceback" not in refused.stderr
