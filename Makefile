@@ -40,8 +40,8 @@ test: setup ## Lint, types of the pure packages, unit and integration tiers, min
 	$(BIN)/mypy
 	$(BIN)/pytest -m "not slow"
 
-test-slow: setup ## The slow tier: real training, model evaluation, MLflow server, vLLM on CPU
-	$(BIN)/pytest -m slow
+test-slow: setup ## The slow tier: real training, model evaluation, MLflow server, vLLM on CPU (each test's line says the minutes so far)
+	$(BIN)/pytest -m slow -v --durations=15
 
 test-unit: setup ## Hermetic unit tier only
 	$(BIN)/pytest -m "not integration"

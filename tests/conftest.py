@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,23 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if config.getoption("verbose") > 0:
+        config.pluginmanager.register(_Elapsed(config), "flywheel-elapsed")
+
+
+class _Elapsed:
+    """With ``-v``, each test's line ends with the minutes since the run began: a run that
+    CI stops at its time limit still shows where the time went (``--durations`` is printed
+    only at the end)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.started = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write(f" [{(time.monotonic() - self.started) / 60:.1f} min]")
 
 
 def shared_file(relative: str) -> Path:
