@@ -76,26 +76,23 @@ def loop(
         float, typer.Option(min=0.0, max=0.5, help="Share of verdicts a reviewer gets wrong.")
     ] = 0.1,
     max_tokens: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=1,
-            max=4_096,
-            help="Longest answer the users ask for, in tokens (traffic and the final scoring).",
+            help="Longest answer the users ask for, in tokens, in the traffic and the final "
+            "scoring (default: simulation.traffic.Sampling's).",
         ),
-    ] = 96,
+    ] = None,
     temperature: Annotated[
-        float,
+        float | None,
         typer.Option(
-            min=0.0,
-            max=2.0,
-            help="Sampling temperature of the users' requests and of the final scoring.",
+            help="Sampling temperature of the users' requests and of the final scoring "
+            "(default: simulation.traffic.Sampling's).",
         ),
-    ] = 0.7,
+    ] = None,
 ) -> None:
     """Run N nights of the loop with simulated users who react to the real answers, then score
     the base model and the final champion on fresh prompts."""
     from simulation.protocol import load_users
-    from simulation.traffic import Sampling
 
     settings = _loop_settings(load_settings())
     if line not in settings.business_lines:
@@ -111,6 +108,7 @@ def loop(
                 f"--reviewers needs a review block in {line}'s recipe "
                 f"({settings.recipes_dir / (line + '.yaml')}): share, rubric, min_reviews"
             )
+    sampling = _sampling(max_tokens=max_tokens, temperature=temperature)
     loaded = load_users(users)
     loaded.check(line)
     result = run_loop_command(
@@ -127,7 +125,7 @@ def loop(
         reviewers=reviewers,
         reviews_per_round=reviews_per_round,
         review_noise=review_noise,
-        sampling=Sampling(max_tokens=max_tokens, temperature=temperature),
+        sampling=sampling,
     )
     document = scrub_examples(result.as_dict(), clients(settings).scrubber)
     plot_path = settings.home / "loop" / f"{line}-seed{seed}.png"
@@ -140,6 +138,22 @@ def loop(
     out.print(
         f"plot: {plot_path}; MLflow run {run_id}" + (f"; JSON: {json_path}" if json_path else "")
     )
+
+
+def _sampling(**chosen: float | None) -> Sampling:
+    """The traffic's sampling with the options given on the command line; a value out of its
+    range is a usage error naming the option."""
+    from pydantic import ValidationError
+
+    from simulation.traffic import Sampling
+
+    try:
+        return Sampling.model_validate({k: v for k, v in chosen.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg']}" for error in exc.errors()
+        )
+        raise UsageError(problems) from None
 
 
 def _loop_settings(settings: Settings) -> Settings:

@@ -113,6 +113,7 @@ def test_loop_passes_its_sampling_to_the_users_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import cli.commands.loop as loop_command
+    from simulation.traffic import Sampling
 
     seen: dict[str, object] = {}
 
@@ -131,7 +132,11 @@ def test_loop_passes_its_sampling_to_the_users_requests(
     sampling = seen["sampling"]
     assert (sampling.max_tokens, sampling.temperature) == (48, 0.0)  # type: ignore[attr-defined]
     assert sampling.top_p == 0.9  # type: ignore[attr-defined]
-    for bad in (["--max-tokens", "0"], ["--temperature", "2.5"]):
-        refused = cli("loop", "--line", "customer_service", *bad, home=tmp_path)
+    seen.clear()
+    assert isinstance(runner.invoke(app, argv[:3]).exception, StopError)
+    assert seen["sampling"] == Sampling()  # no option: the traffic's own defaults
+    for option, value in (("--max-tokens", "0"), ("--temperature", "2.5")):
+        refused = cli("loop", "--line", "customer_service", option, value, home=tmp_path)
         assert refused.returncode == 2, refused.stderr
+        assert option in refused.stderr
         assert "Traceback" not in refused.stderr
