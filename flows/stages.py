@@ -318,11 +318,15 @@ def train_line(
                 "the adapter could never be loaded; lower lora.rank or serve a higher rank"
             )
         champion_version = registry.alias_version(line, "champion")
+        # An inverted adapter starts from the base model: continuing the champion, it kept
+        # what the champion had learnt and beat it on the users (0.55 against 0.24 satisfied,
+        # customer service, 2026-12-04), which is no test of catching a worse canary.
+        continues = recipe.start_from == "champion" and not invert_preferences
         result = train_adapter(
             recipe,
             init_adapter=(
                 registry.adapter_path(line, champion_version)
-                if recipe.start_from == "champion" and champion_version is not None
+                if continues and champion_version is not None
                 else None
             ),
             base_model_dir=base_dir,
