@@ -319,8 +319,8 @@ def train_line(
             )
         champion_version = registry.alias_version(line, "champion")
         # An inverted adapter starts from the base model: continuing the champion, it kept
-        # what the champion had learnt and beat it on the users (0.55 against 0.24 satisfied,
-        # customer service, 2026-12-04), which is no test of catching a worse canary.
+        # much of what the champion had learnt (0.17 satisfied against v1's 0.31, customer
+        # service at 458fe3b), a canary hardly worse than the one it replaces.
         continues = recipe.start_from == "champion" and not invert_preferences
         result = train_adapter(
             recipe,

@@ -95,6 +95,15 @@ def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> Nig
     from flywheel.settings import load_settings
 
     settings = load_settings()
+    if row["status"] == "deployed":
+        # Tonight's canary is the inverted adapter: the nightly's own candidate, just put on
+        # the canary, would keep it waiting (rollout.on_live_canary: keep) and be judged
+        # instead, as happened once its recipe let it through the gate.
+        clients.routes.clear_canary(
+            line,
+            actor="loop --bad-canary",
+            reason=f"{row['adapter']} replaced by an adapter trained on inverted preferences",
+        )
     trained = train_line(settings, clients, line, invert_preferences=True)
     if trained.version is None:
         return NightlyResult("skipped", f"no inverted adapter: {trained.reason}")
