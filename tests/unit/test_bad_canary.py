@@ -1,0 +1,67 @@
+"""`flywheel loop --bad-canary`: the night's canary is the inverted adapter, whatever the
+nightly's own candidate did (the training and the deploy are faked; the order of the
+route changes is the logic under test)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import flows.rollout
+import flows.stages
+import flywheel.settings
+from simulation.live import _deploy_inverted
+
+
+class _Routes:
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def clear_canary(self, line: str, *, actor: str, reason: str | None = None) -> None:
+        self.calls.append(f"clear {line}: {reason}")
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    made: list[str] = []
+
+    def train_line(settings: Any, clients: Any, line: str, **kwargs: Any) -> Any:
+        made.append(f"train {line} inverted={kwargs.get('invert_preferences')}")
+        return SimpleNamespace(version=3, reason="trained")
+
+    def deploy_canary(settings: Any, clients: Any, line: str, version: int, upstreams: Any) -> Any:
+        made.append(f"deploy {line}-v{version}")
+        return SimpleNamespace(status="canary", reason="on 5%", adapter=f"{line}-v{version}")
+
+    monkeypatch.setattr(flows.stages, "train_line", train_line)
+    monkeypatch.setattr(flows.rollout, "deploy_canary", deploy_canary)
+    monkeypatch.setattr(
+        flywheel.settings,
+        "load_settings",
+        lambda: SimpleNamespace(gateway=SimpleNamespace(upstreams=("http://vllm",))),
+    )
+    return made
+
+
+def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed(
+    calls: list[str],
+) -> None:
+    clients = SimpleNamespace(routes=_Routes(calls))
+    row = {"status": "deployed", "adapter": "cs-v2", "version": 2}
+    result = _deploy_inverted(clients, "cs", row)  # type: ignore[arg-type]
+    assert calls == [
+        "clear cs: cs-v2 replaced by an adapter trained on inverted preferences",
+        "train cs inverted=True",
+        "deploy cs-v3",
+    ]
+    assert (result.status, result.version, result.adapter) == ("deployed", 3, "cs-v3")
+    assert "inverted preferences" in result.reason
+
+
+@pytest.mark.parametrize("status", ["gated_out", "skipped", "reused", "canary_live"])
+def test_no_canary_of_the_nightly_leaves_the_routes_alone(calls: list[str], status: str) -> None:
+    clients = SimpleNamespace(routes=_Routes(calls))
+    _deploy_inverted(clients, "cs", {"status": status, "adapter": None})  # type: ignore[arg-type]
+    assert calls == ["train cs inverted=True", "deploy cs-v3"]
