@@ -90,20 +90,24 @@ def flow_nightly(
 
 
 def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
-    from flows.rollout import deploy_canary
+    from flows.nightly import LineStatus
+    from flows.rollout import deploy_canary, rollout
     from flows.stages import train_line
     from flywheel.settings import load_settings
+    from registry.lifecycle import CanaryStoppedByHand
 
     settings = load_settings()
-    if row["status"] == "deployed":
+    if row["status"] == LineStatus.DEPLOYED:
         # Tonight's canary is the inverted adapter: the nightly's own candidate, just put on
         # the canary, would keep it waiting (rollout.on_live_canary: keep) and be judged
-        # instead, as happened once its recipe let it through the gate.
-        clients.routes.clear_canary(
-            line,
-            actor="loop --bad-canary",
-            reason=f"{row['adapter']} replaced by an adapter trained on inverted preferences",
+        # instead, as happened once its recipe let it through the gate. Stopped through the
+        # lifecycle, like a canary taken out by hand: route cleared, version rejected, unloaded.
+        parts = rollout(
+            settings, clients, line, settings.gateway.upstreams, actor="loop --bad-canary"
         )
+        state = parts.state()
+        reason = f"{row['adapter']} replaced by an adapter trained on inverted preferences"
+        parts.apply(state, parts.advance(state, CanaryStoppedByHand(reason)))
     trained = train_line(settings, clients, line, invert_preferences=True)
     if trained.version is None:
         return NightlyResult("skipped", f"no inverted adapter: {trained.reason}")

@@ -1,6 +1,7 @@
 """`flywheel loop --bad-canary`: the night's canary is the inverted adapter, whatever the
-nightly's own candidate did (the training and the deploy are faked; the order of the
-route changes is the logic under test)."""
+nightly's own candidate did (the lifecycle, the training and the deploy are faked; what the
+inverted night asks of them, in order, is the logic under test; the lifecycle's own handling
+of a canary stopped by hand is tests/unit/test_lifecycle.py's)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ import flywheel.settings
 from simulation.live import _deploy_inverted
 
 
-class _Routes:
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
+class _Rollout:
+    """The lifecycle's parts as the inverted night uses them: the event it is sent."""
 
-    def clear_canary(self, line: str, *, actor: str, reason: str | None = None) -> None:
-        self.calls.append(f"clear {line}: {reason}")
+    def __init__(self, calls: list[str], line: str, actor: str) -> None:
+        self.calls, self.line, self.actor = calls, line, actor
+
+    def state(self) -> str:
+        return "state"
+
+    def advance(self, state: str, event: Any) -> Any:
+        return (type(event).__name__, event.reason)
+
+    def apply(self, state: str, transition: Any) -> None:
+        name, reason = transition
+        self.calls.append(f"{name} {self.line} by {self.actor}: {reason}")
 
 
 @pytest.fixture
@@ -35,6 +45,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         made.append(f"deploy {line}-v{version}")
         return SimpleNamespace(status="canary", reason="on 5%", adapter=f"{line}-v{version}")
 
+    def rollout(settings: Any, clients: Any, line: str, upstreams: Any, *, actor: str) -> Any:
+        return _Rollout(made, line, actor)
+
+    monkeypatch.setattr(flows.rollout, "rollout", rollout)
     monkeypatch.setattr(flows.stages, "train_line", train_line)
     monkeypatch.setattr(flows.rollout, "deploy_canary", deploy_canary)
     monkeypatch.setattr(
@@ -48,11 +62,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed(
     calls: list[str],
 ) -> None:
-    clients = SimpleNamespace(routes=_Routes(calls))
     row = {"status": "deployed", "adapter": "cs-v2", "version": 2}
-    result = _deploy_inverted(clients, "cs", row)  # type: ignore[arg-type]
+    result = _deploy_inverted(SimpleNamespace(), "cs", row)  # type: ignore[arg-type]
     assert calls == [
-        "clear cs: cs-v2 replaced by an adapter trained on inverted preferences",
+        "CanaryStoppedByHand cs by loop --bad-canary: "
+        "cs-v2 replaced by an adapter trained on inverted preferences",
         "train cs inverted=True",
         "deploy cs-v3",
     ]
@@ -62,6 +76,5 @@ def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed
 
 @pytest.mark.parametrize("status", ["gated_out", "skipped", "reused", "canary_live"])
 def test_no_canary_of_the_nightly_leaves_the_routes_alone(calls: list[str], status: str) -> None:
-    clients = SimpleNamespace(routes=_Routes(calls))
-    _deploy_inverted(clients, "cs", {"status": status, "adapter": None})  # type: ignore[arg-type]
+    _deploy_inverted(SimpleNamespace(), "cs", {"status": status, "adapter": None})  # type: ignore[arg-type]
     assert calls == ["train cs inverted=True", "deploy cs-v3"]
