@@ -25,6 +25,7 @@ from cli.commands.common import (
 from cli.commands.dedup import dedup as dedup_command
 from cli.commands.evaluate import evaluate as evaluate_command
 from cli.commands.experiments import experiment_app
+from cli.commands.loop import FEEDBACK_HELP
 from cli.commands.loop import loop as loop_command
 from cli.commands.placement import placement_app
 from cli.commands.privacy import forget as forget_command
@@ -299,6 +300,9 @@ def simulate(
             "that reacts to each real answer."
         ),
     ] = "simulation.users:BuiltinUsers",
+    feedback: Annotated[
+        str | None, typer.Option(help="With --gateway: " + FEEDBACK_HELP)
+    ] = None,
 ) -> None:
     """Generate realistic traffic with feedback and store it, write it as JSONL, or send
     simulated users through the gateway to vLLM, reacting to the answers they get (the
@@ -323,8 +327,10 @@ def simulate(
             flood_share=flood_share,
             rates=rates,
         )
+        if feedback is not None and gateway is None:
+            raise UsageError("--feedback sets how the users of --gateway react; give --gateway too")
         if gateway is not None:
-            _drive_gateway(gateway, api_key, users, simulation, concurrency)
+            _drive_gateway(gateway, api_key, users, simulation, concurrency, feedback)
             return
         events = TrafficSimulator(simulation).events()
         if out_path is not None:
@@ -345,7 +351,12 @@ def simulate(
 
 
 def _drive_gateway(
-    url: str, api_key: str | None, spec: str, simulation: Any, concurrency: int
+    url: str,
+    api_key: str | None,
+    spec: str,
+    simulation: Any,
+    concurrency: int,
+    feedback: str | None = None,
 ) -> None:
     from flywheel.progress import progress_bar
     from simulation.protocol import load_users
@@ -353,10 +364,11 @@ def _drive_gateway(
 
     if not api_key:
         raise UsageError("--gateway needs --api-key (or FLYWHEEL_API_KEY)")
-    users = load_users(spec)
+    users = load_users(spec, feedback)
     lines = simulation.business_lines
     for line in lines:
         users.check(line)
+    out.print(f"users {spec}: {users.describe_feedback()}")
     traffic = UserTraffic(url, api_key, users, concurrency=concurrency)
     failed = False
     for index, line in enumerate(lines):
@@ -766,6 +778,14 @@ def demo(
     users: Annotated[
         str, typer.Option(help="User model: path/to/file.py:NAME or package.module:NAME.")
     ] = "simulation.users:BuiltinUsers",
+    feedback: Annotated[
+        str,
+        typer.Option(
+            help="How often the users voice what they think (see flywheel loop --help). The "
+            "demo's one night uses dense users, whose signals suffice to train on 200 requests; "
+            "at the realistic rates a night of 200 requests has too few to train on."
+        ),
+    ] = "dense",
     no_serve: Annotated[
         bool,
         typer.Option("--no-serve", help="Stop after the cleaning funnel: no vLLM, no loop."),
@@ -797,7 +817,7 @@ def demo(
     settings = _loop_settings(_settings())
     if train_line_name not in settings.business_lines:
         raise UsageError(f"unknown business line {train_line_name!r}")
-    loaded = load_users(users)
+    loaded = load_users(users, feedback)
     loaded.check(train_line_name)
     store = _open_store(settings)
     out.print(f"[bold]1/3[/] feedback store: {_safe_url(settings)}")

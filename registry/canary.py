@@ -93,6 +93,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flywheel.quantiles import observed_quantile
+from registry.ppi import SatisfactionSample, estimate
 
 # The online signals (feedback.signals.ONLINE_SIGNALS), errors, requests with any of
 # those signals (feedback.online.DISSATISFIED), and answers that refused
@@ -115,6 +116,8 @@ DEFAULT_MARGINS: Mapping[str, float] = {
 }
 # The reviewers' rate: failed reviews per review (the pass rate's complement).
 PASS_RATE = "pass_rate"  # noqa: S105 (a metric's name)
+# Satisfaction on every answer: the model's scores rectified by the reviews (registry.ppi).
+SATISFACTION = "satisfaction"
 DEFAULT_ALPHA = 0.05
 # The effects, in margins, each test's mixture is tuned to reach soonest (module docstring).
 NON_INFERIOR_DESIGN_EFFECT = 1.0
@@ -137,6 +140,37 @@ class ReviewTest(BaseModel):
     )
     margin: float = Field(
         default=0.05, gt=0, lt=1, description="Largest tolerated drop of the pass rate."
+    )
+
+
+class SatisfactionTest(BaseModel):
+    """How satisfaction is judged on every answer (prediction-powered, :mod:`registry.ppi`).
+
+    With it, satisfaction decides: a promotion needs the canary's satisfaction shown
+    within ``margin`` of the champion's, a canary shown less satisfying goes back at once,
+    and the users' signal rates become guardrails (they can roll a canary back, a rate
+    that quiet users barely move cannot hold one up). The reviews are the random sample
+    that keeps the estimate valid; they replace the pass rate's own test."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    margin: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="Largest tolerated drop of satisfaction (share of satisfied users).",
+    )
+    min_reviews: int = Field(
+        default=30,
+        ge=2,
+        le=1_000_000,
+        description="Reviews per arm before satisfaction decides anything: fewer and the "
+        "canary waits.",
+    )
+    power_tuned: bool = Field(
+        default=True,
+        description="PPI++ (the model's weight chosen from the data, never worse than the "
+        "reviews alone); False: plain PPI.",
     )
 
 
@@ -190,6 +224,11 @@ class CanaryPolicy(BaseModel):
         description="The human pass rate's test; set from the recipe's review block "
         "(composition.recipes.Recipe.canary_policy), None: reviews are not judged.",
     )
+    satisfaction: SatisfactionTest | None = Field(
+        default=None,
+        description="Satisfaction on every answer, the satisfaction model's scores rectified "
+        "by the reviews; None: the users' signal rates decide.",
+    )
 
     @field_validator("margins")
     @classmethod
@@ -209,8 +248,8 @@ class CanaryPolicy(BaseModel):
     @property
     def worse_tests(self) -> int:
         """How many tests can roll a canary back: the rates, the output length, and the
-        pass rate when reviews are judged."""
-        return WORSE_TESTS + (self.reviews is not None)
+        satisfaction or, without it, the pass rate when reviews are judged."""
+        return WORSE_TESTS + (self.reviews is not None or self.satisfaction is not None)
 
     @property
     def worse_alpha(self) -> float:
@@ -252,6 +291,8 @@ class ArmStats:
     # Reviewers' spot checks of this arm's answers: how many, and how many failed.
     reviews: int = 0
     review_failures: int = 0
+    # The satisfaction model's scores and the reviews' verdicts, as sums (registry.ppi).
+    satisfaction: SatisfactionSample | None = None
 
     def rate(self, name: str) -> float:
         """Events of kind ``name`` per request."""
@@ -483,7 +524,9 @@ def decide_canary(
         *_speed_checks(champion, canary, policy),
         _length_check(champion, canary, policy),
     ]
-    if policy.reviews is not None:
+    if policy.satisfaction is not None:
+        checks.append(satisfaction_check(champion, canary, policy, policy.satisfaction))
+    elif policy.reviews is not None:
         checks.append(review_check(champion, canary, policy, policy.reviews))
     combined_p = combined_worse_p(checks, policy)
     tests = (policy.worse_alpha, policy.non_inferior_alpha, combined_p)
@@ -494,8 +537,14 @@ def decide_canary(
     if combined_p <= policy.alpha:
         reasons = (_explain_jointly_worse(checks, policy, requests, combined_p),)
         return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
-    unproven = [c for c in checks if c.verdict == "UNPROVEN"]
+    # With satisfaction judged, the signal rates are guardrails: only satisfaction and the
+    # speed and length checks hold a promotion.
+    holding = [c for c in checks if policy.satisfaction is None or c.metric not in _RATE_METRICS]
+    unproven = [c for c in holding if c.verdict == "UNPROVEN"]
     if not unproven:
+        if policy.satisfaction is not None:
+            reasons = tuple(_explain_satisfaction(c, policy) for c in checks if c.metric == SATISFACTION)
+            return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
         proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
         largest = max(p for p in proven if p <= policy.non_inferior_alpha)
         reasons = (
@@ -606,6 +655,100 @@ def review_check(
     )
 
 
+_RATE_METRICS = frozenset(f"{name}_rate" for name in RATES)
+
+
+def satisfaction_evidence(
+    difference: npt.ArrayLike,
+    variance: npt.ArrayLike,
+    margin: npt.ArrayLike,
+    *,
+    worse_alpha: float,
+    non_inferior_alpha: float,
+) -> tuple[FloatArray, FloatArray]:
+    """The two mixture likelihood ratios (e-values), elementwise, of an estimated difference
+    of satisfaction (canary minus champion) with ``variance``: that the canary satisfies
+    less, and that it satisfies at least the champion's minus ``margin``. Tuned like the
+    rates' (:func:`sequential_evidence`)."""
+    d = np.asarray(difference, dtype=np.float64)
+    v = np.asarray(variance, dtype=np.float64)
+    margin_ = np.asarray(margin, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sd = np.sqrt(v)
+        worse_z = np.where(v > 0, -d / sd, 0.0)
+        non_inferior_z = np.where(v > 0, (d + margin_) / sd, 0.0)
+    worse = mixture_likelihood_ratio(
+        worse_z, v, tuned_mixture_scale(WORSE_DESIGN_EFFECT * margin_, worse_alpha)
+    )
+    non_inferior = mixture_likelihood_ratio(
+        non_inferior_z, v, tuned_mixture_scale(NON_INFERIOR_DESIGN_EFFECT * margin_, non_inferior_alpha)
+    )
+    return worse, non_inferior
+
+
+def satisfaction_check(
+    champion: ArmStats, canary: ArmStats, policy: CanaryPolicy, test: SatisfactionTest
+) -> MetricCheck:
+    """Satisfaction on every answer, canary against champion (:mod:`registry.ppi`): WORSE
+    when the canary is shown less satisfying, OK when shown within ``test.margin``,
+    UNPROVEN otherwise or with fewer than ``test.min_reviews`` reviews on an arm."""
+    samples = (champion.satisfaction, canary.satisfaction)
+    counts = tuple(s.labelled if s is not None else 0 for s in samples)
+    if min(counts) < test.min_reviews or samples[0] is None or samples[1] is None:
+        shown = tuple((s.review_pass_rate or 0.0) if s is not None else 0.0 for s in samples)
+        return MetricCheck(
+            SATISFACTION, shown[0], shown[1], None, None, "UNPROVEN", test.margin,
+            (counts[0], counts[1]),
+            detail=f"fewer than {test.min_reviews} reviews on an arm",
+        )  # fmt: skip
+    arms = [estimate(s, power_tuned=test.power_tuned) for s in samples]
+    difference = arms[1].mean - arms[0].mean
+    variance = arms[0].variance + arms[1].variance
+    worse_e, non_inferior_e = satisfaction_evidence(
+        difference, variance, test.margin,
+        worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+    )  # fmt: skip
+    worse, non_inferior = float(_p_of(worse_e)), float(_p_of(non_inferior_e))
+    if worse <= policy.worse_alpha:
+        verdict = "WORSE"
+    elif non_inferior <= policy.non_inferior_alpha:
+        verdict = "OK"
+    else:
+        verdict = "UNPROVEN"
+    detail = (
+        f"canary {arms[1].mean:.3f} ± {arms[1].standard_error:.3f} on {arms[1].answers} answers, "
+        f"{arms[1].reviews} reviewed (model weight {arms[1].weight:.2f}); champion "
+        f"{arms[0].mean:.3f} ± {arms[0].standard_error:.3f} on {arms[0].answers}, "
+        f"{arms[0].reviews} reviewed (weight {arms[0].weight:.2f})"
+    )
+    return MetricCheck(
+        SATISFACTION, arms[0].mean, arms[1].mean, worse, non_inferior, verdict, test.margin,
+        (counts[0], counts[1]), float(worse_e), detail,
+    )  # fmt: skip
+
+
+def _explain_satisfaction(check: MetricCheck, policy: CanaryPolicy) -> str:
+    """Why satisfaction promotes, holds or rolls back."""
+    numbers = check.detail or ""
+    if check.worse_p is None or check.non_inferior_p is None:
+        return f"UNPROVEN satisfaction: {numbers}; the canary waits"
+    if check.verdict == "WORSE":
+        return (
+            f"WORSE satisfaction ({numbers}): always-valid p {check.worse_p:.2g} that it "
+            f"satisfies as many <= {policy.worse_alpha:.3g}"
+        )
+    if check.verdict == "UNPROVEN":
+        return (
+            f"UNPROVEN satisfaction ({numbers}): always-valid p {check.non_inferior_p:.2g} "
+            f"that it is within -{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
+        )
+    return (
+        f"OK satisfaction within -{check.margin:.3g} of the champion's ({numbers}; "
+        f"always-valid p {check.non_inferior_p:.2g} <= {policy.non_inferior_alpha:.3g}); "
+        "the users' signal rates are guardrails"
+    )
+
+
 def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
     """Why the pass rate holds or rolls back, or why it does not hold (a guardrail)."""
     test = policy.reviews
@@ -640,6 +783,8 @@ def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
 def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
     if check.metric == PASS_RATE:
         return _explain_reviews(check, policy)
+    if check.metric == SATISFACTION:
+        return _explain_satisfaction(check, policy)
     if check.metric == "mean_output_tokens" and check.worse_p is not None:
         return (
             f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "

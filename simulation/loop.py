@@ -126,6 +126,8 @@ class LoopResult:
     sampling: dict[str, Any]
     minutes: float
     picked_users_per_arm: bool = True
+    # The users' feedback profile (None: the user model decides its own rates).
+    feedback: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
@@ -133,6 +135,7 @@ class LoopResult:
             "line": self.line,
             "base_model": self.base_model,
             "users": self.users,
+            "feedback": self.feedback,
             "nights": [asdict(n) for n in self.nights],
             "final": self.final,
             "sampling": self.sampling,
@@ -253,6 +256,7 @@ def run_loop(
         line=line,
         base_model=services.base_model,
         users=users.spec,
+        feedback=_feedback_of(users),
         nights=nights,
         final=final,
         sampling=plan.sampling.model_dump(),
@@ -356,3 +360,9 @@ async def _answer_all(
 
             results[arm] = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
     return results
+
+
+def _feedback_of(users: LoadedUsers) -> dict[str, Any] | None:
+    """The users' feedback profile as the summary records it (None: the model's own)."""
+    profile = getattr(users, "feedback", None)
+    return profile.model_dump() if profile is not None else None

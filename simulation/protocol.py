@@ -25,9 +25,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from flywheel.errors import UsageError
+
+if TYPE_CHECKING:
+    from simulation.feedback_profiles import FeedbackProfile
 
 REACTION_TYPES: tuple[str, ...] = (
     "none",
@@ -93,6 +96,31 @@ class LoadedUsers:
                 raise UsersSpecError(f"--users {spec}: the object has no {method}() method")
         self._prompts: Callable[[str, int, int], list[str]] | None = getattr(model, "prompts", None)
 
+    @property
+    def feedback(self) -> FeedbackProfile | None:
+        """The feedback profile the model voices its opinions at (None: it decides its own
+        rates, without a profile)."""
+        return getattr(self.model, "feedback", None) if self._takes_profile else None
+
+    @property
+    def _takes_profile(self) -> bool:
+        return callable(getattr(self.model, "use_feedback", None))
+
+    def use_feedback(self, profile: FeedbackProfile) -> None:
+        """Have the model voice its opinions at ``profile``'s rates; a model without
+        ``use_feedback()`` decides its own feedback, and cannot take one."""
+        if not self._takes_profile:
+            raise UsersSpecError(
+                f"--feedback {profile.name}: the user model {self.spec} decides its own feedback "
+                "(it has no use_feedback(profile) method)"
+            )
+        self.model.use_feedback(profile)
+
+    def describe_feedback(self) -> str:
+        """The profile's line for a run's header, or that the model decides its own."""
+        profile = self.feedback
+        return profile.describe() if profile is not None else "feedback of the model's own"
+
     def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
         """``n`` prompts of the line (the model's own, else the built-in ones)."""
         if self._prompts is None:
@@ -143,8 +171,18 @@ def parse_reaction(raw: Any, spec: str) -> Reaction:
     return Reaction(kind, text if kind == "edit" else None)
 
 
-def load_users(spec: str) -> LoadedUsers:
-    """The user model a ``--users`` spec names, instantiated and checked for its methods."""
+def load_users(spec: str, feedback: str | None = None) -> LoadedUsers:
+    """The user model a ``--users`` spec names, instantiated and checked for its methods; with
+    ``feedback`` (a ``--feedback`` profile name or file), voicing opinions at its rates."""
+    loaded = _load_users(spec)
+    if feedback is not None:
+        from simulation.feedback_profiles import load_profile
+
+        loaded.use_feedback(load_profile(feedback))
+    return loaded
+
+
+def _load_users(spec: str) -> LoadedUsers:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
         raise UsersSpecError(
@@ -154,7 +192,7 @@ def load_users(spec: str) -> LoadedUsers:
     if module is None:
         try:
             module = importlib.import_module(target)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise UsersSpecError(
                 f"--users {spec}: cannot import {target}: {type(exc).__name__}: {exc}"
             ) from None
@@ -164,7 +202,7 @@ def load_users(spec: str) -> LoadedUsers:
     if inspect.isclass(obj):
         try:
             obj = obj()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise UsersSpecError(
                 f"--users {spec}: {name}() failed: {type(exc).__name__}: {exc}"
             ) from None
@@ -182,7 +220,7 @@ def _module_from_file(spec: str, path: Path) -> Any:
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         sys.modules.pop(module_name, None)
         raise UsersSpecError(
             f"--users {spec}: {path} failed to load: {type(exc).__name__}: {exc}"

@@ -16,11 +16,12 @@ question besides it: sentences naming at least two of the topic's terms, eight
 words or more (an apology, a referral or a caveat around a stray sentence does
 not do).
 
-Feedback is sparse and noisy: most users say nothing, a few contradict
-themselves (a thumbs-up on an answer they did not like), some regenerate or
-leave, and some edit the answer into what they wanted; task outcomes follow
-satisfaction with noise and arrive late (the loop posts them after the night's
-requests).
+Feedback is sparse and noisy, at the rates of the users' feedback profile
+(:mod:`simulation.feedback_profiles`; by default the rates real products see,
+about nine answers in ten silent): a few contradict themselves (a thumbs-up on
+an answer they did not like), some regenerate or leave, and a few edit the
+answer into what they wanted; task outcomes follow satisfaction with noise and
+arrive late (the loop posts them after the night's requests).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import random
 import re
 from typing import Any
 
+from simulation.feedback_profiles import DEFAULT_PROFILE, PROFILES, FeedbackProfile
 from simulation.judging import (
     advice_terms,
     gives_advice,
@@ -42,16 +44,6 @@ from simulation.judging import (
 )
 from simulation.prompts import Topic, builtin_prompts, topic_of
 
-# Probabilities of each reaction, given whether the user is satisfied; the rest say nothing.
-SATISFIED_REACTIONS = {"thumbs_up": 0.25, "task_success": 0.10, "thumbs_down": 0.02}
-UNSATISFIED_REACTIONS = {
-    "edit": 0.14,
-    "thumbs_down": 0.13,
-    "regenerate": 0.10,
-    "abandon": 0.05,
-    "task_failure": 0.05,
-    "thumbs_up": 0.02,
-}
 
 
 class HiddenPreferenceUsers:
@@ -65,6 +57,12 @@ class HiddenPreferenceUsers:
     edit_words = 45
     # The words of the taste itself (an apology, a referral, a caveat): never advice.
     style_terms: tuple[str, ...] = ()
+    # How often these users say something, and what (the same opinion, voiced or not).
+    feedback: FeedbackProfile = PROFILES[DEFAULT_PROFILE]
+
+    def use_feedback(self, profile: FeedbackProfile) -> None:
+        """Voice opinions at ``profile``'s rates from now on."""
+        self.feedback = profile
 
     def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
         """Questions these users ask (the line's built-in prompts)."""
@@ -97,19 +95,15 @@ class HiddenPreferenceUsers:
         raise NotImplementedError
 
     def react(self, business_line: str, prompt: str, answer: str, seed: int) -> dict[str, Any]:
-        """A sparse, noisy reaction to the answer the user really got."""
+        """A sparse, noisy reaction to the answer the user really got, at the rates of
+        :attr:`feedback`."""
         rng = random.Random(seed)
         happy = self.satisfied(business_line, prompt, answer)
-        table = SATISFIED_REACTIONS if happy else UNSATISFIED_REACTIONS
-        draw = rng.random()
-        for kind, probability in table.items():
-            if draw < probability:
-                if kind == "edit":
-                    topic = topic_of(self.line_of(business_line), prompt)
-                    return {"type": "edit", "text": self.rewrite(prompt, answer, topic)}
-                return {"type": kind}
-            draw -= probability
-        return {"type": "none"}
+        kind = self.feedback.draw(happy, rng.random())
+        if kind == "edit":
+            topic = topic_of(self.line_of(business_line), prompt)
+            return {"type": "edit", "text": self.rewrite(prompt, answer, topic)}
+        return {"type": kind}
 
     def useful_sentences(
         self, prompt: str, answer: str, topic: Topic | None, limit_words: int
@@ -270,6 +264,16 @@ class BuiltinUsers:
             "medical": MedicalUsers(),
             "legal": LegalUsers(),
         }
+
+    @property
+    def feedback(self) -> FeedbackProfile:
+        """The profile every line's users voice their opinions at."""
+        return self.by_line["customer_service"].feedback
+
+    def use_feedback(self, profile: FeedbackProfile) -> None:
+        """Every line's users voice their opinions at ``profile``'s rates."""
+        for users in self.by_line.values():
+            users.use_feedback(profile)
 
     def _users(self, business_line: str) -> HiddenPreferenceUsers:
         return self.by_line.get(business_line, self.by_line["customer_service"])

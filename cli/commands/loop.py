@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from simulation.traffic import Sampling
 
 DEFAULT_USERS = "simulation.users:BuiltinUsers"
+FEEDBACK_HELP = (
+    "How often the users voice what they think: realistic (the default: thumbs on a few "
+    "percent of answers, edits on under 1%), dense (chatty users), no_edits, or a .yaml/.json "
+    "file of rates (simulation.feedback_profiles)."
+)
 
 
 def loop(
@@ -34,6 +39,7 @@ def loop(
         str,
         typer.Option(help="User model: path/to/file.py:NAME or package.module:NAME."),
     ] = DEFAULT_USERS,
+    feedback: Annotated[str | None, typer.Option(help=FEEDBACK_HELP)] = None,
     nights: Annotated[int, typer.Option(min=1, max=100)] = 3,
     requests: Annotated[int, typer.Option(min=1, help="User requests per night.")] = 200,
     eval_prompts: Annotated[
@@ -109,7 +115,7 @@ def loop(
                 f"({settings.recipes_dir / (line + '.yaml')}): share, rubric, min_reviews"
             )
     sampling = _sampling(max_tokens=max_tokens, temperature=temperature)
-    loaded = load_users(users)
+    loaded = load_users(users, feedback)
     loaded.check(line)
     result = run_loop_command(
         settings,
@@ -203,7 +209,7 @@ def run_loop_command(
     )
     out.print(
         f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
-        f"{users.spec}, answers of at most {plan.sampling.max_tokens} tokens at temperature "
+        f"{users.spec} ({users.describe_feedback()}), answers of at most {plan.sampling.max_tokens} tokens at temperature "
         f"{plan.sampling.temperature:g}; canary traffic: {canary_users} users per arm per round "
         f"until the canary flow decides (at most {plan.canary_rounds} rounds), picked with the "
         "gateway's own sticky split so a 5% canary gets enough of them"

@@ -370,19 +370,15 @@ def test_a_clearly_worse_canary_is_caught_and_a_fine_one_promoted_within_fifty_l
 
 
 def _reacting_arm(rng: random.Random, satisfied: float, n: int) -> dict[str, int]:
-    """Counts of ``n`` requests whose users react by the built-in users' tables."""
-    from simulation.users import SATISFIED_REACTIONS, UNSATISFIED_REACTIONS
+    """Counts of ``n`` requests whose users react at the dense feedback profile's rates (the
+    chatty users the demo recipes' canary was tuned on)."""
+    from simulation.feedback_profiles import PROFILES
 
+    profile = PROFILES["dense"]
     negative = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
     counts = dict.fromkeys((*negative, "dissatisfied"), 0)
     for _ in range(n):
-        table = SATISFIED_REACTIONS if rng.random() < satisfied else UNSATISFIED_REACTIONS
-        draw, kind = rng.random(), None
-        for name, probability in table.items():
-            if draw < probability:
-                kind = name
-                break
-            draw -= probability
+        kind = profile.draw(rng.random() < satisfied, rng.random())
         if kind in negative:
             counts[kind] += 1
             counts["dissatisfied"] += 1

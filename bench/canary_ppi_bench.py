@@ -1,0 +1,360 @@
+"""The canary on every answer (satisfaction by PPI) against today's feedback-only rule.
+
+Run from the repository root::
+
+    .venv/bin/python bench/canary_ppi_bench.py [--runs 300] [--seed 0] [--json out.json]
+
+Simulated canaries on a true 5% share (the champion answers 19 users for each
+of the canary's). Each user is satisfied or not (the arm's satisfaction); users
+voice it at the realistic feedback profile's rates
+(``simulation.feedback_profiles``: about nine answers in ten silent); reviewers
+judge a random sample of each arm's answers blind to the arm (the review
+queue's default shares: 20% of the canary's, 2% of the champion's), getting 10%
+of verdicts wrong; a satisfaction model scores every answer with a given AUC
+(a score whose log-odds are a normal shift apart on satisfied and unsatisfied
+answers), optionally fooled by the canary's style (its scores shifted up).
+
+The rules, both the product's ``registry.canary`` statistics at alpha 0.05 over
+the same 50 looks (canary users 100 to 20,000, spaced geometrically), floor 200
+requests per arm:
+
+* **feedback only**: ``CanaryPolicy()`` as today, the eight signal rates
+  (thumbs-down, regenerate, edit, error, abandon, task failure, dissatisfied,
+  refusal) with their margins; promote when every rate is non-inferior;
+* **PPI**: ``CanaryPolicy(satisfaction=SatisfactionTest())``: satisfaction per
+  arm (the model's scores rectified by the reviews, PPI++), margin 0.05 on
+  the reviewers' scale, 30 reviews per arm first; the rates as guardrails.
+* **reviews only** (a reference): the same test with the model's weight at 0.
+
+Printed per scenario: the share promoted, rolled back and undecided by the last
+look, and the canary users to a correct decision (median over the runs decided
+correctly). Type I errors: equal arms rolled back; a canary worse by exactly
+the margin promoted. Then the PPI rule on a canary worse by 0.15 across model
+AUCs and review shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from registry.canary import (
+    RATES,
+    WORSE_DESIGN_EFFECT,
+    CanaryPolicy,
+    SatisfactionTest,
+    satisfaction_evidence,
+    sequential_evidence,
+)
+from registry.ppi import estimate_arrays
+from simulation.feedback_profiles import PROFILES, SIGNALS
+
+LOOKS = 50
+CANARY_USERS = np.unique(np.round(np.geomspace(100, 20_000, LOOKS)).astype(int))
+CHAMPION_RATIO = 19  # a 5% canary share
+FLOOR = 200
+NOISE = 0.1  # reviewers' wrong verdicts
+# Rates the users' satisfaction does not drive, equal on both arms.
+ERROR_RATE, REFUSAL_RATE = 0.002, 0.01
+NEGATIVE = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
+CHUNK = 400_000  # answers drawn at once (memory)
+
+
+@dataclass(frozen=True)
+class World:
+    """How one simulated canary's users, reviewers and model behave."""
+
+    champion: float
+    canary: float
+    auc: float = 0.85
+    canary_review_share: float = 0.2
+    champion_review_share: float = 0.02
+    canary_score_bias: float = 0.0  # added to the model's log-odds on canary answers
+
+
+@dataclass
+class ArmSums:
+    """One arm's running sums, per run."""
+
+    n: np.ndarray
+    rates: np.ndarray  # (runs, len(RATES))
+    ppi: np.ndarray  # (runs, 8): registry.ppi.estimate_arrays' sums, in order
+
+    @classmethod
+    def empty(cls, runs: int) -> ArmSums:
+        return cls(np.zeros(runs), np.zeros((runs, len(RATES))), np.zeros((runs, 8)))
+
+
+def _draw(
+    rng: np.random.Generator, runs: int, count: int, satisfaction: float, review_share: float,
+    auc: float, bias: float,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``count`` new answers per run: (rate counts, PPI sums), each summed over the answers."""
+    profile = PROFILES["realistic"]
+    shift = math.sqrt(2) * _normal_quantile(auc)
+    rates = np.zeros((runs, len(RATES)))
+    sums = np.zeros((runs, 8))
+    per_chunk = max(1, CHUNK // runs)
+    left = count
+    while left > 0:
+        k = min(left, per_chunk)
+        left -= k
+        satisfied = rng.random((runs, k)) < satisfaction
+        uniform = rng.random((runs, k))
+        signal = np.full((runs, k), -1)
+        for happy in (True, False):
+            start = np.zeros((runs, k))
+            for index, name in enumerate(SIGNALS):
+                p = profile.rates(happy).get(name, 0.0)
+                hit = (satisfied == happy) & (uniform >= start) & (uniform < start + p)
+                signal[hit] = index
+                start = start + p
+        for column, name in enumerate(RATES):
+            if name in NEGATIVE:
+                rates[:, column] += (signal == SIGNALS.index(name)).sum(axis=1)
+        negative = np.isin(signal, [SIGNALS.index(n) for n in NEGATIVE])
+        rates[:, RATES.index("dissatisfied")] += negative.sum(axis=1)
+        rates[:, RATES.index("error")] += rng.binomial(k, ERROR_RATE, runs)
+        rates[:, RATES.index("refusal")] += rng.binomial(k, REFUSAL_RATE, runs)
+        latent = rng.standard_normal((runs, k)) + shift * satisfied
+        score = 1 / (1 + np.exp(-(shift * latent - shift**2 / 2 + bias)))
+        reviewed = rng.random((runs, k)) < review_share
+        verdict = np.where(rng.random((runs, k)) < NOISE, ~satisfied, satisfied).astype(float)
+        unreviewed = ~reviewed
+        sums += np.stack(
+            [
+                unreviewed.sum(axis=1),
+                (score * unreviewed).sum(axis=1),
+                (score**2 * unreviewed).sum(axis=1),
+                reviewed.sum(axis=1),
+                (verdict * reviewed).sum(axis=1),
+                (score * reviewed).sum(axis=1),
+                (score**2 * reviewed).sum(axis=1),
+                (verdict * score * reviewed).sum(axis=1),
+            ],
+            axis=1,
+        )
+    return rates, sums
+
+
+def _normal_quantile(p: float) -> float:
+    """Inverse of the standard normal CDF (bisection; a bench needs no more)."""
+    low, high = -10.0, 10.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2)) < p:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def simulate(world: World, runs: int, rng: np.random.Generator) -> list[tuple[ArmSums, ArmSums]]:
+    """Each look's cumulative sums of both arms."""
+    champion, canary = ArmSums.empty(runs), ArmSums.empty(runs)
+    looks = []
+    previous = 0
+    for users in CANARY_USERS:
+        new = int(users - previous)
+        previous = int(users)
+        for arm, satisfaction, ratio, share, bias in (
+            (canary, world.canary, 1, world.canary_review_share, world.canary_score_bias),
+            (champion, world.champion, CHAMPION_RATIO, world.champion_review_share, 0.0),
+        ):
+            rates, sums = _draw(rng, runs, new * ratio, satisfaction, share, world.auc, bias)
+            arm.n = arm.n + new * ratio
+            arm.rates = arm.rates + rates
+            arm.ppi = arm.ppi + sums
+        looks.append((replace(champion), replace(canary)))
+    return looks
+
+
+def feedback_actions(looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy) -> np.ndarray:
+    """Today's rule at every look: 1 promote, -1 roll back, 0 wait (runs, looks)."""
+    margins = np.array([policy.margin(name) for name in RATES])
+    out = []
+    for champion, canary in looks:
+        worse_e, non_inferior_e = sequential_evidence(
+            champion.rates, champion.n[:, None], canary.rates, canary.n[:, None], margins,
+            worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+        )  # fmt: skip
+        unsimulated = policy.worse_tests - len(RATES)  # the output length's: e-value 1
+        rollback = (worse_e.sum(axis=1) + unsimulated) / policy.worse_tests >= 1 / policy.alpha
+        rollback |= (worse_e >= 1 / policy.worse_alpha).any(axis=1)
+        promote = (non_inferior_e >= 1 / policy.non_inferior_alpha).all(axis=1)
+        out.append(np.where(rollback, -1, np.where(promote, 1, 0)))
+    return _gate_floor(np.stack(out, axis=1), looks)
+
+
+def ppi_actions(
+    looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy, *, model: bool = True
+) -> np.ndarray:
+    """The PPI rule at every look: satisfaction decides, the rates roll back as guardrails."""
+    test = policy.satisfaction
+    assert test is not None
+    out = []
+    for champion, canary in looks:
+        worse_e, _ = sequential_evidence(
+            champion.rates, champion.n[:, None], canary.rates, canary.n[:, None],
+            np.array([policy.margin(name) for name in RATES]),
+            worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+        )  # fmt: skip
+        arms = []
+        for arm in (champion, canary):
+            sums = arm.ppi.T.copy()
+            if not model:  # reviews only: every answer's score is 0, so the model weighs 0
+                sums[[1, 2, 5, 6, 7]] = 0.0
+            arms.append(estimate_arrays(*sums, power_tuned=test.power_tuned))
+        difference = arms[1][0] - arms[0][0]
+        variance = arms[1][1] + arms[0][1]
+        sat_worse, sat_ok = satisfaction_evidence(
+            difference, variance, test.margin,
+            worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+        )  # fmt: skip
+        enough = np.minimum(champion.ppi[:, 3], canary.ppi[:, 3]) >= test.min_reviews
+        sat_worse = np.where(enough, sat_worse, 1.0)
+        sat_ok = np.where(enough, sat_ok, 0.0)
+        unsimulated = policy.worse_tests - len(RATES) - 1
+        mean_e = (worse_e.sum(axis=1) + sat_worse + unsimulated) / policy.worse_tests
+        rollback = (mean_e >= 1 / policy.alpha) | (worse_e >= 1 / policy.worse_alpha).any(axis=1)
+        rollback |= sat_worse >= 1 / policy.worse_alpha
+        promote = sat_ok >= 1 / policy.non_inferior_alpha
+        out.append(np.where(rollback, -1, np.where(promote, 1, 0)))
+    return _gate_floor(np.stack(out, axis=1), looks)
+
+
+def _gate_floor(action: np.ndarray, looks: list[tuple[ArmSums, ArmSums]]) -> np.ndarray:
+    canary_n = np.array([canary.n[0] for _, canary in looks])
+    return np.where(canary_n[None, :] >= FLOOR, action, 0)
+
+
+def outcome(action: np.ndarray, correct: int) -> dict[str, Any]:
+    """Shares promoted / rolled back / undecided at the first decision, and the canary users
+    to a correct one."""
+    decided = (action != 0).any(axis=1)
+    first = np.argmax(action != 0, axis=1)
+    chosen = np.where(decided, action[np.arange(len(action)), first], 0)
+    right = chosen == correct
+    users = CANARY_USERS[first[right]] if right.any() else np.array([])
+    # The canary users by which 90% of the runs have taken the correct decision: a rule that
+    # decides wrongly in more than 10% of the runs never gets there.
+    done = np.array([(right & (first <= look)).mean() for look in range(len(CANARY_USERS))])
+    reached = np.flatnonzero(done >= 0.9)
+    return {
+        "users_90": int(CANARY_USERS[reached[0]]) if reached.size else None,
+        "promoted": float((chosen == 1).mean()),
+        "rolled_back": float((chosen == -1).mean()),
+        "undecided": float((chosen == 0).mean()),
+        "correct": float(right.mean()),
+        "median_users": float(np.median(users)) if users.size else None,
+        "mean_users": float(users.mean()) if users.size else None,
+        "ever_promoted": float((action == 1).any(axis=1).mean()),
+        "ever_rolled_back": float((action == -1).any(axis=1).mean()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    feedback_policy = CanaryPolicy()
+    ppi_policy = CanaryPolicy(satisfaction=SatisfactionTest())
+    margin = ppi_policy.satisfaction.margin if ppi_policy.satisfaction else 0.05
+    # The reviewers' pass rate is 0.1 + 0.8 * satisfaction: a drop of the margin on their
+    # scale is margin / 0.8 of satisfaction.
+    at_margin = margin / (1 - 2 * NOISE)
+    scenarios = {
+        "equal (0.50 vs 0.50)": (World(0.5, 0.5), 1),
+        "worse by the margin": (World(0.5, 0.5 - at_margin), -1),
+        "worse by 0.15 (0.50 -> 0.35)": (World(0.5, 0.35), -1),
+        "inverted (0.48 -> 0.12)": (World(0.48, 0.12), -1),
+        "better by 0.15 (0.35 -> 0.50)": (World(0.35, 0.5), 1),
+        "worse by 0.15, model fooled (+1 log-odds on canary)": (
+            World(0.5, 0.35, canary_score_bias=1.0), -1,
+        ),
+    }  # fmt: skip
+    started = time.monotonic()
+    print(
+        f"{args.runs} runs per scenario; {len(CANARY_USERS)} looks at {CANARY_USERS[0]}..."
+        f"{CANARY_USERS[-1]} canary users (5% share: the champion x{CHAMPION_RATIO}); realistic "
+        f"feedback; reviews 20% canary / 2% champion, {NOISE:.0%} wrong; model AUC 0.85"
+    )
+    results: dict[str, Any] = {"runs": args.runs, "looks": CANARY_USERS.tolist(), "scenarios": {}}
+    header = (
+        f"{'scenario':52} {'rule':14} {'promote':>8} {'rollback':>8} {'undecided':>9} "
+        f"{'users*':>8} {'users90':>8}"
+    )
+    print(header)
+    for name, (world, correct) in scenarios.items():
+        looks = simulate(world, args.runs, rng)
+        block = {
+            "feedback only": outcome(feedback_actions(looks, feedback_policy), correct),
+            "PPI": outcome(ppi_actions(looks, ppi_policy), correct),
+            "reviews only": outcome(ppi_actions(looks, ppi_policy, model=False), correct),
+        }
+        results["scenarios"][name] = block
+        for rule, res in block.items():
+            users = f"{res['median_users']:.0f}" if res["median_users"] is not None else "-"
+            users_90 = str(res["users_90"]) if res["users_90"] is not None else "never"
+            print(
+                f"{name[:52]:52} {rule:14} {res['promoted']:8.3f} {res['rolled_back']:8.3f} "
+                f"{res['undecided']:9.3f} {users:>8} {users_90:>8}"
+            )
+    worse = results["scenarios"]["worse by 0.15 (0.50 -> 0.35)"]
+    ppi_90, feedback_90 = worse["PPI"]["users_90"], worse["feedback only"]["users_90"]
+    if ppi_90 and feedback_90:
+        ratio = feedback_90 / ppi_90
+        print(f"worse by 0.15: 90% correct after {feedback_90} canary users on feedback alone, "
+              f"{ppi_90} with PPI ({ratio:.1f}x)")
+        results["worse_015_ratio"] = ratio
+    else:
+        print(
+            f"worse by 0.15: 90% correct after {ppi_90 or 'never'} canary users with PPI; on "
+            f"feedback alone {feedback_90 or 'never'} (it promoted "
+            f"{worse['feedback only']['promoted']:.0%} of these canaries)"
+        )
+    equal = results["scenarios"]["equal (0.50 vs 0.50)"]
+    at = results["scenarios"]["worse by the margin"]
+    print(
+        f"type I over {len(CANARY_USERS)} looks (alpha {ppi_policy.alpha}): equal arms ever rolled back "
+        f"PPI {equal['PPI']['ever_rolled_back']:.3f}, feedback {equal['feedback only']['ever_rolled_back']:.3f}; "
+        f"worse by the margin ever promoted PPI {at['PPI']['ever_promoted']:.3f}, reviews only "
+        f"{at['reviews only']['ever_promoted']:.3f}"
+    )
+    print("\nPPI on a canary worse by 0.15, by the model's AUC and the canary's review share:")
+    sweep: dict[str, Any] = {}
+    print(f"{'AUC':>5} {'review share':>12} {'correct':>8} {'users90':>8} {'reviews only':>13}")
+    for auc in (0.6, 0.75, 0.9):
+        for share in (0.05, 0.1, 0.2):
+            world = World(0.5, 0.35, auc=auc, canary_review_share=share)
+            looks = simulate(world, max(args.runs // 2, 50), rng)
+            res = outcome(ppi_actions(looks, ppi_policy), -1)
+            ref = outcome(ppi_actions(looks, ppi_policy, model=False), -1)
+            sweep[f"auc={auc},share={share}"] = {"PPI": res, "reviews only": ref}
+            print(
+                f"{auc:5.2f} {share:12.2f} {res['correct']:8.3f} "
+                f"{res['users_90'] or 'never':>8} {ref['users_90'] or 'never':>13}"
+            )
+    results["sweep"] = sweep
+    results["design_effect"] = WORSE_DESIGN_EFFECT
+    print(
+        f"{time.monotonic() - started:.0f} s; users*: median canary users to a correct decision "
+        "(of the runs decided correctly); users90: canary users by which 90% of runs decided "
+        "correctly"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
