@@ -314,8 +314,10 @@ def main() -> None:
     ppi_90, feedback_90 = worse["PPI"]["users_90"], worse["feedback only"]["users_90"]
     if ppi_90 and feedback_90:
         ratio = feedback_90 / ppi_90
-        print(f"worse by 0.15: 90% correct after {feedback_90} canary users on feedback alone, "
-              f"{ppi_90} with PPI ({ratio:.1f}x)")
+        print(
+            f"worse by 0.15: 90% correct after {feedback_90} canary users on feedback alone, "
+            f"{ppi_90} with PPI ({ratio:.1f}x)"
+        )
         results["worse_015_ratio"] = ratio
     else:
         print(
@@ -326,8 +328,9 @@ def main() -> None:
     equal = results["scenarios"]["equal (0.50 vs 0.50)"]
     at = results["scenarios"]["worse by the margin"]
     print(
-        f"type I over {len(CANARY_USERS)} looks (alpha {ppi_policy.alpha}): equal arms ever rolled back "
-        f"PPI {equal['PPI']['ever_rolled_back']:.3f}, feedback {equal['feedback only']['ever_rolled_back']:.3f}; "
+        f"type I over {len(CANARY_USERS)} looks (alpha {ppi_policy.alpha}): equal arms ever "
+        f"rolled back PPI {equal['PPI']['ever_rolled_back']:.3f}, feedback "
+        f"{equal['feedback only']['ever_rolled_back']:.3f}; "
         f"worse by the margin ever promoted PPI {at['PPI']['ever_promoted']:.3f}, reviews only "
         f"{at['reviews only']['ever_promoted']:.3f}"
     )

@@ -300,9 +300,7 @@ def simulate(
             "that reacts to each real answer."
         ),
     ] = "simulation.users:BuiltinUsers",
-    feedback: Annotated[
-        str | None, typer.Option(help="With --gateway: " + FEEDBACK_HELP)
-    ] = None,
+    feedback: Annotated[str | None, typer.Option(help="With --gateway: " + FEEDBACK_HELP)] = None,
 ) -> None:
     """Generate realistic traffic with feedback and store it, write it as JSONL, or send
     simulated users through the gateway to vLLM, reacting to the answers they get (the

@@ -542,22 +542,28 @@ def decide_canary(
     holding = [c for c in checks if policy.satisfaction is None or c.metric not in _RATE_METRICS]
     unproven = [c for c in holding if c.verdict == "UNPROVEN"]
     if not unproven:
-        if policy.satisfaction is not None:
-            reasons = tuple(_explain_satisfaction(c, policy) for c in checks if c.metric == SATISFACTION)
-            return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
-        proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
-        largest = max(p for p in proven if p <= policy.non_inferior_alpha)
-        reasons = (
-            f"every rate is non-inferior on the canary within its margin ({requests}; "
-            f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
-            *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
-        )
+        reasons = _promotion_reasons(checks, policy, requests)
         return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
     reasons = tuple(_explain(c, policy, requests) for c in unproven)
     if look >= policy.max_looks:
         reasons = (*reasons, f"out of looks ({look}/{policy.max_looks}) without proof")
         return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
     return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, *tests)
+
+
+def _promotion_reasons(
+    checks: Sequence[MetricCheck], policy: CanaryPolicy, requests: str
+) -> tuple[str, ...]:
+    """Why a canary is promoted: its satisfaction when judged, else every rate."""
+    if policy.satisfaction is not None:
+        return tuple(_explain_satisfaction(c, policy) for c in checks if c.metric == SATISFACTION)
+    proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
+    largest = max(p for p in proven if p <= policy.non_inferior_alpha)
+    return (
+        f"every rate is non-inferior on the canary within its margin ({requests}; "
+        f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
+        *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
+    )
 
 
 def combined_worse_p(checks: Sequence[MetricCheck], policy: CanaryPolicy) -> float:
@@ -681,7 +687,9 @@ def satisfaction_evidence(
         worse_z, v, tuned_mixture_scale(WORSE_DESIGN_EFFECT * margin_, worse_alpha)
     )
     non_inferior = mixture_likelihood_ratio(
-        non_inferior_z, v, tuned_mixture_scale(NON_INFERIOR_DESIGN_EFFECT * margin_, non_inferior_alpha)
+        non_inferior_z,
+        v,
+        tuned_mixture_scale(NON_INFERIOR_DESIGN_EFFECT * margin_, non_inferior_alpha),
     )
     return worse, non_inferior
 
@@ -692,10 +700,11 @@ def satisfaction_check(
     """Satisfaction on every answer, canary against champion (:mod:`registry.ppi`): WORSE
     when the canary is shown less satisfying, OK when shown within ``test.margin``,
     UNPROVEN otherwise or with fewer than ``test.min_reviews`` reviews on an arm."""
-    samples = (champion.satisfaction, canary.satisfaction)
-    counts = tuple(s.labelled if s is not None else 0 for s in samples)
-    if min(counts) < test.min_reviews or samples[0] is None or samples[1] is None:
-        shown = tuple((s.review_pass_rate or 0.0) if s is not None else 0.0 for s in samples)
+    empty = SatisfactionSample()
+    samples = (champion.satisfaction or empty, canary.satisfaction or empty)
+    counts = (samples[0].labelled, samples[1].labelled)
+    if min(counts) < test.min_reviews:
+        shown = tuple(s.review_pass_rate or 0.0 for s in samples)
         return MetricCheck(
             SATISFACTION, shown[0], shown[1], None, None, "UNPROVEN", test.margin,
             (counts[0], counts[1]),
@@ -781,10 +790,9 @@ def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
 
 
 def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
-    if check.metric == PASS_RATE:
-        return _explain_reviews(check, policy)
-    if check.metric == SATISFACTION:
-        return _explain_satisfaction(check, policy)
+    if check.metric in (PASS_RATE, SATISFACTION):
+        explain = _explain_reviews if check.metric == PASS_RATE else _explain_satisfaction
+        return explain(check, policy)
     if check.metric == "mean_output_tokens" and check.worse_p is not None:
         return (
             f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "

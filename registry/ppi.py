@@ -73,7 +73,9 @@ class SatisfactionSample:
         if f_l.shape != y.shape:
             raise ValueError(f"{f_l.size} reviewed scores for {y.size} verdicts")
         for values in (f_u, f_l):
-            if values.size and not (np.isfinite(values).all() and 0 <= values.min() <= values.max() <= 1):
+            if values.size and not (
+                np.isfinite(values).all() and 0 <= values.min() <= values.max() <= 1
+            ):
                 raise ValueError("every score must be in [0, 1]")
         if not np.isin(y, (0.0, 1.0)).all():
             raise ValueError("every verdict must be 0 (failed) or 1 (passed)")

@@ -184,8 +184,7 @@ def load_profile(spec: str | None) -> FeedbackProfile:
     path = Path(spec)
     if path.suffix not in {".yaml", ".yml", ".json"}:
         raise FeedbackProfileError(
-            f"--feedback {spec}: not a profile name ({', '.join(PROFILES)}) nor a "
-            ".yaml/.json file"
+            f"--feedback {spec}: not a profile name ({', '.join(PROFILES)}) nor a .yaml/.json file"
         )
     try:
         text = path.read_text(encoding="utf-8")
@@ -194,5 +193,7 @@ def load_profile(spec: str | None) -> FeedbackProfile:
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise FeedbackProfileError(f"--feedback {spec}: not valid {path.suffix[1:]}: {exc}") from None
+        raise FeedbackProfileError(
+            f"--feedback {spec}: not valid {path.suffix[1:]}: {exc}"
+        ) from None
     return profile_from_mapping(raw, spec)

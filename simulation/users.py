@@ -45,7 +45,6 @@ from simulation.judging import (
 from simulation.prompts import Topic, builtin_prompts, topic_of
 
 
-
 class HiddenPreferenceUsers:
     """Users of one line with one hidden taste; subclasses say what it is."""
 

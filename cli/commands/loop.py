@@ -209,7 +209,8 @@ def run_loop_command(
     )
     out.print(
         f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
-        f"{users.spec} ({users.describe_feedback()}), answers of at most {plan.sampling.max_tokens} tokens at temperature "
+        f"{users.spec} ({users.describe_feedback()}), answers of at most "
+        f"{plan.sampling.max_tokens} tokens at temperature "
         f"{plan.sampling.temperature:g}; canary traffic: {canary_users} users per arm per round "
         f"until the canary flow decides (at most {plan.canary_rounds} rounds), picked with the "
         "gateway's own sticky split so a 5% canary gets enough of them"

@@ -6,8 +6,8 @@ gateway, the nightly trains on them and puts a canary up, the canary flow
 decides from those reactions, and the fresh-prompt comparison runs through vLLM —
 not that the answers get better (the README's table of full runs shows that).
 
-The night needs DPO pairs, and they come from the users' edits: about one
-unsatisfied answer in seven, less those keeping a name the model made up. 60
+The night needs DPO pairs, and they come from the users' edits: at the dense
+feedback profile (``--feedback dense``) about one unsatisfied answer in seven, less those keeping a name the model made up. 60
 requests gave 2 to 4, and one CI run skipped the night at 2 of the 3 the recipe
 asked for; 100 requests and a minimum of 1 keep the path from hanging on a draw.
 Answers of at most 48 tokens (the loop's default is 96) halve the time vLLM spends
@@ -79,7 +79,7 @@ def test_one_night_of_the_loop_on_vllm(
         [sys.executable, "-c", "from cli.main import main; main()", "loop",
          "--line", "customer_service", "--nights", "1", "--requests", "100",
          "--eval-prompts", "12", "--canary-users", "12", "--max-tokens", "48",
-         "--json", str(summary)],
+         "--feedback", "dense", "--json", str(summary)],
         env=env, capture_output=True, text=True, timeout=1_500, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -93,6 +93,7 @@ def test_one_night_of_the_loop_on_vllm(
     assert night["canary_decisions"], "the canary flow was never asked"
     assert document["final"]["base"]["n"] == 12
     assert document["sampling"]["max_tokens"] == 48
+    assert document["feedback"]["name"] == "dense"
     assert 0 <= document["final"]["base"]["satisfied"] <= 1
     # Every reaction reached the store through the gateway, tied to a logged answer.
     engine = create_engine(f"sqlite:///{home / 'flywheel.db'}")

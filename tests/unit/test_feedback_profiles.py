@@ -65,7 +65,8 @@ def test_the_users_honour_their_profile_rates(name: str, users_class: type) -> N
 
 def test_builtin_users_take_the_profile_for_every_line() -> None:
     users = LoadedUsers("simulation.users:BuiltinUsers", BuiltinUsers())
-    assert users.feedback is not None and users.feedback.name == "realistic"
+    assert users.feedback is not None
+    assert users.feedback.name == "realistic"
     users.use_feedback(PROFILES["dense"])
     assert {u.feedback.name for u in users.model.by_line.values()} == {"dense"}
 
@@ -128,5 +129,6 @@ def test_the_cli_exits_2_naming_a_profile_whose_rates_cannot_be(tmp_path: Path) 
         check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "bad.yaml" in done.stderr and "over 1" in done.stderr
+    assert "bad.yaml" in done.stderr
+    assert "over 1" in done.stderr
     assert "Traceback" not in done.stderr
