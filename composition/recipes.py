@@ -24,6 +24,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from eval.gate import GatePolicy
+from eval.satisfaction import SatisfactionModelPolicy
 from feedback.events import BUSINESS_LINE
 from feedback.retention import RetentionPolicy
 from feedback.reviews import ReviewPolicy
@@ -53,6 +54,9 @@ class Recipe(TrainingConfig):
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     retention: RetentionPolicy = Field(default_factory=RetentionPolicy)
     review: ReviewPolicy | None = None
+    satisfaction_model: SatisfactionModelPolicy = Field(
+        default_factory=lambda: SatisfactionModelPolicy(enabled=False)
+    )
 
     @model_validator(mode="after")
     def _schedule(self) -> Recipe:
@@ -78,11 +82,12 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
 
 
 def recipe_hash(recipe: Recipe) -> str:
-    """A stable hash of everything in a recipe but its retention policy and review block
-    (key order and formatting do not matter)."""
+    """A stable hash of everything in a recipe but its retention policy, review block and
+    satisfaction model (key order and formatting do not matter)."""
     # Retention is about the store and the review block about the feedback page's queue,
     # not training: changing them must not look like a new recipe.
-    trained = recipe.model_dump(mode="json", exclude={"retention", "review"})
+    # The satisfaction model is trained beside the adapter, not into it.
+    trained = recipe.model_dump(mode="json", exclude={"retention", "review", "satisfaction_model"})
     # Fields added after recipes were first hashed leave the hash alone at their default,
     # so upgrading flywheel does not retrain every line on unchanged data.
     for path, default in _HASHED_ONLY_WHEN_SET.items():

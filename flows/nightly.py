@@ -63,6 +63,8 @@ class LineReport:
     seconds: dict[str, float] = field(default_factory=dict)
     # Raw text past the recipe's retention.raw_days: rows scrubbed (or deleted) tonight.
     retention: dict[str, Any] = field(default_factory=dict)
+    # The line's satisfaction model tonight: accepted or refused, and why.
+    satisfaction_model: dict[str, Any] = field(default_factory=dict)
 
 
 def _now() -> datetime:
@@ -152,6 +154,16 @@ def build_datasets_on_workers(
         "funnel": result.funnel,
         "seconds": result.seconds,
     }
+
+
+@task
+def satisfaction_model(settings: Settings, line: str, dataset: str) -> dict[str, Any]:
+    """Train the line's satisfaction model on its labelled answers, judge it on held-out ones
+    and record it in MLflow (registered when it beats chance by the recipe's margin)."""
+    from flows.satisfaction import train_satisfaction_model
+
+    with open_clients(settings) as clients:
+        return train_satisfaction_model(settings, clients, line, dataset, log=_run_logger().info)
 
 
 @task
@@ -327,6 +339,17 @@ def _train_and_deploy(
     timed("datasets", started)
     for step, seconds in datasets.get("seconds", {}).items():
         report.seconds[f"datasets.{step}"] = seconds
+    if datasets["dataset"] is not None:
+        started = time.monotonic()
+        try:
+            report.satisfaction_model = satisfaction_model(settings, line, datasets["dataset"])
+        except Exception as exc:  # the night goes on without it
+            _run_logger().exception("satisfaction model of %s failed", line)
+            report.satisfaction_model = {
+                "status": "failed",
+                "reason": f"{type(exc).__name__}: {exc}",
+            }
+        timed("satisfaction_model", started)
     started = time.monotonic()
     trained = train_and_gate(settings, line, datasets["dataset"])
     report.version, report.reason = trained.version, trained.reason

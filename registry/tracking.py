@@ -12,6 +12,7 @@ never leak into each other.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -68,6 +69,8 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 ADAPTER_ARTIFACT = "adapter"
 LOGGED_MODEL_TYPE = "peft-lora-adapter"
 TAG_LOGGED_MODEL = "flywheel.logged_model_id"
+TAG_SATISFACTION_VERDICT = "flywheel.satisfaction.verdict"
+TAG_SATISFACTION_REASON = "flywheel.satisfaction.reason"
 EVAL_ARTIFACTS = "eval"
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -353,6 +356,76 @@ class Registry:
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
         self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
         return model.model_id
+
+    def log_satisfaction_model(
+        self,
+        line: str,
+        *,
+        dataset_hash: str,
+        base_model: str,
+        metrics: Mapping[str, float],
+        accepted: bool,
+        reason: str,
+        model_dir: Path,
+    ) -> tuple[str, int | None]:
+        """Record one night's satisfaction model of ``line`` in the line's experiment: its
+        held-out AUC and calibration as metrics, the verdict as tags, ``model_dir``'s files
+        (the model, its reliability plot) as a LoggedModel; an accepted model becomes a
+        version of ``flywheel-<line>-satisfaction``. Returns (run id, version or None)."""
+        from mlflow.entities import LoggedModelStatus
+
+        tags = {
+            TAG_LINE: line,
+            TAG_DATASET_HASH: dataset_hash,
+            TAG_BASE_MODEL: base_model,
+            TAG_SATISFACTION_VERDICT: "accepted" if accepted else "refused",
+            TAG_SATISFACTION_REASON: truncate(reason),
+        }
+        run = self.client.create_run(
+            self.experiment_id(line),
+            run_name=f"{line}-satisfaction-{dataset_hash[:8]}",
+            tags=tags,
+        )
+        run_id = str(run.info.run_id)
+        self.log_metrics(run_id, {f"satisfaction.{k}": v for k, v in metrics.items()})
+        self.client.log_text(run_id, reason, "satisfaction/verdict.txt")
+        model = self.client.create_logged_model(
+            run.info.experiment_id,
+            name="satisfaction_model",
+            source_run_id=run_id,
+            tags={TAG_LINE: line, TAG_DATASET_HASH: dataset_hash, TAG_BASE_MODEL: base_model},
+            model_type="flywheel-satisfaction-model",
+        )
+        self.client.log_model_artifacts(model.model_id, str(model_dir))
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
+        version = None
+        if accepted:
+            name = f"{model_name(line)}-satisfaction"
+            try:
+                self.client.get_registered_model(name)
+            except MlflowException as exc:
+                if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                with contextlib.suppress(MlflowException):
+                    self.client.create_registered_model(
+                        name,
+                        tags={TAG_LINE: line},
+                        description=f"Satisfaction models of the {line} business line",
+                    )
+            with _global_tracking_uri(self.tracking_uri):
+                created = self.client.create_model_version(
+                    name,
+                    source=f"models:/{model.model_id}",
+                    model_id=model.model_id,
+                    run_id=run_id,
+                    tags={k: v for k, v in tags.items() if k != TAG_SATISFACTION_REASON},
+                    description=truncate(reason),
+                )
+            version = int(created.version)
+            self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
+        self.finish_run(run_id)
+        return run_id, version
 
     def logged_model_id(self, run_id: str) -> str | None:
         """The LoggedModel holding the run's adapter, if it logged one."""

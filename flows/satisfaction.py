@@ -1,0 +1,152 @@
+"""The nightly stage that trains a line's satisfaction model and records it in MLflow.
+
+Composes :mod:`training.satisfaction` (labelled answers, features, the head),
+:mod:`eval.satisfaction` (held-out AUC, calibration, the verdict) and the
+registry; the night goes on whatever it decides.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from composition.clients import Clients
+from composition.recipes import recipe_for
+from flywheel.settings import Settings
+
+
+def _labelled_splits(
+    settings: Settings, line: str, dataset_hash: str, max_examples: int
+) -> tuple[list[Any], list[Any]]:
+    """The line's labelled answers up to the night's dataset: (train, held out), newest first,
+    an answer in the held-out split never also in training."""
+    from feedback.datasets import dataset_by_hash, line_builds
+    from flywheel.errors import FlywheelError
+    from training.satisfaction import labelled_answers, read_dataset_rows
+
+    night = dataset_by_hash(settings.datasets_dir, line, dataset_hash)
+    if night is None:
+        raise FlywheelError(f"{line} has no dataset {dataset_hash[:16]}")
+    builds = sorted(
+        (
+            b
+            for b in line_builds(settings.datasets_dir, line)
+            if b.manifest["created_at"] <= night.manifest["created_at"]
+        ),
+        key=lambda b: b.manifest["created_at"],
+        reverse=True,
+    )
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {"train": {}, "eval": {}}
+    for build in builds:
+        for split, by_kind in rows.items():
+            for kind, found in read_dataset_rows(build.path, split).items():
+                by_kind.setdefault(kind, []).extend(found)
+    heldout = labelled_answers(rows["eval"])
+    held = {(repr(a.prompt), a.answer) for a in heldout}
+    train = [a for a in labelled_answers(rows["train"]) if (repr(a.prompt), a.answer) not in held]
+    return train[:max_examples], heldout[: max(max_examples // 4, 1)]
+
+
+def train_satisfaction_model(
+    settings: Settings,
+    clients: Clients,
+    line: str,
+    dataset_hash: str,
+    *,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Train, judge and record the line's satisfaction model on its labelled answers up to
+    the night's dataset; returns what it did (``status``: off, refused or accepted)."""
+    from eval.satisfaction import (
+        evaluate_scores,
+        judge_satisfaction_model,
+        single_class_reason,
+    )
+    from training.base_model import ensure_base_model
+    from training.satisfaction import AnswerReader, SatisfactionModel
+
+    policy = recipe_for(settings, line).satisfaction_model
+    if not policy.enabled:
+        return {"status": "off", "reason": "the recipe's satisfaction_model is not enabled"}
+    train, heldout = _labelled_splits(settings, line, dataset_hash, policy.max_examples)
+    labels = [a.label for a in train]
+    outcome: dict[str, Any] = {
+        "train_examples": len(train),
+        "train_positive": sum(labels),
+        "heldout_examples": len(heldout),
+    }
+    refused = single_class_reason(labels)
+    if refused is not None:
+        log(f"satisfaction model of {line} refused: {refused}")
+        return outcome | {"status": "refused", "reason": refused}
+    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
+    reader = AnswerReader(base_dir)
+    log(f"satisfaction model of {line}: reading {len(train) + len(heldout)} labelled answers")
+    features = reader.features([(a.prompt, a.answer) for a in train])
+    model = SatisfactionModel.fit(
+        reader.base_model, features, labels, [a.weight for a in train], l2=policy.l2
+    )
+    heldout_scores = (
+        model.predict(reader.features([(a.prompt, a.answer) for a in heldout])) if heldout else []
+    )
+    report = evaluate_scores(labels, heldout_scores, [a.label for a in heldout])
+    verdict = judge_satisfaction_model(report, policy)
+    with tempfile.TemporaryDirectory(prefix="flywheel-satisfaction-") as scratch:
+        folder = Path(scratch)
+        model.save(folder / "model.npz")
+        if report.calibration is not None:
+            reliability_plot(report, folder / "reliability.png", line)
+        run_id, version = clients.registry.log_satisfaction_model(
+            line,
+            dataset_hash=dataset_hash,
+            base_model=reader.base_model,
+            metrics=report.metrics(),
+            accepted=verdict.accepted,
+            reason=verdict.reason,
+            model_dir=folder,
+        )
+    log(
+        f"satisfaction model of {line} {'accepted' if verdict.accepted else 'refused'}: "
+        f"{verdict.reason}"
+    )
+    return outcome | {
+        "status": "accepted" if verdict.accepted else "refused",
+        "reason": verdict.reason,
+        "auc": report.auc,
+        "auc_low": report.auc_low,
+        "mlflow_run": run_id,
+        "version": version,
+    }
+
+
+def reliability_plot(report: Any, path: Path, line: str) -> Path:
+    """Predicted against observed satisfaction per bin, with the bins' counts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = report.calibration.bins
+    figure, axis = plt.subplots(figsize=(5, 5))
+    axis.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    axis.scatter(
+        [b[0] for b in bins], [b[1] for b in bins], s=[20 + 4 * b[2] for b in bins], label="bins"
+    )
+    for predicted, observed, count in bins:
+        axis.annotate(f"n={count}", (predicted, observed), fontsize=7, xytext=(4, 4),
+                      textcoords="offset points")  # fmt: skip
+    auc = f"AUC {report.auc:.3f} ({report.auc_low:.3f}-{report.auc_high:.3f})" if report.auc else ""
+    axis.set_title(
+        f"{line}: satisfaction model on {report.heldout_examples} held-out answers\n{auc}"
+    )
+    axis.set_xlabel("predicted satisfied")
+    axis.set_ylabel("observed satisfied")
+    axis.set_xlim(0, 1)
+    axis.set_ylim(0, 1)
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
