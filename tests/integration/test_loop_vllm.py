@@ -9,7 +9,8 @@ not that the answers get better (the README's table of full runs shows that).
 The night needs DPO pairs, and they come from the users' edits: at the dense
 feedback profile (``--feedback dense``) about one unsatisfied answer in seven,
 less those keeping a name the model made up. 60 requests gave 2 to 4, and one CI
-run skipped the night at 2 of the 3 the recipe asked for; 100 requests and a minimum of 1 keep the path from hanging on a draw.
+run skipped the night at 2 of the 3 the recipe asked for; 100 requests and a
+minimum of 1 keep the path from hanging on a draw.
 Answers of at most 48 tokens (the loop's default is 96) halve the time vLLM spends
 answering them on the CPU.
 """
