@@ -176,11 +176,11 @@ def fit_logistic(
 ) -> tuple[npt.NDArray[np.float64], float]:
     """A ridge-penalised logistic regression by Newton's method: (coefficients, intercept).
 
-    The penalty ``l2`` is per unit of total weight (the intercept is not penalised)."""
+    ``weights`` as given (1: an ordinary example); the penalty ``l2`` is on the coefficients'
+    squares, not the intercept's."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(labels, dtype=np.float64)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
-    w = w / w.mean()
     design = np.hstack([x, np.ones((len(x), 1))])
     penalty = np.full(design.shape[1], l2)
     penalty[-1] = 0.0
