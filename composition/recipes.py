@@ -63,6 +63,11 @@ class Recipe(TrainingConfig):
         steps = list(self.canary_steps)
         if steps != sorted(steps) or not 0 < steps[0] <= steps[-1] <= 1:
             raise ValueError("canary_steps must rise within (0, 1], e.g. [0.05, 0.25, 1.0]")
+        if self.canary.satisfaction is not None and self.review is None:
+            raise ValueError(
+                "canary.satisfaction needs a review block: reviewers' spot checks are the "
+                "random sample that keeps the satisfaction estimate valid"
+            )
         return self
 
     def canary_policy(self) -> CanaryPolicy:

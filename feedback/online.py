@@ -205,3 +205,53 @@ def adapter_windows(
                 review_failures=int(verdicts.get(ReviewVerdict.FAIL.value, 0)),
             )
     return results
+
+
+@dataclass(frozen=True, slots=True)
+class ArmAnswer:
+    """One answer an arm gave in a window, with its reviewers' last verdict (None: unreviewed)."""
+
+    request_id: str
+    messages: list[dict[str, Any]]
+    response: str
+    passed: bool | None
+
+
+def arm_answers(
+    engine: Engine, business_line: str, adapter: str | None, since: datetime, until: datetime
+) -> list[ArmAnswer]:
+    """The answers ``adapter`` (None: the base model) gave on ``business_line`` in
+    ``[since, until)``, successful ones only, each with its last review verdict."""
+    interactions, feedback = interactions_table, feedback_table
+    served = (
+        interactions.c.adapter_name.is_(None)
+        if adapter is None
+        else interactions.c.adapter_name == adapter
+    )
+    where = and_(
+        interactions.c.business_line == business_line,
+        interactions.c.created_at >= since,
+        interactions.c.created_at < until,
+        interactions.c.status == "ok",
+        served,
+    )
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(
+                interactions.c.request_id, interactions.c.messages, interactions.c.response
+            ).where(where)
+        ).all()
+        verdicts: dict[str, bool] = {}
+        for request_id, outcome in connection.execute(
+            select(feedback.c.request_id, feedback.c.outcome)
+            .select_from(
+                feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+            )
+            .where(where, feedback.c.type == REVIEW)
+            .order_by(feedback.c.id)
+        ):
+            verdicts[request_id] = outcome == ReviewVerdict.PASS.value
+    return [
+        ArmAnswer(r.request_id, list(r.messages or []), r.response, verdicts.get(r.request_id))
+        for r in rows
+    ]

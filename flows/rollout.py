@@ -285,7 +285,11 @@ def _recorded(window: Any) -> dict[str, Any]:
     return numbers
 
 
-def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
+def _arm(
+    windows: dict[str | None, Any],
+    adapter: str | None,
+    satisfaction: dict[str | None, Any] | None = None,
+) -> ArmStats:
     window = windows[adapter]
     return ArmStats(
         adapter=adapter,
@@ -309,6 +313,7 @@ def _arm(windows: dict[str | None, Any], adapter: str | None) -> ArmStats:
         output_tokens_sd=window.answers.output_tokens_sd,
         reviews=window.reviews,
         review_failures=window.review_failures,
+        satisfaction=(satisfaction or {}).get(adapter),
     )
 
 
@@ -337,7 +342,16 @@ def judge_canary(
         return CanaryOutcome(line, "none", "no canary on this line", table)
     since = state.step_started or datetime.min.replace(tzinfo=UTC)
     windows = adapter_windows(store.engine, line, [table.champion, table.canary], since, until)
-    champion, canary = _arm(windows, table.champion), _arm(windows, table.canary)
+    policy = parts.recipe.canary_policy()
+    satisfaction, scorer = None, None
+    if policy.satisfaction is not None and force is None:
+        from flows.satisfaction import arm_satisfaction
+
+        satisfaction, scorer = arm_satisfaction(
+            settings, clients, line, [table.champion, table.canary], since, until
+        )
+    champion = _arm(windows, table.champion, satisfaction)
+    canary = _arm(windows, table.canary, satisfaction)
     if look is None:
         look = looks_since(store.engine, line, table.canary, since) + 1
     numbers: dict[str, Any] = {
@@ -346,9 +360,11 @@ def judge_canary(
         "champion": _recorded(windows[table.champion]),
         "canary": _recorded(windows[table.canary]),
     }
+    if scorer is not None:
+        numbers["satisfaction_scored_by"] = scorer
     decision = None
     if force is None:
-        decision = decide_canary(champion, canary, parts.recipe.canary_policy(), look=look)
+        decision = decide_canary(champion, canary, policy, look=look)
         event = CanaryLooked(decision.action, decision.reasons, until)
         numbers["checks"] = [asdict(check) for check in decision.checks]
         numbers["worse_alpha"] = decision.worse_alpha

@@ -7,14 +7,17 @@ registry; the night goes on whatever it decides.
 
 from __future__ import annotations
 
+import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from composition.clients import Clients
 from composition.recipes import recipe_for
 from flywheel.settings import Settings
+from registry.ppi import SatisfactionSample
 
 
 def _labelled_splits(
@@ -150,3 +153,63 @@ def reliability_plot(report: Any, path: Path, line: str) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+_READERS: dict[Path, Any] = {}
+
+
+def arm_satisfaction(
+    settings: Settings,
+    clients: Clients,
+    line: str,
+    adapters: Sequence[str | None],
+    since: datetime,
+    until: datetime,
+) -> tuple[dict[str | None, SatisfactionSample], str]:
+    """Each arm's satisfaction data over ``[since, until)``: the line's newest accepted
+    satisfaction model's score on every answer (cached by request id), and the reviews'
+    verdicts. Without an accepted model every score is 0, so the estimate is the reviews'
+    alone (still valid, just wider). Returns the samples and which model scored them."""
+    import numpy as np
+
+    from feedback.online import arm_answers
+    from training.base_model import ensure_base_model
+    from training.satisfaction import AnswerReader, SatisfactionModel
+
+    found = clients.registry.satisfaction_model_path(line)
+    model = SatisfactionModel.load(found[1]) if found is not None else None
+    scorer = f"{line} satisfaction model v{found[0]}" if found is not None else "reviews alone"
+    cache_path = settings.home / "satisfaction" / f"{line}-v{found[0] if found else 0}.json"
+    cache: dict[str, float] = {}
+    if model is not None and cache_path.is_file():
+        cache = json.loads(cache_path.read_text())
+    samples: dict[str | None, SatisfactionSample] = {}
+    for adapter in dict.fromkeys(adapters):
+        answers = arm_answers(clients.store.engine, line, adapter, since, until)
+        if model is not None:
+            missing = [a for a in answers if a.request_id not in cache]
+            if missing:
+                base_dir = ensure_base_model(settings.models_dir, settings.base_model)
+                reader = _READERS.get(base_dir) or _READERS.setdefault(
+                    base_dir, AnswerReader(base_dir)
+                )
+                scores = model.predict(
+                    reader.features([(_prompt_of(a.messages), a.response) for a in missing])
+                )
+                cache.update({a.request_id: float(s) for a, s in zip(missing, scores, strict=True)})
+        score = {a.request_id: cache.get(a.request_id, 0.0) for a in answers}
+        reviewed = [a for a in answers if a.passed is not None]
+        samples[adapter] = SatisfactionSample.of(
+            np.array([score[a.request_id] for a in answers if a.passed is None]),
+            np.array([score[a.request_id] for a in reviewed]),
+            np.array([1.0 if a.passed else 0.0 for a in reviewed]),
+        )
+    if model is not None:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_text(json.dumps(cache))
+    return samples, scorer
+
+
+def _prompt_of(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, str], ...]:
+    """The conversation up to the answer (every message the user sent), as the model reads it."""
+    return tuple({"role": str(m.get("role")), "content": str(m.get("content"))} for m in messages)

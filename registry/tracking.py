@@ -427,6 +427,35 @@ class Registry:
         self.finish_run(run_id)
         return run_id, version
 
+    def satisfaction_model_path(self, line: str) -> tuple[int, Path] | None:
+        """The newest accepted satisfaction model of ``line``: (version, local ``model.npz``),
+        downloaded once under ``download_dir`` from a remote store; None when there is none."""
+        name = f"{model_name(line)}-satisfaction"
+        versions = self._versions(f"name = '{_safe(name)}'")
+        if not versions:
+            return None
+        newest = max(versions, key=lambda v: int(v.version))
+        version = int(newest.version)
+        source = newest.source or ""
+        if source.startswith("models:/"):
+            source = self.client.get_logged_model(source.removeprefix("models:/")).artifact_location
+        local = _local_path(source)
+        if local is not None:
+            return version, local / "model.npz"
+        if self.download_dir is None:
+            raise FlywheelError(f"{name} v{version} is stored at {source}; no download_dir")
+        target = self.download_dir / f"{line}-satisfaction-v{version}"
+        if not (target / "model.npz").is_file():
+            from mlflow.artifacts import download_artifacts
+
+            target.mkdir(parents=True, exist_ok=True)
+            download_artifacts(
+                artifact_uri=f"{source.rstrip('/')}/model.npz",
+                dst_path=str(target),
+                tracking_uri=self.tracking_uri,
+            )
+        return version, target / "model.npz"
+
     def logged_model_id(self, run_id: str) -> str | None:
         """The LoggedModel holding the run's adapter, if it logged one."""
         return self.client.get_run(run_id).data.tags.get(TAG_LOGGED_MODEL)

@@ -382,3 +382,61 @@ def test_placement_plan_packs_a_cold_line_and_moves_its_adapters(
     assert world.check() == []
     history = [c.action for c in RouteStore(world.store.engine).history(LINE, limit=3)]
     assert history == ["placement_set"] * 3
+
+
+def _reviews(world: World, adapter: str, start: datetime, answers: int, failed: int) -> None:
+    """Reviewers' verdicts on the first ``answers`` answers of ``adapter`` from ``start``."""
+    tag = f"{adapter}-{start.timestamp():.3f}"
+    events = [
+        {
+            "type": "review",
+            "request_id": f"{tag}-{index}",
+            "idempotency_key": f"rv-{tag}-{index}",
+            "outcome": "fail" if index < failed else "pass",
+            "metadata": {"reason": "off the point" if index < failed else "helpful",
+                         "reviewer": "rev-1"},
+            "created_at": (start + timedelta(seconds=index)).isoformat(),
+        }
+        for index in range(answers)
+    ]  # fmt: skip
+    report = world.store.ingest(events, source="t")
+    assert report.quarantined == 0, report
+
+
+def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With canary.satisfaction set and no accepted satisfaction model, the canary's
+    satisfaction is the reviews' alone: reviewers failing most canary answers roll it back,
+    though the users' quiet signals could not tell the arms apart."""
+    folder = world.root / "ppi-recipes"
+    shutil.copytree(Path(world.settings.recipes_dir or ""), folder)
+    path = folder / f"{LINE}.yaml"
+    recipe = yaml.safe_load(path.read_text())
+    recipe["canary"]["satisfaction"] = {"margin": 0.1, "min_reviews": 20}
+    recipe["review"] = {"rubric": ["helpful", "off the point"]}
+    path.write_text(yaml.safe_dump(recipe))
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(folder))
+    settings = load_settings()
+    clients = fake_clients(settings, store=world.store, registry=world.registry)
+    v1, v2 = world.register(), world.register()
+    start = datetime.now(UTC) - timedelta(hours=2)
+    deploy_canary(settings, clients, LINE, v1, world.urls)
+    judge_canary(settings, clients, LINE, force=CanaryAction.PROMOTE, upstreams=world.urls,
+                 now=start)  # fmt: skip
+    deploy_canary(settings, clients, LINE, v2, world.urls)
+    since = datetime.now(UTC) + timedelta(minutes=1)
+    _traffic(world, f"{LINE}-v{v1}", 200, 2, since)
+    _traffic(world, f"{LINE}-v{v2}", 60, 1, since)
+    _reviews(world, f"{LINE}-v{v1}", since, 40, 8)
+    _reviews(world, f"{LINE}-v{v2}", since, 40, 30)
+    table = world.table()
+    assert table.canary == f"{LINE}-v{v2}"
+    outcome = judge_canary(settings, clients, LINE, upstreams=world.urls,
+                           now=since + timedelta(hours=1))  # fmt: skip
+    assert outcome.action == "rollback", outcome.reason
+    assert "WORSE satisfaction" in outcome.reason
+    assert outcome.numbers["satisfaction_scored_by"] == "reviews alone"
+    assert outcome.decision is not None
+    check = next(c for c in outcome.decision.checks if c.metric == "satisfaction")
+    assert check.counts == (40, 40)
