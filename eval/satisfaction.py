@@ -52,6 +52,29 @@ class SatisfactionModelPolicy(BaseModel):
     max_examples: int = Field(
         default=4000, ge=10, le=1_000_000, description="Most labelled answers it trains on."
     )
+    pseudo_labels: bool = Field(
+        default=False,
+        description="Let the newest accepted model label the window's silent answers it is "
+        "confident about (SFT targets and KTO labels, traced to the model by their rule).",
+    )
+    confidence: float = Field(
+        default=0.85,
+        gt=0.5,
+        lt=1,
+        description="A silent answer scored at least this is satisfied, at most 1 - this not.",
+    )
+    max_model_share: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="Most model-labelled examples as a share of the whole training set.",
+    )
+    model_weight: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A model label's weight against a user's signal (times its confidence).",
+    )
 
 
 @dataclass(frozen=True, slots=True)

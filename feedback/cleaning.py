@@ -41,7 +41,14 @@ from feedback.dedup.history import (
 )
 from feedback.dedup.records import record_time, scope_hash
 from feedback.dedup.signature import exact_text_hash
-from feedback.examples import PLACEHOLDER, ExampleKind, TrainingExample, build_examples
+from feedback.examples import (
+    PLACEHOLDER,
+    ExampleKind,
+    TrainingExample,
+    build_examples,
+    model_labelled_examples,
+    silent_records,
+)
 from feedback.signals import pull_records
 from flywheel.settings.cleaning import (
     SCRUB_CACHE_TEXTS,
@@ -293,6 +300,51 @@ def build_splits(
 
 
 @dataclass(frozen=True, slots=True)
+class SilentLabelling:
+    """A satisfaction model that labels the silent answers of a window (built where the model
+    can run: ``feedback`` never loads one), and how far it is trusted."""
+
+    model: str  # name and version, written into each example's rule
+    score: Callable[[list[dict[str, Any]]], Sequence[float]]
+    confidence: float
+    max_share: float
+    weight: float
+
+
+def add_model_labelled(
+    unique: list[dict[str, Any]],
+    splits: dict[ExampleKind, dict[str, list[TrainingExample]]],
+    labelling: SilentLabelling,
+    funnel: Funnel,
+) -> None:
+    """Confident model labels of the silent answers, into the training split (capped)."""
+    used = {
+        request_id
+        for by_split in splits.values()
+        for examples in by_split.values()
+        for example in examples
+        for request_id in example.lineage.request_ids
+    }
+    silent = silent_records(unique, used)
+    human = sum(len(examples) for by_split in splits.values() for examples in by_split.values())
+    funnel.examples["silent_answers"] = len(silent)
+    if not silent or not human:
+        return
+    extra = model_labelled_examples(
+        silent,
+        list(labelling.score(silent)),
+        model=labelling.model,
+        human_examples=human,
+        confidence=labelling.confidence,
+        max_share=labelling.max_share,
+        weight=labelling.weight,
+    )
+    for example in extra:
+        splits.setdefault(example.kind, {"train": [], "eval": []})["train"].append(example)
+    funnel.examples["model_labelled"] = len(extra)
+
+
+@dataclass(frozen=True, slots=True)
 class CleaningResult:
     """What the cleaning stage produced for one line."""
 
@@ -313,6 +365,7 @@ def clean_records(
     source: dict[str, Any],
     on_progress: Callable[[int], None] | None = None,
     history: TrainingHistory | None = None,
+    labelling: SilentLabelling | None = None,
 ) -> CleaningResult:
     """Run every cleaning step on one line's records and write the dataset.
 
@@ -328,8 +381,9 @@ def clean_records(
     outcome = deduplicate_window(filtered.kept, settings.dedup, history)
     funnel.dropped.update(outcome.dropped)
     return finish_dataset(
-        outcome.kept, business_line, funnel, settings, dataset_root, source, outcome.signed
-    )
+        outcome.kept, business_line, funnel, settings, dataset_root, source, outcome.signed,
+        labelling,
+    )  # fmt: skip
 
 
 def finish_dataset(
@@ -340,14 +394,18 @@ def finish_dataset(
     dataset_root: Path,
     source: dict[str, Any],
     signed: SignedRecords | None = None,
+    labelling: SilentLabelling | None = None,
 ) -> CleaningResult:
-    """From deduplicated records to the written dataset (none when no example is left).
+    """From deduplicated records to the written dataset (none when no example is left);
+    with ``labelling``, the silent answers it is confident about join the training split.
 
     ``signed`` holds the same records signed, in order; the result's ``trained`` keeps
     those that went into an example.
     """
     funnel.count("deduplicated", unique)
     splits = build_splits(unique, settings.datasets, funnel)
+    if labelling is not None:
+        add_model_labelled(unique, splits, labelling, funnel)
     if not any(split for by_split in splits.values() for split in by_split.values()):
         return CleaningResult(business_line, funnel, None)
     used = {
@@ -459,6 +517,7 @@ def clean_line(
     until: datetime | None = None,
     on_progress: Callable[[int], None] | None = None,
     history: TrainingHistory | None = None,
+    labelling: SilentLabelling | None = None,
 ) -> CleaningResult:
     """Pull one line's records from the store and run the cleaning stage on them."""
     records = list(pull_records(engine, business_line, since=since, until=until))
@@ -471,4 +530,5 @@ def clean_line(
         source=window_source(since, until, len(records)),
         on_progress=on_progress,
         history=history,
+        labelling=labelling,
     )

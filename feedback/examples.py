@@ -341,3 +341,74 @@ def _prompt_pairs(
         if rank_a < rank_b and a["response"] and b["response"]:
             add(a, b, "rank", _events(a, "rank") + _events(b, "rank"))
     return pairs
+
+
+MODEL_RULE_PREFIX = "model:"
+
+
+def silent_records(records: Sequence[dict[str, Any]], used: set[str]) -> list[dict[str, Any]]:
+    """Answers no user said anything about (no signal, no edit) and no example used."""
+    return [
+        r
+        for r in records
+        if r["request_id"] not in used
+        and r.get("response")
+        and not r.get("edit")
+        and not record_signals(r)
+        and r.get("status", "ok") == "ok"
+    ]
+
+
+def model_labelled_examples(
+    silent: Sequence[dict[str, Any]],
+    scores: Sequence[float],
+    *,
+    model: str,
+    human_examples: int,
+    confidence: float,
+    max_share: float,
+    weight: float,
+) -> list[TrainingExample]:
+    """Examples from silent answers a satisfaction model is confident about (pure).
+
+    A score of at least ``confidence`` makes the answer an SFT target and a positive KTO
+    label, one of at most ``1 - confidence`` a negative KTO label; each weighs ``weight``
+    times how sure the model is (``|2 score - 1|``) and names the model in its rule
+    (``model:<model>``), so lineage says who labelled it. The most confident come first,
+    and there are never more than ``max_share`` of all the examples (human-labelled
+    ``human_examples`` included): an adapter is never trained mostly on its own judge.
+    """
+    if len(silent) != len(scores):
+        raise ValueError(f"{len(scores)} scores for {len(silent)} silent answers")
+    if not 0 <= max_share < 1:
+        raise ValueError(f"max_share must be in [0, 1), got {max_share}")
+    cap = int(max_share / (1 - max_share) * human_examples)
+    ranked = sorted(
+        (
+            (abs(2 * s - 1), s, r)
+            for r, s in zip(silent, scores, strict=True)
+            if s >= confidence or s <= 1 - confidence
+        ),
+        key=lambda item: -item[0],
+    )
+    rule = f"{MODEL_RULE_PREFIX}{model}"
+    out: list[TrainingExample] = []
+    for sureness, score, record in ranked:
+        kto_and_sft = 2 if score >= confidence else 1
+        if len(out) + kto_and_sft > cap:
+            break
+        lineage = _lineage([record])
+        strength = weight * sureness
+        liked = score >= confidence
+        if liked:
+            out.append(
+                TrainingExample("sft", _prompt(record), lineage, completion=record["response"],
+                                rule=rule, weight=strength)
+            )  # fmt: skip
+        out.append(
+            TrainingExample("kto", _prompt(record), lineage, completion=record["response"],
+                            label=liked, rule=rule, weight=strength)
+        )  # fmt: skip
+    return [
+        e for e in out if e.kind != "sft" or not invented_placeholders(e.prompt, e.completion or "")
+    ]

@@ -95,9 +95,11 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
     window's records into SFT/DPO/KTO datasets; record what went in."""
     from feedback.cleaning import clean_line, scrub_with
     from feedback.training_history import load_training_history, record_training
+    from flows.satisfaction import silent_labelling
 
     cleaning = settings.cleaning
     with open_clients(settings) as clients:
+        labelling = silent_labelling(settings, clients, line)
         store = clients.store
         history = load_training_history(
             store.engine,
@@ -115,6 +117,7 @@ def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[st
             since=window.since,
             until=window.until,
             history=history,
+            labelling=labelling,
         )
         record_training(
             store.engine,

@@ -213,3 +213,34 @@ def arm_satisfaction(
 def _prompt_of(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, str], ...]:
     """The conversation up to the answer (every message the user sent), as the model reads it."""
     return tuple({"role": str(m.get("role")), "content": str(m.get("content"))} for m in messages)
+
+
+def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
+    """The line's newest accepted satisfaction model as a labeller of silent answers, when its
+    recipe lets model labels in (``satisfaction_model.pseudo_labels``); else None."""
+    from feedback.cleaning import SilentLabelling
+    from training.base_model import ensure_base_model
+    from training.satisfaction import AnswerReader, SatisfactionModel
+
+    policy = recipe_for(settings, line).satisfaction_model
+    if not (policy.enabled and policy.pseudo_labels):
+        return None
+    found = clients.registry.satisfaction_model_path(line)
+    if found is None:
+        return None
+    version, path = found
+    model = SatisfactionModel.load(path)
+
+    def score(records: list[dict[str, Any]]) -> Sequence[float]:
+        base_dir = ensure_base_model(settings.models_dir, settings.base_model)
+        reader = _READERS.get(base_dir) or _READERS.setdefault(base_dir, AnswerReader(base_dir))
+        items = [(_prompt_of(r["messages"]), str(r["response"])) for r in records]
+        return model.predict(reader.features(items)).tolist()
+
+    return SilentLabelling(
+        model=f"{line}-satisfaction-v{version}",
+        score=score,
+        confidence=policy.confidence,
+        max_share=policy.max_model_share,
+        weight=policy.model_weight,
+    )

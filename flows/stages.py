@@ -132,6 +132,19 @@ def count_train_examples(manifest: dict[str, Any], method: str) -> int:
     return int(manifest["counts"].get(method, {}).get("train", 0))
 
 
+def model_labelled_count(manifest: dict[str, Any], method: str) -> int:
+    """Training examples of a method that a satisfaction model labelled (by their rule)."""
+    from feedback.examples import MODEL_RULE_PREFIX
+
+    return sum(
+        1
+        for item in manifest.get("examples", ())
+        if item["kind"] == method
+        and item["split"] == "train"
+        and str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX)
+    )
+
+
 def _train_counts(manifest: dict[str, Any]) -> dict[str, int]:
     return {method: count_train_examples(manifest, method) for method in ("sft", "dpo", "kto")}
 
@@ -229,10 +242,12 @@ def _training_set(
     method, _ = training_method(recipe, _train_counts(build.manifest))
     examples = count_train_examples(build.manifest, method)
     if examples < recipe.min_new_examples:
+        by_model = model_labelled_count(build.manifest, method)
         return TrainingOutcome(
             line,
             TrainingStatus.SKIPPED,
-            f"{examples} new {method.upper()} training examples, "
+            f"{examples} new {method.upper()} training examples ({examples - by_model} from "
+            f"users' signals, {by_model} labelled by the satisfaction model), "
             f"the recipe needs at least {recipe.min_new_examples}",
         )
     if recipe.history_days > 0:

@@ -28,6 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 Message = dict[str, str]
+# The rule of an example a satisfaction model labelled (feedback.examples.MODEL_RULE_PREFIX).
+MODEL_RULE_PREFIX = "model:"
 FEATURES = "mean of the answer tokens' last hidden states"
 
 
@@ -52,9 +54,13 @@ def _prompt(messages: Any) -> tuple[Message, ...]:
 
 def labelled_answers(rows_by_kind: dict[str, Sequence[dict[str, Any]]]) -> list[LabelledAnswer]:
     """The labelled answers in a dataset's rows (trl's conversational format), each distinct
-    (prompt, answer) once: a later label of the same answer wins, and a positive never turns
-    into a negative (an approved answer that some pair also rejected stays ambiguous: dropped)."""
+    (prompt, answer) once; an answer labelled both ways is dropped, and so are the labels a
+    satisfaction model gave (the judge never learns from its own verdicts)."""
     seen: dict[tuple[str, str], LabelledAnswer | None] = {}
+    rows_by_kind = {
+        kind: [r for r in rows if not str(r.get("rule", "")).startswith(MODEL_RULE_PREFIX)]
+        for kind, rows in rows_by_kind.items()
+    }
 
     def add(prompt: tuple[Message, ...], answer: str, label: int, weight: float, rule: str) -> None:
         if not answer.strip():

@@ -4,6 +4,7 @@ logistic head, held-out AUC and calibration, and the verdict that refuses a coin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from eval.satisfaction import (
     single_class_reason,
 )
 from feedback.datasets import split_by_time, write_dataset
-from feedback.examples import build_examples
+from feedback.examples import build_examples, model_labelled_examples, silent_records
 from flywheel.settings.cleaning import DatasetSettings
 from tests.unit.test_examples import record
 from training.satisfaction import (
@@ -132,3 +133,103 @@ def test_a_single_class_cannot_train_a_model() -> None:
     assert "all unsatisfied" in str(single_class_reason([0, 0]))
     assert single_class_reason([]) == "no labelled answers to train on"
     assert single_class_reason([0, 1]) is None
+
+
+def _silent(count: int) -> list[dict[str, Any]]:
+    return [
+        record(f"s{i}", f"answer {i}", user_id=f"q{i}", prompt_hash=f"ps{i}") for i in range(count)
+    ]
+
+
+def test_model_labels_are_confident_capped_weighted_and_traced() -> None:
+    silent = _silent(10)
+    scores = [0.99, 0.95, 0.9, 0.6, 0.5, 0.4, 0.1, 0.05, 0.02, 0.88]
+    examples = model_labelled_examples(
+        silent, scores, model="customer_service-satisfaction-v3", human_examples=100,
+        confidence=0.85, max_share=0.5, weight=0.5,
+    )  # fmt: skip
+    labelled = {(e.kind, e.completion, e.label) for e in examples}
+    # Unsure answers (0.4-0.6) are left out; sure ones become SFT targets and KTO labels.
+    assert ("sft", "answer 0", None) in labelled
+    assert ("kto", "answer 0", True) in labelled
+    assert ("kto", "answer 8", False) in labelled
+    assert not any(e.completion in {"answer 3", "answer 4", "answer 5"} for e in examples)
+    assert all(e.rule == "model:customer_service-satisfaction-v3" for e in examples)
+    assert all(e.lineage.request_ids for e in examples)
+    strongest = next(e for e in examples if e.completion == "answer 0")
+    assert strongest.weight == pytest.approx(0.5 * 0.98)
+    # Never more than max_share of the whole set: 4 human examples allow 4 model ones at 0.5.
+    capped = model_labelled_examples(
+        silent, scores, model="m", human_examples=4, confidence=0.85, max_share=0.5, weight=1.0
+    )
+    assert 0 < len(capped) <= 4
+    assert (
+        model_labelled_examples(
+            silent,
+            scores,
+            model="m",
+            human_examples=100,
+            confidence=0.85,
+            max_share=0.0,
+            weight=1.0,
+        )
+        == []
+    )
+    with pytest.raises(ValueError, match="scores for"):
+        model_labelled_examples(silent, [0.9], model="m", human_examples=1, confidence=0.85,
+                                max_share=0.5, weight=1.0)  # fmt: skip
+
+
+def test_silent_answers_are_those_without_any_signal() -> None:
+    records = [
+        record("a", "liked", {"type": "thumbs_up"}),
+        record("b", "quiet", prompt_hash="p2"),
+        record("c", "edited", {"type": "edit"}, edit="better", prompt_hash="p3"),
+        record("d", "failed", prompt_hash="p4", status="error"),
+    ]
+    assert [r["request_id"] for r in silent_records(records, used=set())] == ["b"]
+    assert silent_records(records, used={"b"}) == []
+
+
+def test_the_judge_never_learns_from_its_own_labels() -> None:
+    prompt = [{"role": "user", "content": "q"}]
+    rows = {
+        "kto": [
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "A"}],
+             "label": True, "rule": "model:x-satisfaction-v1"},
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "B"}],
+             "label": False, "rule": "thumbs_down"},
+        ]
+    }  # fmt: skip
+    assert [a.answer for a in labelled_answers(rows)] == ["B"]
+
+
+def test_the_cleaning_stage_adds_model_labels_to_training_only(tmp_path: Path) -> None:
+    from feedback.cleaning import Funnel, SilentLabelling, finish_dataset
+    from flywheel.settings.cleaning import CleaningSettings
+
+    records = [
+        *(record(f"h{i}", f"liked {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}",
+                 user_id=f"hu{i}", signal="thumbs_up") for i in range(6)),
+        *({**r, "signal": "none"} for r in _silent(6)),
+    ]  # fmt: skip
+    labelling = SilentLabelling(
+        model="customer_service-satisfaction-v1",
+        score=lambda silent: [0.95 if int(r["request_id"][1:]) % 2 else 0.05 for r in silent],
+        confidence=0.85,
+        max_share=0.5,
+        weight=0.5,
+    )
+    funnel = Funnel()
+    result = finish_dataset(
+        records, "customer_service", funnel, CleaningSettings(), tmp_path, {},
+        labelling=labelling,
+    )  # fmt: skip
+    assert result.dataset is not None
+    rules = result.dataset.manifest["rules"]
+    assert rules["kto:model:customer_service-satisfaction-v1"] >= 1
+    model_items = [i for i in result.dataset.manifest["examples"] if i["rule"].startswith("model:")]
+    assert model_items
+    assert {i["split"] for i in model_items} == {"train"}
+    assert funnel.examples["silent_answers"] == 6
+    assert funnel.examples["model_labelled"] == len(model_items)
