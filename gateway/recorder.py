@@ -37,6 +37,7 @@ from feedback.events import prompt_hash
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
 from flywheel.file_modes import open_private, private_dir
+from gateway.implicit import COMPLAINT, implicit_signal, last_user_text
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,24 @@ def regenerate_event(earlier_id: str, interaction: dict[str, Any]) -> dict[str, 
     }
 
 
+def implicit_event(earlier_id: str, interaction: dict[str, Any], kind: str) -> dict[str, Any]:
+    """What ``interaction`` says of the answer ``earlier_id`` before it in its session: a
+    rephrased question is a regenerate of it, a complaining follow-up a thumbs-down; both
+    marked inferred, with how (``gateway.implicit``)."""
+    signal = "thumbs_down" if kind == COMPLAINT else "regenerate"
+    event = {
+        "type": signal,
+        "request_id": earlier_id,
+        "user_id": interaction["user_id"],
+        "idempotency_key": f"{kind}:{interaction['request_id']}",
+        "metadata": {"inferred": kind},
+        "created_at": interaction["created_at"],
+    }
+    if signal == "regenerate":
+        event["replaced_by"] = interaction["request_id"]
+    return event
+
+
 class Spool:
     """Batches waiting on local disk for the store; each file is one whole batch."""
 
@@ -255,6 +274,8 @@ class RecorderStats:
     spooled: int = 0
     replayed: int = 0
     regenerates: int = 0
+    # Rephrased questions and complaining follow-ups read as signals (gateway.implicit).
+    implicit: int = 0
     shadows: int = 0  # shadow answers stored
     shadows_dropped: int = 0  # shadow answers whose interaction is not in the store
     held: int = 0  # feedback held for its interaction (each retry counts again)
@@ -302,6 +323,8 @@ class InteractionRecorder:
         )
         self._recent: OrderedDict[str, RecentRequest] = OrderedDict()
         self._prompts: OrderedDict[tuple[str, str, str], tuple[str, datetime]] = OrderedDict()
+        # Each session's last request: (request id, time, its question), for implicit signals.
+        self._last_turn: OrderedDict[tuple[str, str], tuple[str, datetime, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last_retry = 0.0
@@ -410,8 +433,40 @@ class InteractionRecorder:
                 events.append(interaction)
             else:
                 events.append(item)
-        events.extend(self._regenerates(interactions))
+        regenerates = self._regenerates(interactions)
+        events.extend(regenerates)
+        events.extend(self._implicit(interactions, {e["replaced_by"] for e in regenerates}))
         return events
+
+    def _implicit(
+        self, interactions: list[dict[str, Any]], regenerating: set[str]
+    ) -> list[dict[str, Any]]:
+        """Implicit signals on each session's previous answer (``gateway.implicit``): this
+        replica's memory of the session's last turn (another replica's turns are not seen)."""
+        found: list[dict[str, Any]] = []
+        for interaction in interactions:
+            session = interaction["session_id"]
+            if not session:
+                continue
+            key = (interaction["business_line"], session)
+            created = datetime.fromisoformat(interaction["created_at"])
+            question = last_user_text(interaction["messages"])
+            earlier = self._last_turn.get(key)
+            if (
+                earlier is not None
+                and interaction["request_id"] not in regenerating
+                and earlier[0] != interaction["request_id"]
+                and timedelta(0) <= created - earlier[1] <= self.regenerate_window
+            ):
+                kind = implicit_signal(interaction["messages"], earlier[2])
+                if kind is not None:
+                    found.append(implicit_event(earlier[0], interaction, kind))
+            self._last_turn[key] = (interaction["request_id"], created, question)
+            self._last_turn.move_to_end(key)
+            if len(self._last_turn) > self.remember:
+                self._last_turn.popitem(last=False)
+        self.stats.implicit += len(found)
+        return found
 
     def _regenerates(self, interactions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Regenerate events for interactions that repeat an earlier prompt of their session."""

@@ -361,6 +361,37 @@ def test_the_same_prompt_again_in_a_session_is_a_regenerate(gateway: Running) ->
     assert (event.type, event.request_id, event.replaced_by) == ("regenerate", first, second)
 
 
+def test_a_rephrased_question_and_a_complaint_are_read_as_signals(gateway: Running) -> None:
+    """Users who never press a button still say the answer did not help: the same question
+    in other words is a regenerate of the answer before it, a follow-up that complains a
+    thumbs-down of it; both marked inferred, and only within one session."""
+    headers = {"x-session-id": "s-implicit"}
+    asked = "How do I return a damaged blender I bought last week?"
+    again = "how can I return the damaged blender that I bought last week"
+    with gateway.client() as client:
+        first = _chat(
+            client, user="u1", headers=headers, messages=[{"role": "user", "content": asked}]
+        ).headers["x-request-id"]
+        second = _chat(
+            client, user="u1", headers=headers, messages=[{"role": "user", "content": again}]
+        ).headers["x-request-id"]
+        complaint = [
+            {"role": "user", "content": again},
+            {"role": "assistant", "content": "Please contact the manufacturer."},
+            {"role": "user", "content": "That's not what I asked, I want my money back."},
+        ]
+        third = _chat(client, user="u1", headers=headers, messages=complaint)
+        # Another session's similar question is no rephrase of this one.
+        _chat(client, user="u2", headers={"x-session-id": "s-else"},
+              messages=[{"role": "user", "content": asked}])  # fmt: skip
+    events = {(e.type, e.request_id): e for e in gateway.feedback()}
+    assert set(events) == {("regenerate", first), ("thumbs_down", second)}
+    assert events["regenerate", first].replaced_by == second
+    assert events["regenerate", first].metadata == {"inferred": "rephrase"}
+    assert events["thumbs_down", second].metadata == {"inferred": "complaint"}
+    assert third.status_code == 200
+
+
 def test_another_lines_key_reusing_a_session_id_touches_nothing_of_this_line(
     gateway: Running,
 ) -> None:
