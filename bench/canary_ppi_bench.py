@@ -257,7 +257,39 @@ def outcome(action: np.ndarray, correct: int) -> dict[str, Any]:
         "mean_users": float(users.mean()) if users.size else None,
         "ever_promoted": float((action == 1).any(axis=1).mean()),
         "ever_rolled_back": float((action == -1).any(axis=1).mean()),
+        "correct_by_look": [round(float(v), 4) for v in done],
     }
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """Share of runs decided correctly by canary users, per rule, for four scenarios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [
+        "worse by 0.15 (0.50 -> 0.35)",
+        "worse by 0.15, model fooled (+1 log-odds on canary)",
+        "better by 0.15 (0.35 -> 0.50)",
+        "equal (0.50 vs 0.50)",
+    ]
+    figure, axes = plt.subplots(1, len(names), figsize=(16, 4), sharey=True)
+    for axis, name in zip(axes, names, strict=True):
+        for rule, style in (("PPI", "-"), ("reviews only", "--"), ("feedback only", ":")):
+            curve = results["scenarios"][name][rule]["correct_by_look"]
+            axis.plot(CANARY_USERS, curve, style, label=rule)
+        axis.set_xscale("log")
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("canary users (5% share)")
+        axis.axhline(0.9, color="grey", linewidth=0.5)
+    axes[0].set_ylabel(f"share of {results['runs']} runs decided correctly")
+    axes[0].legend(loc="upper left", fontsize=8)
+    figure.suptitle("Canary at realistic feedback rates: satisfaction by PPI vs the users' signals")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def main() -> None:
@@ -265,6 +297,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="Write the curves here (PNG).")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     feedback_policy = CanaryPolicy()
@@ -357,6 +390,8 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if args.plot:
+        print(f"plot: {plot(results, args.plot)}")
 
 
 if __name__ == "__main__":

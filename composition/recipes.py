@@ -83,6 +83,7 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "dpo_loss": "sigmoid",
     "continue_learning_rate": None,
     "gate.max_general_loss_drift": None,
+    "canary.satisfaction": None,
 }
 
 

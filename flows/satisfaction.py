@@ -1,6 +1,6 @@
 """The nightly stage that trains a line's satisfaction model and records it in MLflow.
 
-Composes :mod:`training.satisfaction` (labelled answers, features, the head),
+Composes :mod:`eval.satisfaction_model` (labelled answers, features, the head),
 :mod:`eval.satisfaction` (held-out AUC, calibration, the verdict) and the
 registry; the night goes on whatever it decides.
 """
@@ -25,9 +25,9 @@ def _labelled_splits(
 ) -> tuple[list[Any], list[Any]]:
     """The line's labelled answers up to the night's dataset: (train, held out), newest first,
     an answer in the held-out split never also in training."""
+    from eval.satisfaction_model import labelled_answers, read_dataset_rows
     from feedback.datasets import dataset_by_hash, line_builds
     from flywheel.errors import FlywheelError
-    from training.satisfaction import labelled_answers, read_dataset_rows
 
     night = dataset_by_hash(settings.datasets_dir, line, dataset_hash)
     if night is None:
@@ -67,8 +67,8 @@ def train_satisfaction_model(
         judge_satisfaction_model,
         single_class_reason,
     )
+    from eval.satisfaction_model import AnswerReader, SatisfactionModel
     from training.base_model import ensure_base_model
-    from training.satisfaction import AnswerReader, SatisfactionModel
 
     policy = recipe_for(settings, line).satisfaction_model
     if not policy.enabled:
@@ -172,9 +172,9 @@ def arm_satisfaction(
     alone (still valid, just wider). Returns the samples and which model scored them."""
     import numpy as np
 
+    from eval.satisfaction_model import AnswerReader, SatisfactionModel
     from feedback.online import arm_answers
     from training.base_model import ensure_base_model
-    from training.satisfaction import AnswerReader, SatisfactionModel
 
     found = clients.registry.satisfaction_model_path(line)
     model = SatisfactionModel.load(found[1]) if found is not None else None
@@ -218,9 +218,9 @@ def _prompt_of(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, str], ...]
 def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     """The line's newest accepted satisfaction model as a labeller of silent answers, when its
     recipe lets model labels in (``satisfaction_model.pseudo_labels``); else None."""
+    from eval.satisfaction_model import AnswerReader, SatisfactionModel
     from feedback.cleaning import SilentLabelling
     from training.base_model import ensure_base_model
-    from training.satisfaction import AnswerReader, SatisfactionModel
 
     policy = recipe_for(settings, line).satisfaction_model
     if not (policy.enabled and policy.pseudo_labels):

@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+import yaml
+
+from composition.recipes import packaged_recipes_dir
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flows.rollout import canary_decisions, judge_canary
-from flywheel.settings import Settings
+from flywheel.settings import Settings, load_settings
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def rates_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Settings:
+    """The packaged recipes with customer service's canary on the users' signal rates alone
+    (no satisfaction test: these cases are about the rates' rule)."""
+    folder = tmp_path / "recipes"
+    shutil.copytree(packaged_recipes_dir(), folder, ignore=shutil.ignore_patterns("demo"))
+    path = folder / "customer_service.yaml"
+    recipe = yaml.safe_load(path.read_text())
+    recipe.pop("canary", None)
+    path.write_text(yaml.safe_dump(recipe))
+    monkeypatch.setenv("FLYWHEEL_RECIPES_DIR", str(folder))
+    return load_settings()
 
 
 def test_a_rerun_gets_the_same_window_and_the_watermark_moves_only_at_the_end(
@@ -59,7 +79,10 @@ def _traffic(adapter: str, n: int, thumbs_down: int, start: datetime) -> list[di
     return arm_events("customer_service", adapter, n, thumbs_down, start)
 
 
-def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: Settings) -> None:
+def test_the_canary_judge_waits_then_steps_up_and_records_every_look(
+    rates_settings: Settings,
+) -> None:
+    settings = rates_settings
     store = FeedbackStore.open(settings)
     clients = fake_clients(settings, store=store)
     routes = RouteStore(store.engine)
@@ -92,8 +115,9 @@ def test_the_canary_judge_waits_then_steps_up_and_records_every_look(settings: S
 
 
 def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
-    settings: Settings,
+    rates_settings: Settings,
 ) -> None:
+    settings = rates_settings
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
     routes.set_champion("customer_service", "customer_service-v1", actor="t")

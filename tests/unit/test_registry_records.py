@@ -83,13 +83,15 @@ def test_recipe_hash_is_stable_and_sensitive() -> None:
 
 
 def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
-    """Recipes hashed before ``dpo_loss``, ``continue_learning_rate`` and the gate's
-    ``max_general_loss_drift`` existed keep their hash; setting any of them changes it."""
+    """Recipes hashed before ``dpo_loss``, ``continue_learning_rate``, the gate's
+    ``max_general_loss_drift`` and the canary's ``satisfaction`` existed keep their hash (the
+    satisfaction model's block never enters it); setting any of the others changes it."""
     recipe = _recipe()
-    dumped = recipe.model_dump(mode="json", exclude={"retention", "review"})
+    dumped = recipe.model_dump(mode="json", exclude={"retention", "review", "satisfaction_model"})
     dumped.pop("dpo_loss")
     dumped.pop("continue_learning_rate")
     dumped["gate"].pop("max_general_loss_drift")
+    dumped["canary"].pop("satisfaction")
     before = hashlib.sha256(
         json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
@@ -97,6 +99,9 @@ def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
     assert recipe_hash(_recipe(dpo_loss="sigmoid_norm")) != before
     assert recipe_hash(_recipe(continue_learning_rate=1e-4)) != before
     assert recipe_hash(_recipe(gate={"max_general_loss_drift": 0.5})) != before
+    with_reviews = {"review": {"rubric": ["ok", "wrong"]}}
+    assert recipe_hash(_recipe(canary={"satisfaction": {"margin": 0.1}}, **with_reviews)) != before
+    assert recipe_hash(_recipe(satisfaction_model={"enabled": True})) == before
 
 
 def test_truncate_keeps_short_text_and_marks_cut_text() -> None:

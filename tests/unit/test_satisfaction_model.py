@@ -18,16 +18,16 @@ from eval.satisfaction import (
     roc_auc,
     single_class_reason,
 )
-from feedback.datasets import split_by_time, write_dataset
-from feedback.examples import build_examples, model_labelled_examples, silent_records
-from flywheel.settings.cleaning import DatasetSettings
-from tests.unit.test_examples import record
-from training.satisfaction import (
+from eval.satisfaction_model import (
     SatisfactionModel,
     fit_logistic,
     labelled_answers,
     read_dataset_rows,
 )
+from feedback.datasets import split_by_time, write_dataset
+from feedback.examples import build_examples, model_labelled_examples, silent_records
+from flywheel.settings.cleaning import DatasetSettings
+from tests.unit.test_examples import record
 
 
 def test_labelled_answers_from_a_built_dataset(tmp_path: Path) -> None:
