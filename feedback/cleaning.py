@@ -311,6 +311,17 @@ class SilentLabelling:
     weight: float
 
 
+def _used_request_ids(splits: dict[ExampleKind, dict[str, list[TrainingExample]]]) -> set[str]:
+    """The requests some example of ``splits`` was built from."""
+    return {
+        request_id
+        for by_split in splits.values()
+        for examples in by_split.values()
+        for example in examples
+        for request_id in example.lineage.request_ids
+    }
+
+
 def add_model_labelled(
     unique: list[dict[str, Any]],
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]],
@@ -318,14 +329,7 @@ def add_model_labelled(
     funnel: Funnel,
 ) -> None:
     """Confident model labels of the silent answers, into the training split (capped)."""
-    used = {
-        request_id
-        for by_split in splits.values()
-        for examples in by_split.values()
-        for example in examples
-        for request_id in example.lineage.request_ids
-    }
-    silent = silent_records(unique, used)
+    silent = silent_records(unique, _used_request_ids(splits))
     human = sum(len(examples) for by_split in splits.values() for examples in by_split.values())
     funnel.examples["silent_answers"] = len(silent)
     if not silent or not human:
@@ -408,13 +412,7 @@ def finish_dataset(
         add_model_labelled(unique, splits, labelling, funnel)
     if not any(split for by_split in splits.values() for split in by_split.values()):
         return CleaningResult(business_line, funnel, None)
-    used = {
-        request_id
-        for by_split in splits.values()
-        for examples in by_split.values()
-        for example in examples
-        for request_id in example.lineage.request_ids
-    }
+    used = _used_request_ids(splits)
     trained = (
         signed.take([row for row, rid in enumerate(signed.request_ids) if rid in used])
         if signed is not None

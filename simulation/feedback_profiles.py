@@ -30,17 +30,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from flywheel.errors import UsageError
+from simulation.protocol import REACTION_TYPES
 
-# The signals a profile can give (simulation.protocol.REACTION_TYPES without "none").
-SIGNALS: tuple[str, ...] = (
-    "thumbs_up",
-    "thumbs_down",
-    "regenerate",
-    "edit",
-    "abandon",
-    "task_success",
-    "task_failure",
-)
+# The signals a profile can give: every reaction but saying nothing.
+SIGNALS: tuple[str, ...] = tuple(t for t in REACTION_TYPES if t != "none")
 DEFAULT_PROFILE = "realistic"
 
 
@@ -102,27 +95,29 @@ class FeedbackProfile(BaseModel):
         )
 
 
+# What products report: thumbs on a few percent of answers, corrections on under 1%, and
+# implicit signals (regenerate, abandon) more often than explicit ones, mostly on bad answers.
+_REALISTIC_SATISFIED = {
+    "thumbs_up": 0.035,
+    "thumbs_down": 0.003,
+    "regenerate": 0.01,
+    "abandon": 0.01,
+    "task_success": 0.03,
+    "task_failure": 0.005,
+}
+_REALISTIC_UNSATISFIED = {
+    "thumbs_down": 0.04,
+    "thumbs_up": 0.003,
+    "edit": 0.01,
+    "regenerate": 0.06,
+    "abandon": 0.04,
+    "task_failure": 0.03,
+    "task_success": 0.005,
+}
 PROFILES: Mapping[str, FeedbackProfile] = MappingProxyType(
     {
         "realistic": FeedbackProfile(
-            name="realistic",
-            satisfied={
-                "thumbs_up": 0.035,
-                "thumbs_down": 0.003,
-                "regenerate": 0.01,
-                "abandon": 0.01,
-                "task_success": 0.03,
-                "task_failure": 0.005,
-            },
-            unsatisfied={
-                "thumbs_down": 0.04,
-                "thumbs_up": 0.003,
-                "edit": 0.01,
-                "regenerate": 0.06,
-                "abandon": 0.04,
-                "task_failure": 0.03,
-                "task_success": 0.005,
-            },
+            name="realistic", satisfied=_REALISTIC_SATISFIED, unsatisfied=_REALISTIC_UNSATISFIED
         ),
         "dense": FeedbackProfile(
             name="dense",
@@ -138,22 +133,8 @@ PROFILES: Mapping[str, FeedbackProfile] = MappingProxyType(
         ),
         "no_edits": FeedbackProfile(
             name="no_edits",
-            satisfied={
-                "thumbs_up": 0.035,
-                "thumbs_down": 0.003,
-                "regenerate": 0.01,
-                "abandon": 0.01,
-                "task_success": 0.03,
-                "task_failure": 0.005,
-            },
-            unsatisfied={
-                "thumbs_down": 0.04,
-                "thumbs_up": 0.003,
-                "regenerate": 0.06,
-                "abandon": 0.04,
-                "task_failure": 0.03,
-                "task_success": 0.005,
-            },
+            satisfied=_REALISTIC_SATISFIED,
+            unsatisfied={k: v for k, v in _REALISTIC_UNSATISFIED.items() if k != "edit"},
         ),
     }
 )
