@@ -229,3 +229,49 @@ def judge_satisfaction_model(
             f"not shown better than chance: {numbers}; its lower bound must exceed {needed:.2f}",
         )
     return SatisfactionModelVerdict(True, f"{numbers}; lower bound above {needed:.2f}")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedSatisfaction:
+    """The satisfaction model's mean score of the candidate's and the champion's answers to
+    the same held-out prompts, and the paired difference's 95% interval."""
+
+    prompts: int
+    candidate: float
+    champion: float
+    low: float
+    high: float
+
+    @property
+    def difference(self) -> float:
+        """Candidate minus champion."""
+        return self.candidate - self.champion
+
+    def describe(self, model: str) -> str:
+        """One line for the gate's record."""
+        return (
+            f"candidate {self.candidate:.3f} vs champion {self.champion:.3f}, difference "
+            f"{self.difference:+.3f} (95% {self.low:+.3f} to {self.high:+.3f}) on "
+            f"{self.prompts} held-out prompts, scored by {model}; information, not a criterion"
+        )
+
+
+def predicted_satisfaction(
+    candidate: Sequence[float], champion: Sequence[float]
+) -> PredictedSatisfaction | None:
+    """Paired comparison of two models' predicted satisfaction on the same prompts (None
+    under two prompts): a normal interval on the mean of the per-prompt differences."""
+    if len(candidate) != len(champion):
+        raise ValueError(f"{len(candidate)} candidate scores for {len(champion)} champion scores")
+    if len(candidate) < 2:
+        return None
+    differences = np.asarray(candidate, dtype=np.float64) - np.asarray(champion, dtype=np.float64)
+    half = Z_95 * float(differences.std(ddof=1)) / math.sqrt(len(differences))
+    mean = float(differences.mean())
+    return PredictedSatisfaction(
+        len(differences),
+        float(np.mean(candidate)),
+        float(np.mean(champion)),
+        mean - half,
+        mean + half,
+    )

@@ -213,7 +213,52 @@ def _evaluate_and_gate(
     decision = decide_promotion(
         reports["candidate"], reports["champion"], recipe.gate, base_general_loss=base_loss
     )
-    return reports, decision
+    return reports, _with_predicted_satisfaction(clients, recipe, base_dir, reports, decision)
+
+
+def _with_predicted_satisfaction(
+    clients: Clients,
+    recipe: Recipe,
+    base_dir: Path,
+    reports: dict[str, EvalReport],
+    decision: GateDecision,
+) -> GateDecision:
+    """The gate's decision with the line's accepted satisfaction model's view of both models'
+    answers to the same held-out prompts (an information check: it passes either way)."""
+    from dataclasses import replace
+
+    from eval.reports import GateCheck
+    from eval.satisfaction import predicted_satisfaction
+    from eval.satisfaction_model import AnswerReader, SatisfactionModel
+
+    if not recipe.satisfaction_model.enabled:
+        return decision
+    found = clients.registry.satisfaction_model_path(recipe.business_line)
+    if found is None:
+        return decision
+    version, path = found
+    champion = {s.prompt: s.answer for s in reports["champion"].samples}
+    shared = [s for s in reports["candidate"].samples if s.prompt in champion]
+    if len(shared) < 2:
+        return decision
+    model = SatisfactionModel.load(path)
+    reader = AnswerReader(base_dir)
+
+    def scores(answers: list[str]) -> list[float]:
+        items = [
+            ([{"role": "user", "content": s.prompt}], a)
+            for s, a in zip(shared, answers, strict=True)
+        ]
+        return model.predict(reader.features(items)).tolist()
+
+    compared = predicted_satisfaction(
+        scores([s.answer for s in shared]), scores([champion[s.prompt] for s in shared])
+    )
+    if compared is None:
+        return decision
+    name = f"{recipe.business_line}-satisfaction-v{version}"
+    check = GateCheck("predicted_satisfaction", True, compared.describe(name))
+    return replace(decision, checks=(*decision.checks, check))
 
 
 def _tag_how_trained(registry: Any, run_id: str, inverted: bool, method_reason: str | None) -> None:

@@ -233,3 +233,16 @@ def test_the_cleaning_stage_adds_model_labels_to_training_only(tmp_path: Path) -
     assert {i["split"] for i in model_items} == {"train"}
     assert funnel.examples["silent_answers"] == 6
     assert funnel.examples["model_labelled"] == len(model_items)
+
+
+def test_predicted_satisfaction_pairs_the_prompts() -> None:
+    from eval.satisfaction import predicted_satisfaction
+
+    compared = predicted_satisfaction([0.9, 0.8, 0.7, 0.9], [0.5, 0.4, 0.6, 0.5])
+    assert compared is not None
+    assert compared.difference == pytest.approx(0.325)
+    assert 0 < compared.low < compared.difference < compared.high
+    assert "4 held-out prompts" in compared.describe("m")
+    assert predicted_satisfaction([0.5], [0.4]) is None
+    with pytest.raises(ValueError, match="candidate scores"):
+        predicted_satisfaction([0.5, 0.2], [0.4])
