@@ -275,3 +275,18 @@ def predicted_satisfaction(
         mean - half,
         mean + half,
     )
+
+
+def stratified_folds(
+    labels: Sequence[int], folds: int, seed: int = 0
+) -> list[npt.NDArray[np.int64]]:
+    """Indices of ``folds`` folds, each class dealt round-robin after a seeded shuffle, so
+    every fold holds a share of the rare class."""
+    rng = np.random.default_rng(seed)
+    y = np.asarray(labels, dtype=int)
+    assigned = np.empty(len(y), dtype=int)
+    for label in (0, 1):
+        members = np.flatnonzero(y == label)
+        rng.shuffle(members)
+        assigned[members] = np.arange(len(members)) % folds
+    return [np.flatnonzero(assigned == fold) for fold in range(folds)]

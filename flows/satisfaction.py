@@ -19,6 +19,11 @@ from composition.recipes import recipe_for
 from flywheel.settings import Settings
 from registry.ppi import SatisfactionSample
 
+# Base-model readers by model folder, loaded once per process (the canary looks, the nightly).
+_READERS: dict[Path, Any] = {}
+# Folds of the cross-validation that judges a model when the later split is too thin.
+CV_FOLDS = 5
+
 
 def _labelled_splits(
     settings: Settings, line: str, dataset_hash: str, max_examples: int
@@ -62,10 +67,13 @@ def train_satisfaction_model(
 ) -> dict[str, Any]:
     """Train, judge and record the line's satisfaction model on its labelled answers up to
     the night's dataset; returns what it did (``status``: off, refused or accepted)."""
+    import numpy as np
+
     from eval.satisfaction import (
         evaluate_scores,
         judge_satisfaction_model,
         single_class_reason,
+        stratified_folds,
     )
     from eval.satisfaction_model import AnswerReader, SatisfactionModel
     from training.base_model import ensure_base_model
@@ -88,13 +96,41 @@ def train_satisfaction_model(
     reader = AnswerReader(base_dir)
     log(f"satisfaction model of {line}: reading {len(train) + len(heldout)} labelled answers")
     features = reader.features([(a.prompt, a.answer) for a in train])
-    model = SatisfactionModel.fit(
-        reader.base_model, features, labels, [a.weight for a in train], l2=policy.l2
-    )
-    heldout_scores = (
-        model.predict(reader.features([(a.prompt, a.answer) for a in heldout])) if heldout else []
-    )
-    report = evaluate_scores(labels, heldout_scores, [a.label for a in heldout])
+    weights = [a.weight for a in train]
+    model = SatisfactionModel.fit(reader.base_model, features, labels, weights, l2=policy.l2)
+    heldout_labels = [a.label for a in heldout]
+    if min(sum(heldout_labels), len(heldout_labels) - sum(heldout_labels)) >= policy.min_per_class:
+        scores = model.predict(reader.features([(a.prompt, a.answer) for a in heldout]))
+        report = evaluate_scores(labels, scores, heldout_labels)
+        outcome["judged_on"] = "held-out answers (the dataset's later split)"
+    else:
+        # Too few of a class in the later split (quiet users, a rare class): judge it by
+        # stratified cross-validation over every labelled answer instead, each scored by a
+        # model that never saw it. Time order is lost, so it is said.
+        everything = [*train, *heldout]
+        all_features = (
+            np.vstack([features, reader.features([(a.prompt, a.answer) for a in heldout])])
+            if heldout
+            else features
+        )
+        all_labels = [a.label for a in everything]
+        out_of_fold = np.zeros(len(everything))
+        for fold in stratified_folds(all_labels, CV_FOLDS):
+            rest = np.setdiff1d(np.arange(len(everything)), fold)
+            fitted = SatisfactionModel.fit(
+                reader.base_model,
+                all_features[rest],
+                [all_labels[i] for i in rest],
+                [everything[i].weight for i in rest],
+                l2=policy.l2,
+            )
+            out_of_fold[fold] = fitted.predict(all_features[fold])
+        report = evaluate_scores(labels, out_of_fold, all_labels)
+        outcome["judged_on"] = f"{CV_FOLDS}-fold cross-validation over every labelled answer"
+        model = SatisfactionModel.fit(
+            reader.base_model, all_features, all_labels, [a.weight for a in everything],
+            l2=policy.l2,
+        )  # fmt: skip
     verdict = judge_satisfaction_model(report, policy)
     with tempfile.TemporaryDirectory(prefix="flywheel-satisfaction-") as scratch:
         folder = Path(scratch)
@@ -107,7 +143,7 @@ def train_satisfaction_model(
             base_model=reader.base_model,
             metrics=report.metrics(),
             accepted=verdict.accepted,
-            reason=verdict.reason,
+            reason=f"{verdict.reason} (judged on {outcome['judged_on']})",
             model_dir=folder,
         )
     log(
@@ -153,9 +189,6 @@ def reliability_plot(report: Any, path: Path, line: str) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
-
-
-_READERS: dict[Path, Any] = {}
 
 
 def arm_satisfaction(

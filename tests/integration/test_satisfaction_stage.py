@@ -73,10 +73,20 @@ def _records(coin: bool) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.parametrize("coin", [False, True], ids=["users", "coin"])
+@pytest.mark.parametrize(
+    ("coin", "eval_fraction"),
+    [(False, 0.3), (True, 0.3), (False, 0.02)],
+    ids=["users", "coin", "thin-later-split"],
+)
 def test_the_stage_accepts_a_model_that_learnt_the_taste_and_refuses_a_coin(
-    coin: bool, tmp_path: Path, base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    coin: bool,
+    eval_fraction: float,
+    tmp_path: Path,
+    base_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Judged on the dataset's later split when it holds enough of each class, else by
+    cross-validation over every labelled answer (the thin-later-split case)."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     (recipes / f"{LINE}.yaml").write_text(RECIPE)
@@ -87,7 +97,7 @@ def test_the_stage_accepts_a_model_that_learnt_the_taste_and_refuses_a_coin(
     monkeypatch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
     settings = load_settings()
     examples = build_examples(_records(coin))
-    splits = {k: split_by_time(v, 0.3) for k, v in examples.by_kind().items()}
+    splits = {k: split_by_time(v, eval_fraction) for k, v in examples.by_kind().items()}
     build = write_dataset(
         settings.datasets_dir, LINE, splits, funnel={}, source={}, settings=DatasetSettings()
     )
@@ -114,3 +124,5 @@ def test_the_stage_accepts_a_model_that_learnt_the_taste_and_refuses_a_coin(
         version = registry.client.get_model_version(f"flywheel-{LINE}-satisfaction", "1")
         assert version.tags["flywheel.satisfaction.verdict"] == "accepted"
     assert any("satisfaction model of customer_service" in m for m in messages)
+    judged = "cross-validation" if eval_fraction < 0.1 else "held-out answers"
+    assert judged in outcome["judged_on"]

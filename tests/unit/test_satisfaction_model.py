@@ -246,3 +246,12 @@ def test_predicted_satisfaction_pairs_the_prompts() -> None:
     assert predicted_satisfaction([0.5], [0.4]) is None
     with pytest.raises(ValueError, match="candidate scores"):
         predicted_satisfaction([0.5, 0.2], [0.4])
+
+
+def test_stratified_folds_spread_the_rare_class() -> None:
+    from eval.satisfaction import stratified_folds
+
+    labels = [1] * 11 + [0] * 106
+    folds = stratified_folds(labels, 5)
+    assert sorted(np.concatenate(folds).tolist()) == list(range(117))
+    assert [sum(labels[i] for i in fold) for fold in folds] == [3, 2, 2, 2, 2]
