@@ -309,6 +309,8 @@ class SilentLabelling:
     confidence: float
     max_share: float
     weight: float
+    # Whether answers it is sure satisfied become SFT targets and positive labels too.
+    positives: bool = False
 
 
 def _used_request_ids(splits: dict[ExampleKind, dict[str, list[TrainingExample]]]) -> set[str]:
@@ -342,6 +344,7 @@ def add_model_labelled(
         confidence=labelling.confidence,
         max_share=labelling.max_share,
         weight=labelling.weight,
+        positives=labelling.positives,
     )
     for example in extra:
         splits.setdefault(example.kind, {"train": [], "eval": []})["train"].append(example)

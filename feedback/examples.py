@@ -368,8 +368,10 @@ def model_labelled_examples(
     confidence: float,
     max_share: float,
     weight: float,
+    positives: bool = True,
 ) -> list[TrainingExample]:
-    """Examples from silent answers a satisfaction model is confident about (pure).
+    """Examples from silent answers a satisfaction model is confident about (pure); with
+    ``positives`` False, only the answers it is sure failed (negative KTO labels).
 
     A score of at least ``confidence`` makes the answer an SFT target and a positive KTO
     label, one of at most ``1 - confidence`` a negative KTO label; each weighs ``weight``
@@ -387,7 +389,7 @@ def model_labelled_examples(
         (
             (abs(2 * s - 1), s, r)
             for r, s in zip(silent, scores, strict=True)
-            if s >= confidence or s <= 1 - confidence
+            if (positives and s >= confidence) or s <= 1 - confidence
         ),
         key=lambda item: -item[0],
     )

@@ -276,4 +276,5 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
         confidence=policy.confidence,
         max_share=policy.max_model_share,
         weight=policy.model_weight,
+        positives=policy.label_positives,
     )

@@ -178,6 +178,13 @@ def test_model_labels_are_confident_capped_weighted_and_traced() -> None:
     with pytest.raises(ValueError, match="scores for"):
         model_labelled_examples(silent, [0.9], model="m", human_examples=1, confidence=0.85,
                                 max_share=0.5, weight=1.0)  # fmt: skip
+    # Negatives only: no SFT target, no positive label.
+    negatives = model_labelled_examples(
+        silent, scores, model="m", human_examples=100, confidence=0.85, max_share=0.5,
+        weight=1.0, positives=False,
+    )  # fmt: skip
+    assert negatives
+    assert {(e.kind, e.label) for e in negatives} == {("kto", False)}
 
 
 def test_silent_answers_are_those_without_any_signal() -> None:
@@ -233,6 +240,8 @@ def test_the_cleaning_stage_adds_model_labels_to_training_only(tmp_path: Path) -
     assert {i["split"] for i in model_items} == {"train"}
     assert funnel.examples["silent_answers"] == 6
     assert funnel.examples["model_labelled"] == len(model_items)
+    # By default the model only marks answers that failed.
+    assert {i["kind"] for i in model_items} == {"kto"}
 
 
 def test_predicted_satisfaction_pairs_the_prompts() -> None:
