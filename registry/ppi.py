@@ -127,37 +127,13 @@ def estimate(sample: SatisfactionSample, *, power_tuned: bool = True) -> ArmEsti
 
     Needs at least two reviews (a variance of the model's error); the unreviewed answers may
     be none (then it is the reviews' mean)."""
-    n, big_n = sample.labelled, sample.unlabelled
-    if n < 2:
-        raise ValueError(f"{n} reviews: at least 2 are needed to estimate satisfaction")
-    y_mean = sample.label_sum / n
-    f_mean = sample.labelled_score_sum / n
-    var_y = max(sample.label_sum / n - y_mean**2, 0.0) * n / (n - 1)
-    var_f_labelled = max(sample.labelled_score_sq_sum / n - f_mean**2, 0.0) * n / (n - 1)
-    cov_yf = (sample.label_score_sum / n - y_mean * f_mean) * n / (n - 1)
-    if big_n >= 2:
-        fu_mean = sample.unlabelled_score_sum / big_n
-        var_f_unlabelled = max(sample.unlabelled_score_sq_sum / big_n - fu_mean**2, 0.0) * (
-            big_n / (big_n - 1)
+    if sample.labelled < 2:
+        raise ValueError(
+            f"{sample.labelled} reviews: at least 2 are needed to estimate satisfaction"
         )
-    else:
-        fu_mean, var_f_unlabelled = f_mean, var_f_labelled
-    if big_n < 2:
-        weight = 0.0
-    elif power_tuned:
-        # PPI++ (mean estimation): lambda = cov(y, f) / ((1 + n / N) var(f)), pooled var(f).
-        pooled = (var_f_labelled * (n - 1) + var_f_unlabelled * (big_n - 1)) / (n + big_n - 2)
-        weight = cov_yf / ((1 + n / big_n) * pooled) if pooled > 0 else 0.0
-        weight = min(1.0, max(0.0, weight))
-    else:
-        weight = 1.0
-    mean = weight * fu_mean + y_mean - weight * f_mean
-    error_variance = max(var_y - 2 * weight * cov_yf + weight**2 * var_f_labelled, 0.0)
-    variance = error_variance / n + (weight**2 * var_f_unlabelled / big_n if big_n else 0.0)
-    # A floor for the degenerate case (every verdict alike, a constant model): the variance
-    # of a proportion one success away, so few reviews never look certain.
-    variance = max(variance, 1 / (4 * (n + 1) ** 2))
-    return ArmEstimate(min(1.0, max(0.0, mean)), variance, weight, n, sample.answers)
+    sums = (getattr(sample, name) for name in SatisfactionSample.__slots__)
+    mean, variance, weight = _ppi(*sums, power_tuned=power_tuned)
+    return ArmEstimate(float(mean), float(variance), float(weight), sample.labelled, sample.answers)
 
 
 def estimate_arrays(
@@ -174,6 +150,27 @@ def estimate_arrays(
 ) -> tuple[FloatArray, FloatArray]:
     """:func:`estimate`'s mean and variance elementwise over arrays of sums (a simulation's
     many arms at once); entries with fewer than 2 reviews get variance ``inf``."""
+    mean, variance, _ = _ppi(
+        unlabelled, unlabelled_score_sum, unlabelled_score_sq_sum, labelled, label_sum,
+        labelled_score_sum, labelled_score_sq_sum, label_score_sum, power_tuned=power_tuned,
+    )  # fmt: skip
+    return mean, variance
+
+
+def _ppi(
+    unlabelled: npt.ArrayLike,
+    unlabelled_score_sum: npt.ArrayLike,
+    unlabelled_score_sq_sum: npt.ArrayLike,
+    labelled: npt.ArrayLike,
+    label_sum: npt.ArrayLike,
+    labelled_score_sum: npt.ArrayLike,
+    labelled_score_sq_sum: npt.ArrayLike,
+    label_score_sum: npt.ArrayLike,
+    *,
+    power_tuned: bool,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """PPI++'s mean, variance and model weight from the sums, elementwise (verdicts are 0/1,
+    so the sum of their squares is their sum)."""
     n = np.asarray(labelled, dtype=np.float64)
     big_n = np.asarray(unlabelled, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -188,6 +185,7 @@ def estimate_arrays(
             big_n / (big_n - 1)
         )
         if power_tuned:
+            # PPI++ (mean estimation): lambda = cov(y, f) / ((1 + n / N) var(f)), var(f) pooled.
             pooled = (var_fl * (n - 1) + var_fu * (big_n - 1)) / (n + big_n - 2)
             weight = np.clip(np.where(pooled > 0, cov / ((1 + n / big_n) * pooled), 0.0), 0, 1)
         else:
@@ -197,6 +195,12 @@ def estimate_arrays(
         mean = weight * fu_mean + y_mean - weight * f_mean
         error_var = np.maximum(var_y - 2 * weight * cov + weight**2 * var_fl, 0.0)
         variance = error_var / n + np.where(big_n >= 2, weight**2 * var_fu / big_n, 0.0)
+        # A floor for the degenerate case (every verdict alike, a constant model): the variance
+        # of a proportion one success away, so few reviews never look certain.
         variance = np.maximum(variance, 1 / (4 * (n + 1) ** 2))
         variance = np.where(n >= 2, variance, np.inf)
-    return np.asarray(np.clip(mean, 0, 1), dtype=np.float64), np.asarray(variance, dtype=np.float64)
+    return (
+        np.asarray(np.clip(mean, 0, 1), dtype=np.float64),
+        np.asarray(variance, dtype=np.float64),
+        np.asarray(weight, dtype=np.float64),
+    )
