@@ -41,6 +41,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,7 @@ def _draw(
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``count`` new answers per run: (rate counts, PPI sums), each summed over the answers."""
     profile = PROFILES["realistic"]
-    shift = math.sqrt(2) * _normal_quantile(auc)
+    shift = math.sqrt(2) * NormalDist().inv_cdf(auc)
     rates = np.zeros((runs, len(RATES)))
     sums = np.zeros((runs, 8))
     per_chunk = max(1, CHUNK // runs)
@@ -142,18 +143,6 @@ def _draw(
             axis=1,
         )
     return rates, sums
-
-
-def _normal_quantile(p: float) -> float:
-    """Inverse of the standard normal CDF (bisection; a bench needs no more)."""
-    low, high = -10.0, 10.0
-    for _ in range(100):
-        mid = (low + high) / 2
-        if 0.5 * math.erfc(-mid / math.sqrt(2)) < p:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 def simulate(world: World, runs: int, rng: np.random.Generator) -> list[tuple[ArmSums, ArmSums]]:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
-Z_95 = 1.959964
+Z_95 = NormalDist().inv_cdf(0.975)
 
 
 class SatisfactionModelPolicy(BaseModel):

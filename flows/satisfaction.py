@@ -75,7 +75,7 @@ def train_satisfaction_model(
         single_class_reason,
         stratified_folds,
     )
-    from eval.satisfaction_model import AnswerReader, SatisfactionModel
+    from eval.satisfaction_model import SatisfactionModel
     from training.base_model import ensure_base_model
 
     policy = recipe_for(settings, line).satisfaction_model
@@ -92,8 +92,7 @@ def train_satisfaction_model(
     if refused is not None:
         log(f"satisfaction model of {line} refused: {refused}")
         return outcome | {"status": "refused", "reason": refused}
-    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-    reader = AnswerReader(base_dir)
+    reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
     log(f"satisfaction model of {line}: reading {len(train) + len(heldout)} labelled answers")
     features = reader.features([(a.prompt, a.answer) for a in train])
     weights = [a.weight for a in train]
@@ -205,7 +204,7 @@ def arm_satisfaction(
     alone (still valid, just wider). Returns the samples and which model scored them."""
     import numpy as np
 
-    from eval.satisfaction_model import AnswerReader, SatisfactionModel
+    from eval.satisfaction_model import SatisfactionModel
     from feedback.online import arm_answers
     from training.base_model import ensure_base_model
 
@@ -222,10 +221,7 @@ def arm_satisfaction(
         if model is not None:
             missing = [a for a in answers if a.request_id not in cache]
             if missing:
-                base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-                reader = _READERS.get(base_dir) or _READERS.setdefault(
-                    base_dir, AnswerReader(base_dir)
-                )
+                reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
                 scores = model.predict(
                     reader.features([(_prompt_of(a.messages), a.response) for a in missing])
                 )
@@ -243,15 +239,24 @@ def arm_satisfaction(
     return samples, scorer
 
 
+def reader_for(base_dir: Path) -> Any:
+    """The base model reading answers for satisfaction models, loaded once per process."""
+    from eval.satisfaction_model import AnswerReader
+
+    if base_dir not in _READERS:
+        _READERS[base_dir] = AnswerReader(base_dir)
+    return _READERS[base_dir]
+
+
 def _prompt_of(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, str], ...]:
-    """The conversation up to the answer (every message the user sent), as the model reads it."""
+    """The conversation the answer came in (every message before it), as the model reads it."""
     return tuple({"role": str(m.get("role")), "content": str(m.get("content"))} for m in messages)
 
 
 def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     """The line's newest accepted satisfaction model as a labeller of silent answers, when its
     recipe lets model labels in (``satisfaction_model.pseudo_labels``); else None."""
-    from eval.satisfaction_model import AnswerReader, SatisfactionModel
+    from eval.satisfaction_model import SatisfactionModel
     from feedback.cleaning import SilentLabelling
     from training.base_model import ensure_base_model
 
@@ -265,8 +270,7 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     model = SatisfactionModel.load(path)
 
     def score(records: list[dict[str, Any]]) -> Sequence[float]:
-        base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-        reader = _READERS.get(base_dir) or _READERS.setdefault(base_dir, AnswerReader(base_dir))
+        reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
         items = [(_prompt_of(r["messages"]), str(r["response"])) for r in records]
         return model.predict(reader.features(items)).tolist()
 

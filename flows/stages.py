@@ -229,7 +229,8 @@ def _with_predicted_satisfaction(
 
     from eval.reports import GateCheck
     from eval.satisfaction import predicted_satisfaction
-    from eval.satisfaction_model import AnswerReader, SatisfactionModel
+    from eval.satisfaction_model import SatisfactionModel
+    from flows.satisfaction import reader_for
 
     if not recipe.satisfaction_model.enabled:
         return decision
@@ -242,7 +243,7 @@ def _with_predicted_satisfaction(
     if len(shared) < 2:
         return decision
     model = SatisfactionModel.load(path)
-    reader = AnswerReader(base_dir)
+    reader = reader_for(base_dir)
 
     def scores(answers: list[str]) -> list[float]:
         items = [

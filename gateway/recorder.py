@@ -178,15 +178,7 @@ def _prompt_key(interaction: dict[str, Any]) -> tuple[str, str, str]:
 
 def regenerate_event(earlier_id: str, interaction: dict[str, Any]) -> dict[str, Any]:
     """The inferred regenerate of ``earlier_id``, replaced by ``interaction``."""
-    return {
-        "type": "regenerate",
-        "request_id": earlier_id,
-        "user_id": interaction["user_id"],
-        "replaced_by": interaction["request_id"],
-        "idempotency_key": f"regenerate:{interaction['request_id']}",
-        "metadata": {"inferred": True},
-        "created_at": interaction["created_at"],
-    }
+    return _inferred("regenerate", earlier_id, interaction, key="regenerate", how=True)
 
 
 def implicit_event(earlier_id: str, interaction: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -194,12 +186,19 @@ def implicit_event(earlier_id: str, interaction: dict[str, Any], kind: str) -> d
     rephrased question is a regenerate of it, a complaining follow-up a thumbs-down; both
     marked inferred, with how (``gateway.implicit``)."""
     signal = "thumbs_down" if kind == COMPLAINT else "regenerate"
+    return _inferred(signal, earlier_id, interaction, key=kind, how=kind)
+
+
+def _inferred(
+    signal: str, earlier_id: str, interaction: dict[str, Any], *, key: str, how: object
+) -> dict[str, Any]:
+    """A feedback event the gateway inferred on ``earlier_id`` from ``interaction``."""
     event = {
         "type": signal,
         "request_id": earlier_id,
         "user_id": interaction["user_id"],
-        "idempotency_key": f"{kind}:{interaction['request_id']}",
-        "metadata": {"inferred": kind},
+        "idempotency_key": f"{key}:{interaction['request_id']}",
+        "metadata": {"inferred": how},
         "created_at": interaction["created_at"],
     }
     if signal == "regenerate":
