@@ -216,8 +216,10 @@ def arm_satisfaction(
     if model is not None and cache_path.is_file():
         cache = json.loads(cache_path.read_text())
     samples: dict[str | None, SatisfactionSample] = {}
+    in_window: set[str] = set()
     for adapter in dict.fromkeys(adapters):
         answers = arm_answers(clients.store.engine, line, adapter, since, until)
+        in_window.update(a.request_id for a in answers)
         if model is not None:
             missing = [a for a in answers if a.request_id not in cache]
             if missing:
@@ -234,8 +236,10 @@ def arm_satisfaction(
             np.array([1.0 if a.passed else 0.0 for a in reviewed]),
         )
     if model is not None:
+        # Only this window's scores are kept: a new canary share starts a new window, so the
+        # file stays the size of one window, not of every answer ever scored.
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        cache_path.write_text(json.dumps(cache))
+        cache_path.write_text(json.dumps({rid: cache[rid] for rid in in_window if rid in cache}))
     return samples, scorer
 
 
