@@ -403,12 +403,25 @@ def _reviews(world: World, adapter: str, start: datetime, answers: int, failed: 
     assert report.quarantined == 0, report
 
 
+class _LengthReader:
+    """Stands in for the base model reading answers (a unit test loads no model): one
+    feature, the answer's length."""
+
+    def features(self, items: list[tuple[Any, str]]) -> Any:
+        import numpy as np
+
+        return np.array([[float(len(answer))] for _, answer in items])
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["reviews-alone", "with-model"])
 def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    world: World, monkeypatch: pytest.MonkeyPatch, with_model: bool
 ) -> None:
     """With canary.satisfaction set and no accepted satisfaction model, the canary's
     satisfaction is the reviews' alone: reviewers failing most canary answers roll it back,
-    though the users' quiet signals could not tell the arms apart."""
+    though the users' quiet signals could not tell the arms apart. With an accepted model in
+    the registry, every answer is scored by it (cached for the window only) and the reviews
+    still decide: a model that cannot tell the answers apart gets no weight."""
     folder = world.root / "ppi-recipes"
     shutil.copytree(Path(world.settings.recipes_dir or ""), folder)
     path = folder / f"{LINE}.yaml"
@@ -432,11 +445,33 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     _reviews(world, f"{LINE}-v{v2}", since, 40, 30)
     table = world.table()
     assert table.canary == f"{LINE}-v{v2}"
+    if with_model:
+        import numpy as np
+
+        import flows.satisfaction
+        from eval.satisfaction_model import SatisfactionModel
+
+        monkeypatch.setattr(flows.satisfaction, "reader_for", lambda base_dir: _LengthReader())
+        model_dir = world.root / "satisfaction-model"
+        model_dir.mkdir()
+        SatisfactionModel("base", np.zeros(1), np.ones(1), np.array([0.1]), -1.0).save(
+            model_dir / "model.npz"
+        )
+        world.registry.log_satisfaction_model(
+            LINE, dataset_hash="d" * 64, base_model="base", metrics={"auc": 0.8},
+            accepted=True, reason="test", model_dir=model_dir,
+        )  # fmt: skip
     outcome = judge_canary(settings, clients, LINE, upstreams=world.urls,
                            now=since + timedelta(hours=1))  # fmt: skip
     assert outcome.action == "rollback", outcome.reason
     assert "WORSE satisfaction" in outcome.reason
-    assert outcome.numbers["satisfaction_scored_by"] == "reviews alone"
+    if with_model:
+        assert outcome.numbers["satisfaction_scored_by"] == f"{LINE} satisfaction model v1"
+        cached = json.loads((settings.home / "satisfaction" / f"{LINE}-v1.json").read_text())
+        assert len(cached) == 260  # this window's answers, each scored once
+        assert "model weight 0.00" in outcome.reason
+    else:
+        assert outcome.numbers["satisfaction_scored_by"] == "reviews alone"
     assert outcome.decision is not None
     check = next(c for c in outcome.decision.checks if c.metric == "satisfaction")
     assert check.counts == (40, 40)
