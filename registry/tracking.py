@@ -12,7 +12,6 @@ never leak into each other.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -372,8 +371,6 @@ class Registry:
         held-out AUC and calibration as metrics, the verdict as tags, ``model_dir``'s files
         (the model, its reliability plot) as a LoggedModel; an accepted model becomes a
         version of ``flywheel-<line>-satisfaction``. Returns (run id, version or None)."""
-        from mlflow.entities import LoggedModelStatus
-
         tags = {
             TAG_LINE: line,
             TAG_DATASET_HASH: dataset_hash,
@@ -387,45 +384,60 @@ class Registry:
             tags=tags,
         )
         run_id = str(run.info.run_id)
+        try:
+            version = self._record_satisfaction_model(
+                run, line, tags, metrics, accepted, reason, model_dir
+            )
+        except BaseException:
+            self.finish_run(run_id, "FAILED")
+            raise
+        self.finish_run(run_id)
+        return run_id, version
+
+    def _record_satisfaction_model(
+        self,
+        run: Any,
+        line: str,
+        tags: Mapping[str, str],
+        metrics: Mapping[str, float],
+        accepted: bool,
+        reason: str,
+        model_dir: Path,
+    ) -> int | None:
+        """The satisfaction run's metrics, verdict and LoggedModel; its version if accepted."""
+        from mlflow.entities import LoggedModelStatus
+
+        run_id = str(run.info.run_id)
         self.log_metrics(run_id, {f"satisfaction.{k}": v for k, v in metrics.items()})
         self.client.log_text(run_id, reason, "satisfaction/verdict.txt")
         model = self.client.create_logged_model(
             run.info.experiment_id,
             name="satisfaction_model",
             source_run_id=run_id,
-            tags={TAG_LINE: line, TAG_DATASET_HASH: dataset_hash, TAG_BASE_MODEL: base_model},
+            tags={key: tags[key] for key in (TAG_LINE, TAG_DATASET_HASH, TAG_BASE_MODEL)},
             model_type="flywheel-satisfaction-model",
         )
         self.client.log_model_artifacts(model.model_id, str(model_dir))
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
         self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
-        version = None
-        if accepted:
-            name = f"{model_name(line)}-satisfaction"
-            try:
-                self.client.get_registered_model(name)
-            except MlflowException as exc:
-                if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
-                    raise
-                with contextlib.suppress(MlflowException):
-                    self.client.create_registered_model(
-                        name,
-                        tags={TAG_LINE: line},
-                        description=f"Satisfaction models of the {line} business line",
-                    )
-            with _global_tracking_uri(self.tracking_uri):
-                created = self.client.create_model_version(
-                    name,
-                    source=f"models:/{model.model_id}",
-                    model_id=model.model_id,
-                    run_id=run_id,
-                    tags={k: v for k, v in tags.items() if k != TAG_SATISFACTION_REASON},
-                    description=truncate(reason),
-                )
-            version = int(created.version)
-            self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
-        self.finish_run(run_id)
-        return run_id, version
+        if not accepted:
+            return None
+        name = f"{model_name(line)}-satisfaction"
+        self._ensure_registered_model(
+            line, name, f"Satisfaction models of the {line} business line"
+        )
+        with _global_tracking_uri(self.tracking_uri):
+            created = self.client.create_model_version(
+                name,
+                source=f"models:/{model.model_id}",
+                model_id=model.model_id,
+                run_id=run_id,
+                tags={k: v for k, v in tags.items() if k != TAG_SATISFACTION_REASON},
+                description=truncate(reason),
+            )
+        version = int(created.version)
+        self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
+        return version
 
     def satisfaction_model_path(self, line: str) -> tuple[int, Path] | None:
         """The newest accepted satisfaction model of ``line``: (version, local ``model.npz``),
@@ -526,8 +538,11 @@ class Registry:
         self.client.set_tag(run_id, TAG_REGISTERED_VERSION, str(version))
         return version
 
-    def _ensure_registered_model(self, line: str) -> None:
-        name = model_name(line)
+    def _ensure_registered_model(
+        self, line: str, name: str | None = None, description: str | None = None
+    ) -> None:
+        """Create the registered model ``name`` (default the line's adapters) if missing."""
+        name = name or model_name(line)
         try:
             self.client.get_registered_model(name)
         except MlflowException as exc:
@@ -537,7 +552,7 @@ class Registry:
                 self.client.create_registered_model(
                     name,
                     tags={TAG_LINE: line},
-                    description=f"LoRA adapters of the {line} business line",
+                    description=description or f"LoRA adapters of the {line} business line",
                 )
             except MlflowException as again:
                 if _error_code(again) != "RESOURCE_ALREADY_EXISTS":
