@@ -35,6 +35,8 @@ from simulation.protocol import REACTION_TYPES
 # The signals a profile can give: every reaction but saying nothing.
 SIGNALS: tuple[str, ...] = tuple(t for t in REACTION_TYPES if t != "none")
 DEFAULT_PROFILE = "realistic"
+# A profile is a few rates: a larger file is not one.
+MAX_PROFILE_BYTES = 64 * 1024
 
 
 class FeedbackProfileError(UsageError):
@@ -168,9 +170,16 @@ def load_profile(spec: str | None) -> FeedbackProfile:
             f"--feedback {spec}: not a profile name ({', '.join(PROFILES)}) nor a .yaml/.json file"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as source:
+            raw_bytes = source.read(MAX_PROFILE_BYTES + 1)
+        text = raw_bytes.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise FeedbackProfileError(f"--feedback {spec}: cannot read it: {exc}") from None
+    if len(raw_bytes) > MAX_PROFILE_BYTES:
+        raise FeedbackProfileError(
+            f"--feedback {spec}: larger than {MAX_PROFILE_BYTES // 1024} KB; a profile is a "
+            "few rates"
+        )
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

@@ -117,6 +117,10 @@ def test_a_profile_file_loads_and_unknown_names_are_refused(tmp_path: Path) -> N
         load_profile("chatty")
     with pytest.raises(FeedbackProfileError, match="cannot read"):
         load_profile(str(tmp_path / "missing.yaml"))
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * 200_000 + "\nsatisfied: {}\nunsatisfied: {}\n")
+    with pytest.raises(FeedbackProfileError, match="larger than 64 KB"):
+        load_profile(str(huge))
 
 
 def test_the_cli_exits_2_naming_a_profile_whose_rates_cannot_be(tmp_path: Path) -> None:
