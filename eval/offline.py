@@ -528,16 +528,27 @@ def _encode(
     return prompt_ids + answer_ids, len(answer_ids)
 
 
+def left_padded(
+    batch: Sequence[tuple[list[int], int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch of encoded conversations (:func:`_encode`) padded on the left: input ids,
+    attention mask, and position ids that start at 0 on each row's first real token."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in batch], device=device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def _score_batch(
     model: Any, batch: Sequence[tuple[list[int], int]], pad: int, device: torch.device
 ) -> list[float]:
     """Summed answer log-probabilities of one left-padded batch."""
     import torch
 
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in batch], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = left_padded(batch, pad, device)
+    width = ids.shape[1]
     # Left padding puts every answer at the end, so only the last logits are needed:
     # a (batch, keep, vocab) tensor instead of (batch, width, vocab).
     keep = max(n for _, n in batch) + 1

@@ -135,36 +135,32 @@ class AnswerReader:
         """One row of features per (prompt, answer): the answer tokens' mean last hidden state."""
         import torch
 
-        from eval.offline import _encode
+        from eval.offline import _device, _encode, _pad_id, left_padded
 
         rows: list[npt.NDArray[np.float64]] = []
-        pad = self.tokenizer.pad_token_id
-        if pad is None:
-            pad = self.tokenizer.eos_token_id or 0
-        device = next(self.model.parameters()).device
+        pad, device = _pad_id(self.tokenizer), _device(self.model)
         for start in range(0, len(items), self.batch_size):
             batch = [
                 _encode(self.tokenizer, prompt, answer, self.max_length)
                 for prompt, answer in items[start : start + self.batch_size]
             ]
-            width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            answer_mask = torch.zeros((len(batch), width), dtype=torch.float32)
-            for index, (ids, answer_len) in enumerate(batch):
-                input_ids[index, width - len(ids) :] = torch.tensor(ids)
-                attention[index, width - len(ids) :] = 1
-                answer_mask[index, width - answer_len :] = 1
+            input_ids, attention, positions = left_padded(batch, pad, device)
+            width = input_ids.shape[1]
+            # Left padding puts each answer's tokens at the end of its row.
+            is_answer = torch.arange(width, device=device).unsqueeze(0) >= (
+                width - torch.tensor([n for _, n in batch], device=device)
+            ).unsqueeze(1)
             with torch.no_grad():
                 out = self.model(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention.to(device),
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    position_ids=positions,
                     output_hidden_states=True,
                 )
-            hidden = out.hidden_states[-1].float().cpu()
-            weights = answer_mask.unsqueeze(-1)
+            hidden = out.hidden_states[-1].float()
+            weights = is_answer.unsqueeze(-1).float()
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
-            rows.append(pooled.numpy().astype(np.float64))
+            rows.append(pooled.cpu().numpy().astype(np.float64))
             if on_batch is not None:
                 on_batch(len(batch))
         if not rows:
