@@ -511,7 +511,7 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         logger.error("gateway: unexpected error on %s: %s", request.url.path, where)
         return GatewayError(500, "internal error in the gateway").response()
 
-    errors = (400, 401, 403, 404, 408, 413, 429, 502, 503)
+    errors = (400, 401, 404, 408, 413, 429, 502, 503)
 
     @app.post(
         "/v1/chat/completions",
@@ -535,7 +535,7 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         response_model=FeedbackAccepted,
         openapi_extra=documented(
             {"$ref": "#/components/schemas/FeedbackRequest"},
-            (400, 401, 403, 404, 408, 409, 413, 429, 503),
+            (400, 401, 404, 408, 409, 413, 429, 503),
             duplicate=True,
         ),
         summary="Thumbs, edit, abandon, task outcome or regenerate for an answer",

@@ -44,27 +44,32 @@ _OWN_REQUEST_ID = re.compile(r"req-[0-9a-f]{32}")
 
 
 async def _owner_of(
-    state: GatewayState, request_id: str, field_name: str = "request_id"
+    state: GatewayState, key: ApiKey, request_id: str, field_name: str = "request_id"
 ) -> tuple[str, str | None, str | None]:
-    """(business line, user, adapter) of a request, from memory or from the store. A request
-    id of the gateway's own shape that is not in the store yet may have been answered by
-    another replica a moment ago (its writer flushes every ``log_flush_s``): it is looked up
-    again for up to ``feedback_lookup_wait_s`` before the 404."""
-    recent = state.recorder.recent(request_id)
-    if recent is not None:
-        return recent.business_line, recent.user_id, recent.adapter_name
+    """(business line, user, adapter) of a request ``key`` may give feedback on, from memory
+    or from the store. A request id of the gateway's own shape that is not in the store yet
+    may have been answered by another replica a moment ago (its writer flushes every
+    ``log_flush_s``): it is looked up again for up to ``feedback_lookup_wait_s`` before the
+    404. A request of a line the key may not use gets that same 404 after the same wait:
+    "not yours" and "not there" answer alike, so a key learns nothing of other tenants."""
     wait = state.gateway.feedback_lookup_wait_s if _OWN_REQUEST_ID.fullmatch(request_id) else 0
     deadline = time.monotonic() + wait
-    while True:
+    owner: tuple[str, str | None, str | None] | None = None
+    if (recent := state.recorder.recent(request_id)) is not None:
+        owner = recent.business_line, recent.user_id, recent.adapter_name
+    while owner is None:
         try:
             owner = await asyncio.to_thread(state.store.request_owner, request_id)
         except STORE_DOWN_ERRORS:
             raise GatewayError(503, "cannot look the request up right now; retry shortly") from None
-        if owner is not None:
-            return owner
-        if time.monotonic() >= deadline:
-            raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
-        await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if owner is None:
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    if owner is not None and key.may_use(owner[0]):
+        return owner
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+    raise GatewayError(404, f"no request {request_id!r} is known", param=field_name)
 
 
 async def receive_feedback(state: GatewayState, request: Request) -> Response:
@@ -77,17 +82,15 @@ async def receive_feedback(state: GatewayState, request: Request) -> Response:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
-    line, user, adapter = await _owner_of(state, feedback.request_id)
+    line, user, adapter = await _owner_of(state, key, feedback.request_id)
     REQUEST_CONTEXT.set(RequestContext(line, adapter, feedback.request_id))
-    if not key.may_use(line):
-        raise GatewayError(403, "this key may not give feedback on that business line")
     quotas = quotas_for("feedback", limit_scopes(state, key, line))
     if quotas:
         verdict = await check_limits(state, line, quotas, [1.0] * len(quotas))
         if not verdict.allowed:
             return too_many(verdict)
     if feedback.replaced_by is not None:
-        replacement_line, _, _ = await _owner_of(state, feedback.replaced_by, "replaced_by")
+        replacement_line, _, _ = await _owner_of(state, key, feedback.replaced_by, "replaced_by")
         if replacement_line != line:
             raise GatewayError(
                 400, "replaced_by must be a request of the same business line", param="replaced_by"

@@ -59,7 +59,9 @@ async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
 
 
 def line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
-    """The business line the request names as ``model``, if this key may use it."""
+    """The business line the request names as ``model``, if this key may use it. A line of
+    another tenant gets the very answer of a line that does not exist (404, same body), so
+    a key learns nothing about lines beyond its own."""
     line = payload.get("model")
     allowed = key.lines_among(state.lines)
     if not isinstance(line, str) or not line:
@@ -68,14 +70,12 @@ def line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
             f"'model' must name your business line (one of: {', '.join(allowed) or 'none'})",
             param="model",
         )
-    if line not in state.lines:
+    if line not in state.lines or not key.may_use(line):
         raise GatewayError(
             404,
             f"unknown business line {line[:80]!r} (yours: {', '.join(allowed) or 'none'})",
             param="model",
         )
-    if not key.may_use(line):
-        raise GatewayError(403, f"this key may not use the business line {line!r}", param="model")
     return line
 
 

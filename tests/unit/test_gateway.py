@@ -155,7 +155,7 @@ def test_callers_reach_only_their_own_lines(gateway: Running) -> None:
         assert _chat(stranger).status_code == 401
     with gateway.client(LEGAL_KEY) as legal:
         refused = _chat(legal)
-        assert refused.status_code == 403
+        assert refused.status_code == 404
         assert "customer_service" in refused.json()["error"]["message"]
         assert [m["id"] for m in legal.get("/v1/models").json()["data"]] == ["legal"]
         # Naming an adapter or the base model instead of a line is no way around it.
@@ -168,8 +168,54 @@ def test_callers_reach_only_their_own_lines(gateway: Running) -> None:
     request_id = served.headers["x-request-id"]
     with gateway.client(LEGAL_KEY) as legal:
         answer = legal.post("/v1/feedback", json={"request_id": request_id, "type": "thumbs_down"})
-        assert answer.status_code == 403
+        assert answer.status_code == 404
     assert len(gateway.stub.received) == 1
+
+
+def _shape(response: httpx.Response, name: str) -> tuple[int, dict[str, Any]]:
+    """A refusal's status and body with the name the caller sent taken out."""
+    body = orjson.loads(response.content.replace(name.encode(), b"NAME"))
+    return response.status_code, body
+
+
+def test_another_tenants_line_or_request_is_answered_as_one_that_does_not_exist(
+    gateway: Running,
+) -> None:
+    """A key learns nothing about other tenants: 'not yours' and 'does not exist' get the
+    same status and body (and a request id the same wait before it)."""
+    nowhere_id = "req-" + "0" * 32
+    with gateway.client() as cs:
+        theirs = _chat(cs, user="u1").headers["x-request-id"]
+    with gateway.client(LEGAL_KEY) as legal:
+        mine = _chat(legal, model="legal").headers["x-request-id"]
+        not_mine = _chat(legal, model="customer_service")
+        nowhere = _chat(legal, model="no_such_line")
+        assert _shape(not_mine, "customer_service") == _shape(nowhere, "no_such_line")
+        assert not_mine.status_code == 404
+        started = time.monotonic()
+        foreign = legal.post("/v1/feedback", json={"request_id": theirs, "type": "abandon"})
+        foreign_s = time.monotonic() - started
+        missing = legal.post("/v1/feedback", json={"request_id": nowhere_id, "type": "abandon"})
+        assert _shape(foreign, theirs) == _shape(missing, nowhere_id)
+        assert foreign.status_code == 404
+        assert foreign_s >= 0.8 * GatewaySettings().feedback_lookup_wait_s
+        replaced = [
+            legal.post(
+                "/v1/feedback",
+                json={"request_id": mine, "type": "regenerate", "replaced_by": other},
+            )
+            for other in (theirs, nowhere_id)
+        ]
+        assert _shape(replaced[0], theirs) == _shape(replaced[1], nowhere_id)
+        assert replaced[0].status_code == 404
+    with gateway.client(ALL_KEY) as ops:
+        # A key that may use both lines is told the truth: another line's request.
+        crossed = ops.post(
+            "/v1/feedback", json={"request_id": mine, "type": "regenerate", "replaced_by": theirs}
+        )
+        assert crossed.status_code == 400
+        assert crossed.json()["error"]["param"] == "replaced_by"
+    assert [e.type for e in gateway.feedback()] == []
 
 
 @pytest.mark.parametrize(
@@ -435,10 +481,11 @@ def test_idempotency_keys_are_per_line_and_a_reused_key_is_refused(gateway: Runn
         reused = cs.post("/v1/feedback", json={**thumbs, "type": "abandon"})
         assert reused.status_code == 409
         assert "k-1" in reused.json()["error"]["message"]
-        # A regenerate may only be replaced by a request of its own line.
+        # A regenerate may only be replaced by a request of its own line (another tenant's
+        # request is not even known to this key).
         crossed = {"request_id": mine, "type": "regenerate", "replaced_by": theirs}
         refused = cs.post("/v1/feedback", json=crossed)
-        assert refused.status_code == 400
+        assert refused.status_code == 404
         assert refused.json()["error"]["param"] == "replaced_by"
     stored = sorted((e.request_id, e.type) for e in gateway.feedback())
     assert stored == sorted([(theirs, "thumbs_up"), (mine, "thumbs_down")])
