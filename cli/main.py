@@ -867,6 +867,9 @@ def demo(
         seed=seed,
         canary_users=30,
         bad_canary=bad_canary,
+        # Minutes, not days: the demo picks 30 users per arm a round (flywheel loop shows the
+        # canary only its true share).
+        canary_traffic="picked",
     )
     document = scrub_examples(result.as_dict(), clients(settings).scrubber)
     plot = plot_loop(document, settings.home / "loop" / f"demo-{train_line_name}.png")

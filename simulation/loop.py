@@ -1,13 +1,23 @@
 """The loop over several nights, measured on simulated users who react to real answers.
 
-Each night: the day's users ask through the gateway and react to what they got;
-the nightly flow runs for the line (datasets → train → gate → register →
-hot-load → canary); canary traffic follows — users are picked per arm with the
-gateway's own sticky split so a 5% canary gets enough of them in minutes — and
-the canary flow decides (step up, promote, roll back, wait) from their
-reactions, and, with ``reviews_per_round`` and a feedback page to review on,
-from simulated reviewers' verdicts too (:mod:`simulation.reviewers`: the users'
-hidden ``satisfied()`` with noise, blind to the arm). After the last night,
+How the canary meets users is the plan's ``canary_traffic``:
+
+- ``share`` (the default): the canary sees only its true share of the day's
+  traffic. A first day of users asks the base model; then each night the
+  nightly flow runs (datasets → train → gate → register → hot-load → canary)
+  and the next day's users ask through the gateway, whose sticky split sends
+  the canary its share (5% of users). The day comes in ``canary_rounds``
+  parts; after each, the simulated reviewers work the review queue and the
+  canary flow looks (step up, promote, roll back, wait). A canary still
+  undecided at the day's end stays live into the next day, as in production.
+- ``picked``: after each night's traffic, users are picked per arm with the
+  gateway's own sticky split so a 5% canary gets ``canary_users`` of them a
+  round, in minutes (the old demo's shortcut; it shows a canary far more users
+  than its share would).
+
+Users react to what they got; with ``reviews_per_round`` and a feedback page to
+review on, simulated reviewers judge a blind sample too
+(:mod:`simulation.reviewers`: the users' hidden ``satisfied()`` with noise). After the last night,
 fresh prompts (another seed) are answered by the base model and by the final
 champion with the traffic's sampling settings and scored with the users' hidden
 ``satisfied()``.
@@ -25,14 +35,22 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from registry.routing import RoutingTable, choose_arm
 from simulation.protocol import LoadedUsers
 from simulation.reviewers import SimulatedReviewers
-from simulation.traffic import Sampling, TrafficReport, UserTraffic, user_requests
+from simulation.traffic import (
+    Sampling,
+    TrafficReport,
+    UserRequest,
+    UserTraffic,
+    user_requests,
+)
+
+CanaryTraffic = Literal["share", "picked"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +72,7 @@ class LoopPlan:
     concurrency: int = 16
     reviews_per_round: int = 0
     review_noise: float = 0.1
+    canary_traffic: CanaryTraffic = "share"
 
     def pool(self) -> int:
         """Distinct users per night (returning users, so sticky routing matters)."""
@@ -125,7 +144,7 @@ class LoopResult:
     final: dict[str, Any]
     sampling: dict[str, Any]
     minutes: float
-    picked_users_per_arm: bool = True
+    canary_traffic: CanaryTraffic = "share"
     # The users' feedback profile (None: the user model decides its own rates).
     feedback: dict[str, Any] | None = None
 
@@ -140,8 +159,14 @@ class LoopResult:
             "final": self.final,
             "sampling": self.sampling,
             "minutes": round(self.minutes, 2),
-            "canary_traffic": "users picked per arm with the gateway's sticky split",
+            "canary_traffic": CANARY_TRAFFIC[self.canary_traffic],
         }
+
+
+CANARY_TRAFFIC: dict[str, str] = {
+    "share": "the canary's true share of each day's users (the gateway's sticky split)",
+    "picked": "users picked per arm with the gateway's sticky split",
+}
 
 
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -200,54 +225,18 @@ def run_loop(
             noise=plan.review_noise,
             seed=plan.seed,
         )
+    day = _Day(plan, users, services, traffic, reviewers, progress)
     nights: list[NightRecord] = []
+    if plan.canary_traffic == "share":
+        first = day.share(0, None)
+        nights.append(first)
+        if on_night is not None:
+            on_night(first)
     for night in range(1, plan.nights + 1):
-        night_started = time.monotonic()
-        seed = plan.seed * 1_000 + night
-        tag = f"s{plan.seed}-n{night}"
-        ids = [f"{tag}-user-{(k * 7919) % plan.pool()}" for k in range(plan.requests)]
-        requests = user_requests(users, line, ids, seed, f"{tag}-day")
-        day = traffic.run(
-            line, requests, seed=seed, on_request=progress(f"night {night}: users", len(requests))
-        )
-        nightly = services.nightly(line)
-        reports = [day]
-        decisions: list[dict[str, str]] = []
-        reviewed: Counter[str] = Counter()
-        table = services.routes(line)
-        deployed = table.canary
-        for round_ in range(1, plan.canary_rounds + 1):
-            table = services.routes(line)
-            if table.canary is None:
-                break
-            canary_round = _canary_round(
-                plan, users, traffic, table, seed, f"{tag}-r{round_}", progress
-            )
-            reports.append(canary_round)
-            if reviewers is not None:
-                round_reviews = reviewers.review(line, plan.reviews_per_round)
-                reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
-            outcome = services.canary(line)
-            decisions.append({"action": outcome.action, "reason": outcome.reason})
-            if outcome.action == "rollback":
-                break
-            if outcome.action == "promote" and services.routes(line).canary is None:
-                break
-        table = services.routes(line)
-        merged = _merge(reports)
-        record = NightRecord(
-            night=night,
-            champion=table.champion,
-            canary=deployed,
-            decision=_decision(nightly, decisions),
-            satisfied={arm: round(rate, 4) for arm, rate in merged.satisfied().items()},
-            served=merged.served(),
-            nightly=asdict(nightly),
-            canary_decisions=decisions,
-            reactions=merged.reactions(),
-            minutes=round((time.monotonic() - night_started) / 60, 2),
-            reviews=dict(reviewed),
-        )
+        if plan.canary_traffic == "share":
+            record = day.share(night, services.nightly(line))
+        else:
+            record = day.picked(night)
         nights.append(record)
         if on_night is not None:
             on_night(record)
@@ -261,7 +250,115 @@ def run_loop(
         final=final,
         sampling=plan.sampling.model_dump(),
         minutes=(time.monotonic() - started) / 60,
+        canary_traffic=plan.canary_traffic,
     )
+
+
+@dataclass(slots=True)
+class _Day:
+    """One day of users around one night's flows, in either canary-traffic mode."""
+
+    plan: LoopPlan
+    users: LoadedUsers
+    services: LoopServices
+    traffic: UserTraffic
+    reviewers: SimulatedReviewers | None
+    progress: Progress
+
+    def _requests(self, night: int) -> tuple[int, str, list[UserRequest]]:
+        plan = self.plan
+        seed = plan.seed * 1_000 + night
+        tag = f"s{plan.seed}-n{night}"
+        ids = [f"{tag}-user-{(k * 7919) % plan.pool()}" for k in range(plan.requests)]
+        return seed, tag, user_requests(self.users, plan.business_line, ids, seed, f"{tag}-day")
+
+    def _look(self, line: str, decisions: list[dict[str, str]], reviewed: Counter[str]) -> bool:
+        """Reviews, then the canary flow's look; True when the canary is decided."""
+        if self.reviewers is not None:
+            round_reviews = self.reviewers.review(line, self.plan.reviews_per_round)
+            reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
+        outcome = self.services.canary(line)
+        decisions.append({"action": outcome.action, "reason": outcome.reason})
+        if outcome.action == "rollback":
+            return True
+        return outcome.action == "promote" and self.services.routes(line).canary is None
+
+    def share(self, night: int, nightly: NightlyResult | None) -> NightRecord:
+        """The night's flows (none before the first day), then a day of users in
+        ``canary_rounds`` parts, the canary flow looking after each part while a canary is
+        live: the canary sees its share of the day and nothing more."""
+        started = time.monotonic()
+        line = self.plan.business_line
+        seed, _tag, requests = self._requests(night)
+        deployed = self.services.routes(line).canary
+        parts = max(1, min(self.plan.canary_rounds, len(requests)))
+        reports: list[TrafficReport] = []
+        decisions: list[dict[str, str]] = []
+        reviewed: Counter[str] = Counter()
+        label = f"night {night}: users" if night else "first day: users"
+        advance = self.progress(label, len(requests))
+        for part in range(parts):
+            chunk = requests[part * len(requests) // parts : (part + 1) * len(requests) // parts]
+            reports.append(self.traffic.run(line, chunk, seed=seed, on_request=advance))
+            if self.services.routes(line).canary is not None:
+                self._look(line, decisions, reviewed)
+        status = nightly or NightlyResult("none", "the first day: no nightly has run yet")
+        return self._record(night, started, deployed, status, reports, decisions, reviewed)
+
+    def picked(self, night: int) -> NightRecord:
+        """The night's traffic, the nightly flow, then canary rounds of users picked per arm."""
+        started = time.monotonic()
+        plan, services = self.plan, self.services
+        line = plan.business_line
+        seed, tag, requests = self._requests(night)
+        day = self.traffic.run(
+            line,
+            requests,
+            seed=seed,
+            on_request=self.progress(f"night {night}: users", len(requests)),
+        )
+        nightly = services.nightly(line)
+        reports = [day]
+        decisions: list[dict[str, str]] = []
+        reviewed: Counter[str] = Counter()
+        deployed = services.routes(line).canary
+        for round_ in range(1, plan.canary_rounds + 1):
+            table = services.routes(line)
+            if table.canary is None:
+                break
+            reports.append(
+                _canary_round(
+                    plan, self.users, self.traffic, table, seed, f"{tag}-r{round_}", self.progress
+                )
+            )
+            if self._look(line, decisions, reviewed):
+                break
+        return self._record(night, started, deployed, nightly, reports, decisions, reviewed)
+
+    def _record(
+        self,
+        night: int,
+        started: float,
+        deployed: str | None,
+        nightly: NightlyResult,
+        reports: list[TrafficReport],
+        decisions: list[dict[str, str]],
+        reviewed: Counter[str],
+    ) -> NightRecord:
+        merged = _merge(reports)
+        return NightRecord(
+            night=night,
+            champion=self.services.routes(self.plan.business_line).champion,
+            canary=deployed,
+            decision=_decision(nightly, decisions),
+            satisfied={arm: round(rate, 4) for arm, rate in merged.satisfied().items()},
+            served=merged.served(),
+            nightly=asdict(nightly),
+            canary_decisions=decisions,
+            reactions=merged.reactions(),
+            minutes=round((time.monotonic() - started) / 60, 2),
+            reviews=dict(reviewed),
+        )
 
 
 def _canary_round(

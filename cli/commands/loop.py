@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cli.commands.common import clients, err, out
@@ -46,7 +47,17 @@ def loop(
         int, typer.Option(min=1, help="Fresh prompts scored after the last night.")
     ] = 100,
     seed: Annotated[int, typer.Option(help="Same seed, same users and prompts.")] = 0,
-    canary_users: Annotated[int, typer.Option(min=1, help="Users per arm per canary round.")] = 30,
+    canary_traffic: Annotated[
+        str,
+        typer.Option(
+            help="share (the default): the canary sees only its true share of each day's "
+            "users; picked: users picked per arm so a 5% canary meets --canary-users of them "
+            "a round (a shortcut that shows the canary far more users than its share).",
+        ),
+    ] = "share",
+    canary_users: Annotated[
+        int, typer.Option(min=1, help="With --canary-traffic picked: users per arm per round.")
+    ] = 30,
     concurrency: Annotated[
         int,
         typer.Option(
@@ -67,14 +78,15 @@ def loop(
         Path | None, typer.Option("--json", help="Write the summary here.")
     ] = None,
     reviewers: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=0,
             max=20,
             help="Simulated reviewers on the feedback page's review queue (the users' "
-            "satisfied() with noise, blind to the arm); the line's recipe needs a review block.",
+            "satisfied() with noise, blind to the arm); default: 2 when the line's recipe has "
+            "a review block, else none.",
         ),
-    ] = 0,
+    ] = None,
     reviews_per_round: Annotated[
         int, typer.Option(min=1, max=10_000, help="Reviews after each canary round.")
     ] = 40,
@@ -105,15 +117,9 @@ def loop(
         raise UsageError(
             f"unknown business line {line!r}; known: {', '.join(settings.business_lines)}"
         )
-    if reviewers:
-        from composition.recipes import load_recipe
-
-        assert settings.recipes_dir is not None
-        if load_recipe(line, settings.recipes_dir).review is None:
-            raise UsageError(
-                f"--reviewers needs a review block in {line}'s recipe "
-                f"({settings.recipes_dir / (line + '.yaml')}): share, rubric, min_reviews"
-            )
+    if canary_traffic not in ("share", "picked"):
+        raise UsageError(f"--canary-traffic must be share or picked, not {canary_traffic!r}")
+    reviewers = _reviewers(settings, line, reviewers)
     sampling = _sampling(max_tokens=max_tokens, temperature=temperature)
     loaded = load_users(users, feedback)
     loaded.check(line)
@@ -126,6 +132,7 @@ def loop(
         eval_prompts=eval_prompts,
         seed=seed,
         canary_users=canary_users,
+        canary_traffic=canary_traffic,
         concurrency=concurrency,
         bad_canary=bad_canary,
         reviewers=reviewers,
@@ -162,6 +169,23 @@ def _sampling(**chosen: float | None) -> Sampling:
         raise UsageError(problems) from None
 
 
+def _reviewers(settings: Settings, line: str, asked: int | None) -> int:
+    """Simulated reviewers: as asked (a review block in the recipe needed), else 2 when the
+    line's recipe has a review block (its canary's satisfaction rests on their sample)."""
+    from composition.recipes import load_recipe
+
+    assert settings.recipes_dir is not None
+    has_review = load_recipe(line, settings.recipes_dir).review is not None
+    if asked and not has_review:
+        raise UsageError(
+            f"--reviewers needs a review block in {line}'s recipe "
+            f"({settings.recipes_dir / (line + '.yaml')}): share, rubric, min_reviews"
+        )
+    if asked is None:
+        return 2 if has_review else 0
+    return asked
+
+
 def _loop_settings(settings: Settings) -> Settings:
     if settings.recipes_dir is None:
         from composition.recipes import packaged_recipes_dir
@@ -181,6 +205,7 @@ def run_loop_command(
     seed: int,
     canary_users: int,
     bad_canary: bool,
+    canary_traffic: str = "share",
     concurrency: int = 16,
     reviewers: int = 0,
     reviews_per_round: int = 40,
@@ -202,23 +227,35 @@ def run_loop_command(
         seed=seed,
         canary_users=canary_users,
         champion_users=canary_users,
+        canary_traffic="picked" if canary_traffic == "picked" else "share",
         concurrency=concurrency,
         reviews_per_round=reviews_per_round if reviewers else 0,
         review_noise=review_noise,
         sampling=sampling or Sampling(),
     )
+    if plan.canary_traffic == "share":
+        days = (
+            f"a first day and {nights} nights, each followed by a day of {requests} requests; "
+            f"the canary sees its true share of each day, the canary flow looking "
+            f"{plan.canary_rounds} times a day"
+        )
+    else:
+        days = (
+            f"{nights} nights x {requests} requests; canary traffic: {canary_users} users per "
+            f"arm per round until the canary flow decides (at most {plan.canary_rounds} "
+            "rounds), picked with the gateway's own sticky split"
+        )
+    reviewing = f", {reviewers} simulated reviewers" if reviewers else ", no reviewers"
     out.print(
-        f"[bold]flywheel loop[/]: {line}, {nights} nights x {requests} requests, users "
-        f"{users.spec} ({users.describe_feedback()}), answers of at most "
-        f"{plan.sampling.max_tokens} tokens at temperature "
-        f"{plan.sampling.temperature:g}; canary traffic: {canary_users} users per arm per round "
-        f"until the canary flow decides (at most {plan.canary_rounds} rounds), picked with the "
-        "gateway's own sticky split so a 5% canary gets enough of them"
+        f"[bold]flywheel loop[/]: {line}, {days}; users {escape(users.spec)} "
+        f"({users.describe_feedback()}){reviewing}; answers of at most "
+        f"{plan.sampling.max_tokens} tokens at temperature {plan.sampling.temperature:g}"
     )
     nights_done: list[int] = []
 
     def is_bad_night() -> bool:
-        return bad_canary and len(nights_done) == nights - 1
+        # The nightly about to run is the last one (nights are recorded after their nightly).
+        return bad_canary and max(nights_done, default=0) == nights - 1
 
     def on_night(record: Any) -> None:
         nights_done.append(record.night)

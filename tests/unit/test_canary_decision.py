@@ -38,6 +38,7 @@ from registry.canary import (
     speed_check,
     tuned_mixture_scale,
 )
+from registry.ppi import SatisfactionSample
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
 DEMO_RECIPES = sorted((packaged_recipes_dir() / "demo").glob("*.yaml"))
@@ -369,58 +370,68 @@ def test_a_clearly_worse_canary_is_caught_and_a_fine_one_promoted_within_fifty_l
     _replay(counts, policy, runs=2)
 
 
-def _reacting_arm(rng: random.Random, satisfied: float, n: int) -> dict[str, int]:
-    """Counts of ``n`` requests whose users react at the dense feedback profile's rates (the
-    chatty users the demo recipes' canary was tuned on)."""
+# One day of the loop at the canary's true share: six looks of 250 answers, 5% of users.
+DAY_PART, SHARE, REVIEW_NOISE = 250, 0.05, 0.1
+
+
+def _share_canary(
+    policy: CanaryPolicy, shares: dict[str, float], champion: float, canary: float, seed: int
+) -> str:
+    """The loop's canary at its true share (``flywheel loop``'s default): users speak at the
+    realistic profile's rates (guardrails), reviewers check each arm's review share blind
+    with 10% of verdicts wrong, no satisfaction model yet (reviews alone): the first canary."""
     from simulation.feedback_profiles import PROFILES
 
-    profile = PROFILES["dense"]
+    profile = PROFILES["realistic"]
     negative = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
-    counts = dict.fromkeys((*negative, "dissatisfied"), 0)
-    for _ in range(n):
-        kind = profile.draw(rng.random() < satisfied, rng.random())
-        if kind in negative:
-            counts[kind] += 1
-            counts["dissatisfied"] += 1
-    return counts
-
-
-def _demo_canary(policy: CanaryPolicy, champion: float, canary: float, seed: int) -> str:
-    """The loop's canary phase: 30 users per arm per round until the flow decides."""
     rng = random.Random(seed)
-    totals = {"champion": Counter[str](), "canary": Counter[str]()}
+    satisfied = {"champion": champion, "canary": canary}
+    counts = {arm: Counter[str]() for arm in satisfied}
+    verdicts: dict[str, list[float]] = {arm: [] for arm in satisfied}
     for look in range(1, policy.max_looks + 1):
-        totals["champion"].update(_reacting_arm(rng, champion, 30))
-        totals["canary"].update(_reacting_arm(rng, canary, 30))
-        n = 30 * look
-        action = decide_canary(
-            ArmStats("a", n, **totals["champion"]), ArmStats("b", n, **totals["canary"]),
-            policy, look=look,
-        ).action  # fmt: skip
+        for _ in range(DAY_PART):
+            arm = "canary" if rng.random() < SHARE else "champion"
+            happy = rng.random() < satisfied[arm]
+            counts[arm]["requests"] += 1
+            kind = profile.draw(happy, rng.random())
+            if kind in negative:
+                counts[arm][kind] += 1
+                counts[arm]["dissatisfied"] += 1
+            if rng.random() < shares[arm]:
+                verdicts[arm].append(float(happy != (rng.random() < REVIEW_NOISE)))
+        arms = []
+        for arm in ("champion", "canary"):
+            reviewed = np.array(verdicts[arm])
+            sample = SatisfactionSample.of(
+                np.zeros(counts[arm]["requests"] - reviewed.size), np.zeros(reviewed.size), reviewed
+            )
+            arms.append(ArmStats(arm, **counts[arm], satisfaction=sample))
+        action = decide_canary(arms[0], arms[1], policy, look=look).action
         if action is not CanaryAction.WAIT:
             return action.value
     raise AssertionError("the last look always decides")
 
 
 @pytest.mark.parametrize("path", DEMO_RECIPES, ids=lambda p: p.stem)
-def test_the_demo_canary_promotes_a_better_adapter_and_rolls_back_an_inverted_one(
+def test_the_demo_canary_at_its_true_share_promotes_a_better_adapter_and_rolls_back_a_worse_one(
     path: Path,
 ) -> None:
-    """On the users' own reaction rates, 30 users per arm per round: a canary that satisfies
-    0.45 against 0.25 goes up, one that satisfies nobody goes back."""
-    policy = read_recipe(path).canary
-    runs = 150
-    better = [_demo_canary(policy, 0.25, 0.45, seed) for seed in range(runs)]
-    inverted = [_demo_canary(policy, 0.25, 0.0, seed) for seed in range(runs)]
-    inverted_against_good = [_demo_canary(policy, 0.5, 0.0, seed) for seed in range(runs)]
-    assert better.count("promote") >= 0.9 * runs
-    assert inverted.count("rollback") >= 0.9 * runs
-    assert inverted_against_good.count("rollback") == runs
-    # On equal arms the single signals are shown non-inferior within their wide margins, so
-    # the dissatisfied rate is the one that decides.
-    equal = ArmStats("a", 120, thumbs_down=12, edit=8, dissatisfied=30)
-    decision = decide_canary(equal, equal, policy, look=4)
-    assert [c.metric for c in decision.checks if c.verdict != "OK"] == ["dissatisfied_rate"]
+    """Two days of a 5% canary (about 75 answers a day), quiet users, the recipe's reviews:
+    one that satisfies 0.45 against 0.25 goes up, one worse by 0.25 or more goes back, and
+    no canary worse by 0.15 is ever promoted."""
+    recipe = read_recipe(path)
+    assert recipe.review is not None
+    assert recipe.canary.satisfaction is not None
+    policy, shares = recipe.canary, dict(recipe.review.share)
+    runs = 100
+    better = [_share_canary(policy, shares, 0.25, 0.45, seed) for seed in range(runs)]
+    worse = [_share_canary(policy, shares, 0.45, 0.30, seed) for seed in range(runs)]
+    inverted = [_share_canary(policy, shares, 0.25, 0.0, seed) for seed in range(runs)]
+    inverted_against_good = [_share_canary(policy, shares, 0.5, 0.1, seed) for seed in range(runs)]
+    assert better.count("promote") >= 0.75 * runs, Counter(better)
+    assert worse.count("promote") <= 0.02 * runs, Counter(worse)
+    assert inverted.count("rollback") >= 0.9 * runs, Counter(inverted)
+    assert inverted_against_good.count("rollback") == runs, Counter(inverted_against_good)
 
 
 def _interaction(request_id: str, adapter: str, at: datetime) -> dict[str, Any]:

@@ -158,6 +158,7 @@ def _plan(reviews: int) -> LoopPlan:
         canary_users=40,
         champion_users=40,
         canary_rounds=2,
+        canary_traffic="picked",
         reviews_per_round=reviews,
         review_noise=0.1,
     )

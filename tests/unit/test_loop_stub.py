@@ -127,7 +127,13 @@ def world(settings: Settings) -> Iterator[tuple[Any, Stage, FeedbackStore]]:
 
 def _plan() -> LoopPlan:
     return LoopPlan(
-        LINE, nights=2, requests=30, eval_prompts=20, canary_users=40, champion_users=40
+        LINE,
+        nights=2,
+        requests=30,
+        eval_prompts=20,
+        canary_users=40,
+        champion_users=40,
+        canary_traffic="picked",
     )
 
 
@@ -169,7 +175,13 @@ def test_users_roll_back_an_adapter_whose_answers_got_worse(world: Any) -> None:
     stub, _stage, _store, services = world
     stub.behaviour.answers.update({BASE_MODEL: HELPFUL, ADAPTER: UNHELPFUL})
     plan = LoopPlan(
-        LINE, nights=1, requests=20, eval_prompts=10, canary_users=40, champion_users=40
+        LINE,
+        nights=1,
+        requests=20,
+        eval_prompts=10,
+        canary_users=40,
+        champion_users=40,
+        canary_traffic="picked",
     )
     result = run_loop(plan, LoadedUsers("test:ApologyUsers", ApologyUsers()), services)
     (night,) = result.nights
@@ -178,3 +190,38 @@ def test_users_roll_back_an_adapter_whose_answers_got_worse(world: Any) -> None:
     assert result.final["champion"]["name"] is None
     assert night.satisfied["canary"] == 0.0
     assert night.satisfied["base"] == 1.0
+
+
+def test_at_its_true_share_the_canary_sees_only_its_users_of_each_day(world: Any) -> None:
+    """The default: a first day on the base model, then the night's canary meets the next
+    day's users through the gateway's sticky 5% split, the canary flow looking after each
+    part of the day; nobody is picked for it."""
+    stub, _stage, store, services = world
+    stub.behaviour.answers.update({BASE_MODEL: UNHELPFUL, ADAPTER: HELPFUL})
+    plan = LoopPlan(LINE, nights=1, requests=800, eval_prompts=10, canary_rounds=4)
+    result = run_loop(plan, LoadedUsers("test:ApologyUsers", ApologyUsers()), services)
+    first_day, night = result.nights
+    assert first_day.night == 0
+    assert first_day.served == {"base": 800}
+    assert first_day.canary_decisions == []
+    assert first_day.nightly["status"] == "none"
+    assert night.nightly["status"] == "deployed"
+    assert night.canary == ADAPTER
+    served = night.served.get("canary", 0) + night.served.get("base", 0)
+    assert served == 800
+    # 400 users a day, each asking twice: about 20 on a 5% canary (binomial 1%-99%: 10-30).
+    assert 20 <= night.served.get("canary", 0) <= 60
+    assert 1 <= len(night.canary_decisions) <= 4
+    assert result.as_dict()["canary_traffic"].startswith("the canary's true share")
+    with store.engine.connect() as connection:
+        users = (
+            connection.execute(
+                select(interactions_table.c.user_id).where(
+                    interactions_table.c.adapter_name == ADAPTER
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert len(users) == night.served["canary"]
+    assert all("-n1-user-" in user for user in users)
