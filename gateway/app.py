@@ -35,7 +35,7 @@ from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.feedback_api import receive_feedback
-from gateway.intake import check_request, json_body, key_of, line_for
+from gateway.intake import check_request, json_body, key_of, line_for, operator_key
 from gateway.keys import KeyFileWatch, KeyRing
 from gateway.limiting import (
     Admission,
@@ -553,7 +553,8 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON_TYPE)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        operator_key(state, request)
         stats = state.recorder.stats
         state.metrics.store_up.set(1 if stats.store_up else 0)
         state.metrics.spooled.set(await asyncio.to_thread(state.recorder.spool.records))
@@ -561,17 +562,23 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
             state.metrics.routes_age.set(time.monotonic() - state.routes_read_at)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz", summary="Liveness, store and routes freshness")
-    async def healthz() -> Response:
+    @app.get(
+        "/healthz",
+        summary="Liveness, store and routes freshness; with an operator key, each line's "
+        "routing revision and the base model",
+    )
+    async def healthz(request: Request) -> Response:
         age = time.monotonic() - state.routes_read_at if state.routes_read_at else None
-        body = {
+        body: dict[str, Any] = {
             "status": "ok",
             "store_up": state.recorder.stats.store_up,
             "routes_age_s": age,
-            # Per line, the routing revision this replica serves (compare with the store's).
-            "routes_revisions": state.snapshot.revisions,
-            "base_model": state.base_model,
         }
+        if request.headers.get("authorization") is not None:
+            operator_key(state, request)
+            # Per line, the routing revision this replica serves (compare with the store's).
+            body["routes_revisions"] = state.snapshot.revisions
+            body["base_model"] = state.base_model
         return Response(orjson.dumps(body), media_type=JSON_TYPE)
 
     def openapi() -> dict[str, Any]:

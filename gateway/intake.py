@@ -35,6 +35,17 @@ def key_of(state: GatewayState, request: Request) -> ApiKey:
     return key
 
 
+def operator_key(state: GatewayState, request: Request) -> ApiKey:
+    """The caller's API key if it holds the operator role: a 401 without a known key, a 403
+    for a key without the role (every line's metrics and routing are no tenant's to read)."""
+    key = key_of(state, request)
+    if not key.operator:
+        raise GatewayError(
+            403, "this needs an operator key ('operator: true' in the gateway's key file)"
+        )
+    return key
+
+
 async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
     """The body as a JSON object, read within the size and stall limits, or a 4xx."""
     try:

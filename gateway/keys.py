@@ -12,10 +12,20 @@ not reveal them; ``flywheel gateway add-key`` prints a new key once::
         sha256: ...
         business_lines: ["*"]        # every line
         limits: {requests_per_min: 600, tokens_per_min: 200000, concurrent_streams: 16}
+      - name: prometheus
+        sha256: ...
+        operator: true               # the operator role; no lines: it sends no traffic
     lines:                             # limits of a whole line, over all its keys
       customer_service: {requests_per_min: 3000, feedback_per_min: 6000}
 
 Limits are optional (unset: unlimited); see :mod:`gateway.limits`.
+
+The operator role (``operator: true``, ``flywheel gateway add-key NAME --operator``) is
+what the gateway's ``/metrics`` and the detail of its ``/healthz`` ask for: they show
+every line's traffic, adapters (canaries included) and routing revisions, which no
+tenant's key may read. Without a key ``/healthz`` answers liveness only. A Prometheus
+scrape sends the key as a bearer token (``authorization: {credentials_file: ...}`` in
+its scrape config).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from flywheel.errors import UsageError
 from gateway.limits import Limits
@@ -52,13 +62,22 @@ class ApiKey(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    business_lines: tuple[str, ...] = Field(min_length=1)
+    # At least one line, unless the key is an operator's only.
+    business_lines: tuple[str, ...] = ()
     limits: Limits = Field(default_factory=Limits)
     # vLLM's fields past sampling (a chat template, priority, ...): see gateway.wire.
     allow_server_fields: bool = False
     # Lines whose review queue this key works on the feedback page (a reviewer role per
     # line; "*": every line it may use). A key file without it grants no review role.
     review_lines: tuple[str, ...] = ()
+    # The operator role: every line's metrics and routing state (not their traffic).
+    operator: bool = False
+
+    @model_validator(mode="after")
+    def _grants_something(self) -> ApiKey:
+        if not self.business_lines and not self.operator:
+            raise ValueError("business_lines: name at least one line ('*': every line)")
+        return self
 
     def may_use(self, business_line: str) -> bool:
         """Whether this key may send traffic or feedback for ``business_line``."""
@@ -177,10 +196,16 @@ class KeyFileWatch:
 
 
 def add_key(
-    path: Path, name: str, business_lines: Iterable[str], review_lines: Iterable[str] = ()
+    path: Path,
+    name: str,
+    business_lines: Iterable[str],
+    review_lines: Iterable[str] = (),
+    *,
+    operator: bool = False,
 ) -> str:
-    """Create a key for ``business_lines`` (a reviewer on ``review_lines``) in the file at
-    ``path``; return the key itself (shown once: the file keeps only its digest)."""
+    """Create a key for ``business_lines`` (a reviewer on ``review_lines``; with the operator
+    role when ``operator``) in the file at ``path``; return the key itself (shown once: the
+    file keeps only its digest)."""
     token = KEY_PREFIX + secrets.token_urlsafe(32)
     current = _read(path) if path.exists() else _KeyFile()
     if any(key.name == name for key in current.keys):
@@ -191,6 +216,7 @@ def add_key(
             sha256=key_digest(token),
             business_lines=tuple(business_lines),
             review_lines=tuple(review_lines),
+            operator=operator,
         )
     except ValidationError as exc:
         raise UsageError(f"bad key {name!r}: {exc.errors()[0]['msg']}") from None

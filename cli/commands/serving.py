@@ -232,8 +232,12 @@ def routes_champion(
 def gateway_add_key(
     name: Annotated[str, typer.Argument(help="Who the key is for (shown in logs).")],
     lines: Annotated[
-        str, typer.Option(help="Comma-separated business lines it may use, or '*' for all.")
-    ],
+        str,
+        typer.Option(
+            help="Comma-separated business lines it may use, or '*' for all (needed unless "
+            "--operator)."
+        ),
+    ] = "",
     review_lines: Annotated[
         str,
         typer.Option(
@@ -241,12 +245,22 @@ def gateway_add_key(
             "comma-separated or '*'; none by default."
         ),
     ] = "",
+    operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator",
+            help="The operator role: the gateway's /metrics and its /healthz detail (every "
+            "line's counts, adapters and routing revisions), e.g. for a Prometheus scrape.",
+        ),
+    ] = False,
 ) -> None:
     """Create an API key for the gateway; it is printed once (the file keeps a digest)."""
     from gateway.keys import add_key
 
     settings = load_settings()
     chosen = [line.strip() for line in lines.split(",") if line.strip()]
+    if not chosen and not operator:
+        raise UsageError("name the key's lines with --lines (or make it an --operator key)")
     for line in chosen:
         if line != "*":
             _check_line(settings, line)
@@ -255,9 +269,11 @@ def gateway_add_key(
         if line != "*":
             _check_line(settings, line)
     path = settings.gateway.resolved_keys_file(settings.home)
-    token = add_key(path, name, chosen, reviewing)
-    role = f"; reviewer on {', '.join(reviewing)}" if reviewing else ""
-    out.print(f"key for {name} ({', '.join(chosen)}{role}), stored as a digest in {path}:")
+    token = add_key(path, name, chosen, reviewing, operator=operator)
+    roles = [", ".join(chosen)] if chosen else []
+    roles += [f"reviewer on {', '.join(reviewing)}"] if reviewing else []
+    roles += ["operator"] if operator else []
+    out.print(f"key for {name} ({'; '.join(roles)}), stored as a digest in {path}:")
     out.print(token, highlight=False)
 
 
@@ -295,7 +311,8 @@ def serve_gateway(
     bind = host or gateway.host
     out.print(
         f"gateway on http://{bind}:{port} in front of {', '.join(gateway.upstreams)}; "
-        f"metrics at /metrics; Ctrl-C stops it"
+        "metrics at /metrics (for an operator key: `flywheel gateway add-key NAME --operator`); "
+        "Ctrl-C stops it"
     )
     _run_app("composition.servers:gateway_app", "gateway", bind, port, workers)
 

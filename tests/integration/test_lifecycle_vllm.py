@@ -79,7 +79,11 @@ class Fleet:
         stored = RouteStore(self.store.engine).snapshot().revisions.get(LINE)
         deadline = time.monotonic() + timeout_s
         while True:
-            health = httpx.get(f"{self.gateway}/healthz", timeout=10).json()
+            health = httpx.get(
+                f"{self.gateway}/healthz",
+                headers={"Authorization": f"Bearer {KEY}"},  # an operator's: each line's revision
+                timeout=10,
+            ).json()
             if health["routes_revisions"].get(LINE) == stored:
                 return
             assert time.monotonic() < deadline, f"gateway still at {health}, store at {stored}"
@@ -131,7 +135,9 @@ def fleet(
         for server in servers:
             server.start()
         fleet = Fleet(settings, store, registry, servers, lora_adapter, work)
-        keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
+        keys = KeyRing(
+            [ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",), operator=True)]
+        )
         config = GatewaySettings(
             upstreams=tuple(fleet.urls),
             routes_refresh_s=0.05,

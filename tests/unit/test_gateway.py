@@ -26,6 +26,7 @@ from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
 
 CS_KEY, LEGAL_KEY, ALL_KEY = "fw-cs-secret", "fw-legal-secret", "fw-all-secret"
+OPERATOR_KEY = "fw-operator-secret"
 CHAMPION, CANARY = "customer_service-v1", "customer_service-v2"
 
 
@@ -35,6 +36,7 @@ def _keys() -> KeyRing:
             ApiKey(name="cs", sha256=key_digest(CS_KEY), business_lines=("customer_service",)),
             ApiKey(name="legal", sha256=key_digest(LEGAL_KEY), business_lines=("legal",)),
             ApiKey(name="ops", sha256=key_digest(ALL_KEY), business_lines=("*",)),
+            ApiKey(name="prometheus", sha256=key_digest(OPERATOR_KEY), operator=True),
         ]
     )
 
@@ -509,7 +511,8 @@ def test_feedback_is_stored_once_and_bad_feedback_is_refused(gateway: Running) -
         unknown = client.post("/v1/feedback", json={"request_id": "req-nope", "type": "abandon"})
         assert unknown.status_code == 404
         assert client.post("/v1/feedback", json={"type": "abandon"}).status_code == 400
-        metrics = client.get("/metrics").text
+    with gateway.client(OPERATOR_KEY) as operator:
+        metrics = operator.get("/metrics").text
     stored = gateway.feedback()
     assert sorted(e.type for e in stored) == ["edit", "task_outcome", "thumbs_up"]
     assert {e.user_id for e in stored} == {"u7"}
@@ -587,13 +590,41 @@ def test_metrics_count_requests_latency_and_ttft_per_line_and_adapter(gateway: R
     with gateway.client() as client:
         for index in range(5):
             _chat(client, user=f"m{index}")
-        text = client.get("/metrics").text
+    with gateway.client(OPERATOR_KEY) as operator:
+        text = operator.get("/metrics").text
     assert "flywheel_gateway_requests_total{" in text
     assert 'business_line="customer_service"' in text
     assert "flywheel_gateway_latency_seconds_bucket{" in text
     assert "flywheel_gateway_ttft_seconds_count{" in text
     assert 'flywheel_gateway_routes_revision{business_line="customer_service"} 2.0' in text
     assert "flywheel_gateway_store_up 1.0" in text
+
+
+def test_metrics_and_health_detail_need_an_operator_key(gateway: Running) -> None:
+    """Every line's counts, adapters (the canary's too) and routing revisions are for an
+    operator's key; without one /healthz says only that the replica is alive."""
+    with gateway.client() as cs:
+        assert _chat(cs, user="m1").status_code == 200
+    for key, status in ((None, 401), ("fw-wrong", 401), (CS_KEY, 403), (ALL_KEY, 403)):
+        with gateway.client(key) as client:
+            scraped = client.get("/metrics")
+            assert scraped.status_code == status, (key, scraped.text[:200])
+            assert "customer_service" not in scraped.text
+    with gateway.client(None) as anonymous:
+        health = anonymous.get("/healthz")
+    assert health.status_code == 200
+    assert set(health.json()) == {"status", "store_up", "routes_age_s"}
+    with gateway.client(CS_KEY) as cs:
+        assert cs.get("/healthz").status_code == 403
+    with gateway.client(OPERATOR_KEY) as operator:
+        detail = operator.get("/healthz").json()
+        metrics = operator.get("/metrics")
+        # The operator's key reads the state of every line; it sends no traffic.
+        assert _chat(operator).status_code == 404
+    assert detail["routes_revisions"]["customer_service"] == 2
+    assert detail["base_model"] == BASE_MODEL
+    assert metrics.status_code == 200
+    assert 'business_line="customer_service"' in metrics.text
 
 
 def test_requests_in_flight_are_visible_to_the_unload_drain(gateway: Running) -> None:

@@ -309,3 +309,27 @@ def test_gateway_add_key_prints_the_key_once(settings: Settings) -> None:
     key = KeyRing.load(settings.home / "gateway-keys.yaml").authorize(token)
     assert key is not None
     assert key.business_lines == ("legal", "medical")
+    assert not key.operator
+
+
+def test_an_operator_key_is_made_in_the_same_key_file_and_needs_no_lines(
+    settings: Settings,
+) -> None:
+    result = runner.invoke(app, ["gateway", "add-key", "prometheus", "--operator"])
+    assert result.exit_code == 0, result.output
+    assert "operator" in result.stdout
+    path = settings.home / "gateway-keys.yaml"
+    assert "operator: true" in path.read_text()
+    key = KeyRing.load(path).authorize(result.stdout.strip().splitlines()[-1])
+    assert key is not None
+    assert key.operator
+    assert key.business_lines == ()
+    assert not key.may_use("legal")
+    # Every other key still names its lines.
+    refused = runner.invoke(app, ["gateway", "add-key", "nobody"])
+    assert isinstance(refused.exception, UsageError)
+    assert "--lines" in str(refused.exception)
+    lineless = settings.home / "lineless.yaml"
+    lineless.write_text("keys: [{name: x, sha256: '" + "0" * 64 + "'}]\n")
+    with pytest.raises(UsageError, match="business_lines"):
+        KeyRing.load(lineless)

@@ -19,6 +19,7 @@ from registry.vllm_server import free_port
 from tests.conftest import REPO
 
 KEY = "fw-workers-key"
+OPERATOR_KEY = "fw-workers-operator"
 
 
 def _total(metrics: str, name: str) -> float:
@@ -31,7 +32,12 @@ def test_two_workers_report_every_request_in_one_metrics_page(tmp_path: Path) ->
     home.mkdir()
     (home / "gateway-keys.yaml").write_text(
         yaml.safe_dump(
-            {"keys": [{"name": "w", "sha256": key_digest(KEY), "business_lines": ["*"]}]}
+            {
+                "keys": [
+                    {"name": "w", "sha256": key_digest(KEY), "business_lines": ["*"]},
+                    {"name": "scrape", "sha256": key_digest(OPERATOR_KEY), "operator": True},
+                ]
+            }
         )
     )
     stub_port, port = free_port(), free_port()
@@ -78,8 +84,12 @@ def test_two_workers_report_every_request_in_one_metrics_page(tmp_path: Path) ->
                 timeout=10,
             )
             assert answer.status_code == 200, answer.text
+        scrape = {"Authorization": f"Bearer {OPERATOR_KEY}"}
         seen = {
-            _total(httpx.get(f"{url}/metrics", timeout=10).text, "flywheel_gateway_requests_total")
+            _total(
+                httpx.get(f"{url}/metrics", headers=scrape, timeout=10).text,
+                "flywheel_gateway_requests_total",
+            )
             for _ in range(10)
         }
     finally:

@@ -30,6 +30,7 @@ from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
 KEY = "fw-cs-secret"
+OPERATOR_KEY = "fw-operator-secret"
 LINE = "customer_service"
 CHAMPION, CANARY, SHADOW = f"{LINE}-v1", f"{LINE}-v2", f"{LINE}-v3"
 PROMPT = "my card is 4111 1111 1111 1111, help"
@@ -62,7 +63,8 @@ class Running:
             time.sleep(0.05)
 
     def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
+        scrape = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+        text = httpx.get(self.url + "/metrics", headers=scrape).text
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -79,7 +81,12 @@ def _run(
     store = FeedbackStore.open(settings)
     RouteStore(store.engine).change(LINE, lambda _: table, action="test", actor="test")
     behaviour = behaviour or StubBehaviour(adapters={CHAMPION, CANARY, SHADOW})
-    keys = KeyRing([ApiKey(name="cs", sha256=key_digest(KEY), business_lines=(LINE,))])
+    keys = KeyRing(
+        [
+            ApiKey(name="cs", sha256=key_digest(KEY), business_lines=(LINE,)),
+            ApiKey(name="prometheus", sha256=key_digest(OPERATOR_KEY), operator=True),
+        ]
+    )
     with running_stub(behaviour) as stub:
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02, **gateway
