@@ -24,3 +24,11 @@ class StoreUnavailableError(FlywheelError):
     """The feedback store cannot be reached."""
 
     exit_code = 3
+
+
+class InputFileError(UsageError):
+    """A user's file that cannot be read: missing, corrupt, not UTF-8, too large, invalid."""
+
+
+class InvalidSettingsError(UsageError):
+    """A setting (an environment variable, ``.env``) that is not valid, named in the message."""
