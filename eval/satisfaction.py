@@ -83,6 +83,29 @@ class SatisfactionModelPolicy(BaseModel):
         le=1,
         description="A model label's weight against a user's signal (times its confidence).",
     )
+    best_of_n: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Best-of-n (with pseudo_labels): answers sampled offline from the served "
+        "model for silent prompts; the model's best becomes an SFT target when it is sure, "
+        "best against worst a DPO pair. 0: off.",
+    )
+    best_of_prompts: int = Field(
+        default=100, ge=1, le=100_000, description="Silent prompts sampled for best-of-n a night."
+    )
+    best_of_min_gap: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="Least gap between the best and worst scores for a best-of-n DPO pair.",
+    )
+    best_of_max_tokens: int = Field(
+        default=96, ge=1, le=4096, description="Longest sampled answer, in tokens."
+    )
+    best_of_temperature: float = Field(
+        default=1.0, gt=0, le=2, description="Sampling temperature of best-of-n answers."
+    )
 
 
 @dataclass(frozen=True, slots=True)

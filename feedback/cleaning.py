@@ -45,7 +45,9 @@ from feedback.examples import (
     PLACEHOLDER,
     ExampleKind,
     TrainingExample,
+    best_of_n_examples,
     build_examples,
+    model_cap,
     model_labelled_examples,
     silent_records,
 )
@@ -311,6 +313,11 @@ class SilentLabelling:
     weight: float
     # Whether answers it is sure satisfied become SFT targets and positive labels too.
     positives: bool = False
+    # Best-of-n: answers sampled offline for up to ``best_of_prompts`` silent prompts (each
+    # list may be short or empty where sampling failed); the model picks the best and worst.
+    sample: Callable[[list[dict[str, Any]]], Sequence[Sequence[str]]] | None = None
+    best_of_prompts: int = 0
+    min_gap: float = 0.3
 
 
 def _used_request_ids(splits: dict[ExampleKind, dict[str, list[TrainingExample]]]) -> set[str]:
@@ -346,9 +353,46 @@ def add_model_labelled(
         weight=labelling.weight,
         positives=labelling.positives,
     )
+    extra += _best_of_n(silent, labelling, cap=model_cap(human, labelling.max_share) - len(extra))
     for example in extra:
         splits.setdefault(example.kind, {"train": [], "eval": []})["train"].append(example)
     funnel.examples["model_labelled"] = len(extra)
+    best_of = sum(1 for e in extra if "/best-of-" in e.rule)
+    if best_of:
+        funnel.examples["best_of_n"] = best_of
+
+
+def _best_of_n(
+    silent: list[dict[str, Any]], labelling: SilentLabelling, *, cap: int
+) -> list[TrainingExample]:
+    """Best-of-n examples for up to ``best_of_prompts`` silent prompts (an even spread over
+    the window, the same for the same records), within what the cap leaves."""
+    if labelling.sample is None or labelling.best_of_prompts <= 0 or cap <= 0:
+        return []
+    step = max(1, len(silent) // labelling.best_of_prompts)
+    chosen = sorted(silent, key=lambda r: str(r["request_id"]))[::step][: labelling.best_of_prompts]
+    sampled = labelling.sample(chosen)
+    candidates = [
+        list(dict.fromkeys([str(record["response"]), *map(str, more)]))
+        for record, more in zip(chosen, sampled, strict=True)
+    ]
+    flat = [
+        {**record, "response": answer}
+        for record, answers in zip(chosen, candidates, strict=True)
+        for answer in answers
+    ]
+    scores = iter(labelling.score(flat) if flat else [])
+    read = [[float(next(scores)) for _ in answers] for answers in candidates]
+    return best_of_n_examples(
+        chosen,
+        candidates,
+        read,
+        model=labelling.model,
+        confidence=labelling.confidence,
+        min_gap=labelling.min_gap,
+        weight=labelling.weight,
+        limit=cap,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,6 +253,55 @@ def build_examples(
 PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
 
 
+def best_of_n_examples(
+    silent: Sequence[dict[str, Any]],
+    candidates: Sequence[Sequence[str]],
+    scores: Sequence[Sequence[float]],
+    *,
+    model: str,
+    confidence: float,
+    min_gap: float,
+    weight: float,
+    limit: int,
+) -> list[TrainingExample]:
+    """Best-of-n examples (pure): for each silent answer's prompt, ``candidates`` are answers
+    sampled offline (the served answer may be among them) and ``scores`` the satisfaction
+    model's reading of each. The best one scored at least ``confidence`` becomes an SFT target;
+    the best and the worst, when their scores differ by at least ``min_gap``, a DPO pair.
+    Each weighs ``weight`` times the model's margin (the SFT target ``2 score - 1``, the pair
+    the gap), names the model in its rule (``model:<model>/best-of-<n>``) and traces to the
+    silent answer's request. The clearest come first, at most ``limit`` in all."""
+    if not len(silent) == len(candidates) == len(scores):
+        raise ValueError(
+            f"{len(silent)} prompts, {len(candidates)} candidate lists, {len(scores)} score lists"
+        )
+    ranked: list[tuple[float, TrainingExample]] = []
+    for record, answers, read in zip(silent, candidates, scores, strict=True):
+        if len(answers) != len(read):
+            raise ValueError(f"{len(read)} scores for {len(answers)} candidates")
+        if len(answers) < 2:
+            continue
+        prompt, lineage = _prompt(record), _lineage([record])
+        rule = f"{MODEL_RULE_PREFIX}{model}/best-of-{len(answers)}"
+        best = max(range(len(read)), key=lambda i: read[i])
+        worst = min(range(len(read)), key=lambda i: read[i])
+        invented = bool(invented_placeholders(prompt, answers[best]))
+        if read[best] >= confidence and not invented:
+            sureness = 2 * read[best] - 1
+            ranked.append((sureness, TrainingExample(
+                "sft", prompt, lineage, completion=answers[best], rule=rule,
+                weight=weight * sureness,
+            )))  # fmt: skip
+        gap = read[best] - read[worst]
+        if gap >= min_gap and answers[best] != answers[worst] and not invented:
+            ranked.append((gap, TrainingExample(
+                "dpo", prompt, lineage, chosen=answers[best], rejected=answers[worst], rule=rule,
+                weight=weight * gap,
+            )))  # fmt: skip
+    ranked.sort(key=lambda item: -item[0])
+    return [example for _, example in ranked[: max(0, limit)]]
+
+
 def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[str]:
     """Placeholders in ``target`` that the prompt does not hold.
 
@@ -359,6 +408,12 @@ def silent_records(records: Sequence[dict[str, Any]], used: set[str]) -> list[di
     ]
 
 
+def model_cap(human_examples: int, max_share: float) -> int:
+    """The most model-labelled examples beside ``human_examples`` users' ones, so that they
+    are at most ``max_share`` of the whole set."""
+    return int(max_share / (1 - max_share) * human_examples)
+
+
 def model_labelled_examples(
     silent: Sequence[dict[str, Any]],
     scores: Sequence[float],
@@ -384,7 +439,7 @@ def model_labelled_examples(
         raise ValueError(f"{len(scores)} scores for {len(silent)} silent answers")
     if not 0 <= max_share < 1:
         raise ValueError(f"max_share must be in [0, 1), got {max_share}")
-    cap = int(max_share / (1 - max_share) * human_examples)
+    cap = model_cap(human_examples, max_share)
     ranked = sorted(
         (
             (abs(2 * s - 1), s, r)

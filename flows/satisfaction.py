@@ -7,17 +7,25 @@ registry; the night goes on whatever it decides.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composition.clients import Clients
 from composition.recipes import recipe_for
 from flywheel.settings import Settings
 from registry.ppi import SatisfactionSample
+
+if TYPE_CHECKING:
+    from eval.satisfaction import SatisfactionModelPolicy
+
+logger = logging.getLogger(__name__)
 
 # Base-model readers by model folder, loaded once per process (the canary looks, the nightly).
 _READERS: dict[Path, Any] = {}
@@ -285,4 +293,76 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
         max_share=policy.max_model_share,
         weight=policy.model_weight,
         positives=policy.label_positives,
+        sample=best_of_sampler(settings, clients, line, policy) if policy.best_of_n else None,
+        best_of_prompts=policy.best_of_prompts,
+        min_gap=policy.best_of_min_gap,
     )
+
+
+def best_of_sampler(
+    settings: Settings, clients: Clients, line: str, policy: SatisfactionModelPolicy
+) -> Callable[[list[dict[str, Any]]], list[list[str]]]:
+    """Best-of-n's offline sampling: ``policy.best_of_n`` answers to each record's prompt from
+    what serves the line now (its champion adapter, else the base model), on a replica that
+    holds the line. A prompt whose sampling fails gets no answers (logged): best-of-n is extra
+    data, never a reason for the night to fail."""
+    from registry.placement import placed
+
+    table = clients.routes.table(line)
+    url = placed(table, settings.gateway.upstreams)[0]
+
+    def sample(records: list[dict[str, Any]]) -> list[list[str]]:
+        return asyncio.run(_sample_all(url, table.champion, settings, records, policy))
+
+    return sample
+
+
+async def _sample_all(
+    url: str,
+    adapter: str | None,
+    settings: Settings,
+    records: list[dict[str, Any]],
+    policy: SatisfactionModelPolicy,
+) -> list[list[str]]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=300) as client:
+        model = adapter or settings.gateway.base_model_name or await _served_base(client)
+        if model is None:
+            logger.warning("best-of-n: %s serves no base model; nothing sampled", url)
+            return [[] for _ in records]
+        gate = asyncio.Semaphore(8)
+
+        async def one(record: dict[str, Any]) -> list[str]:
+            body = {
+                "model": model,
+                "messages": [
+                    {"role": m["role"], "content": m["content"]} for m in record["messages"]
+                ],
+                "n": policy.best_of_n,
+                "max_tokens": policy.best_of_max_tokens,
+                "temperature": policy.best_of_temperature,
+                "seed": int(hashlib.sha256(str(record["request_id"]).encode()).hexdigest()[:8], 16),
+            }
+            async with gate:
+                try:
+                    response = await client.post("/v1/chat/completions", json=body)
+                    response.raise_for_status()
+                    choices = response.json()["choices"]
+                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    logger.warning("best-of-n: sampling failed on %s: %s", model, exc)
+                    return []
+            return [str(c["message"].get("content") or "") for c in choices]
+
+        return list(await asyncio.gather(*(one(r) for r in records)))
+
+
+async def _served_base(client: Any) -> str | None:
+    """The base model's name as vLLM serves it (the model without a parent)."""
+    import httpx
+
+    try:
+        models = (await client.get("/v1/models")).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return next((str(m["id"]) for m in models if not m.get("parent")), None)

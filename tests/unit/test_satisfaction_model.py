@@ -264,3 +264,84 @@ def test_stratified_folds_spread_the_rare_class() -> None:
     folds = stratified_folds(labels, 5)
     assert sorted(np.concatenate(folds).tolist()) == list(range(117))
     assert [sum(labels[i] for i in fold) for fold in folds] == [3, 2, 2, 2, 2]
+
+
+def test_best_of_n_picks_the_model_s_best_and_worst_answers() -> None:
+    from feedback.examples import best_of_n_examples
+
+    silent = _silent(3)
+    candidates = [
+        ["answer 0", "sampled good", "sampled bad"],
+        ["answer 1", "also fine"],  # the model cannot tell them apart: nothing
+        ["answer 2", "Ask <PERSON_7> for it", "meh"],  # its best invents a placeholder
+    ]
+    scores = [[0.5, 0.95, 0.1], [0.6, 0.62], [0.2, 0.99, 0.3]]
+    examples = best_of_n_examples(
+        silent, candidates, scores, model="customer_service-satisfaction-v2",
+        confidence=0.85, min_gap=0.3, weight=0.5, limit=10,
+    )  # fmt: skip
+    assert {(e.kind, e.completion, e.chosen, e.rejected) for e in examples} == {
+        ("dpo", None, "sampled good", "sampled bad"),
+        ("sft", "sampled good", None, None),
+    }
+    assert all(e.rule == "model:customer_service-satisfaction-v2/best-of-3" for e in examples)
+    assert all(e.lineage.request_ids == ("s0",) for e in examples)
+    pair = next(e for e in examples if e.kind == "dpo")
+    assert pair.weight == pytest.approx(0.5 * 0.85)
+    # The clearest first, never more than the limit leaves.
+    assert [e.kind for e in examples] == ["sft", "dpo"]
+    assert len(best_of_n_examples(silent, candidates, scores, model="m", confidence=0.85,
+                                  min_gap=0.3, weight=1.0, limit=1)) == 1  # fmt: skip
+    # Not sure of the best: the pair stays, the SFT target does not.
+    unsure = best_of_n_examples(
+        silent[:1], candidates[:1], [[0.5, 0.7, 0.1]], model="m", confidence=0.85,
+        min_gap=0.3, weight=1.0, limit=10,
+    )  # fmt: skip
+    assert [e.kind for e in unsure] == ["dpo"]
+    with pytest.raises(ValueError, match="candidate lists"):
+        best_of_n_examples(silent, candidates[:1], scores, model="m", confidence=0.85,
+                           min_gap=0.3, weight=1.0, limit=10)  # fmt: skip
+
+
+def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path) -> None:
+    """Sampled answers scored by the model become SFT targets and DPO pairs in training only,
+    traced to the silent request, and model labels of both kinds stay within max_share; a
+    prompt whose sampling failed adds nothing."""
+    from feedback.cleaning import Funnel, SilentLabelling, finish_dataset
+    from flywheel.settings.cleaning import CleaningSettings
+
+    records = [
+        *(record(f"h{i}", f"liked {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}",
+                 user_id=f"hu{i}", signal="thumbs_up") for i in range(6)),
+        *({**r, "signal": "none"} for r in _silent(6)),
+    ]  # fmt: skip
+    asked: list[list[str]] = []
+
+    def sample(silent: list[dict[str, Any]]) -> list[list[str]]:
+        asked.append([r["request_id"] for r in silent])
+        return [[] if r["request_id"] == "s0" else ["GOOD", "BAD"] for r in silent]
+
+    def score(rows: list[dict[str, Any]]) -> list[float]:
+        return [{"GOOD": 0.97, "BAD": 0.03}.get(r["response"], 0.5) for r in rows]
+
+    labelling = SilentLabelling(
+        model="customer_service-satisfaction-v1", score=score, confidence=0.85, max_share=0.5,
+        weight=0.5, sample=sample, best_of_prompts=4, min_gap=0.3,
+    )  # fmt: skip
+    funnel = Funnel()
+    result = finish_dataset(
+        records, "customer_service", funnel, CleaningSettings(), tmp_path, {},
+        labelling=labelling,
+    )  # fmt: skip
+    assert result.dataset is not None
+    assert len(asked) == 1
+    assert len(asked[0]) <= 4
+    items = result.dataset.manifest["examples"]
+    best_of = [i for i in items if "/best-of-3" in i["rule"]]
+    assert best_of
+    assert {i["kind"] for i in best_of} == {"sft", "dpo"}
+    assert {i["split"] for i in best_of} == {"train"}
+    assert funnel.examples["best_of_n"] == len(best_of)
+    model_made = [i for i in items if i["rule"].startswith("model:")]
+    assert len(model_made) <= len(items) - len(model_made)  # at most half the set
+    assert funnel.examples["model_labelled"] == len(model_made)
