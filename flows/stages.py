@@ -381,7 +381,8 @@ def train_line(
         champion_version = registry.alias_version(line, "champion")
         # An inverted adapter starts from the base model: continuing the champion, it kept
         # much of what the champion had learnt (0.17 satisfied against v1's 0.31, customer
-        # service at 458fe3b), a canary hardly worse than the one it replaces.
+        # service: docs/results/2026-12-03-bad-canary.md), a canary hardly worse than the one
+        # it replaces.
         continues = recipe.start_from == "champion" and not invert_preferences
         result = train_adapter(
             recipe,
