@@ -451,12 +451,12 @@ def test_a_key_file_without_review_lines_keeps_working_and_grants_no_role(tmp_pa
     assert not partial.may_review(LINE)
 
 
-def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main()", *args],
         capture_output=True,
         text=True,
-        env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
+        env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin", **env},
         check=False,
     )
 
@@ -477,8 +477,19 @@ def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block
         tmp_path, "gateway", "add-key", "bo", "--lines", "medical", "--review-lines", "nope"
     )
     assert unknown.returncode == 2
-    # The demo recipes have no review block: simulated reviewers are refused up front.
-    loop = _cli(tmp_path, "loop", "--line", "customer_service", "--reviewers", "2")
+    # A recipe without a review block: simulated reviewers are refused up front.
+    from composition.recipes import packaged_recipes_dir
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    demo = yaml.safe_load((packaged_recipes_dir() / "demo" / "customer_service.yaml").read_text())
+    demo.pop("review")
+    demo["canary"].pop("satisfaction")
+    (recipes / "customer_service.yaml").write_text(yaml.safe_dump(demo))
+    loop = _cli(
+        tmp_path, "loop", "--line", "customer_service", "--reviewers", "2",
+        FLYWHEEL_RECIPES_DIR=str(recipes),
+    )  # fmt: skip
     assert loop.returncode == 2, loop.stderr
     assert "--reviewers needs a review block" in loop.stderr
 
