@@ -9,6 +9,10 @@ the gateway does, and checked on every request: a removed key ends its sessions.
 Open mode, for local embedded use: when no key file exists, nobody has keys to
 show, so the page is open, but only to clients on the loopback interface; any
 other client gets 403 with the way out (``flywheel gateway add-key``).
+
+A client that keeps presenting unknown keys is refused for a while (429 with
+``Retry-After``, :mod:`dashboard.attempts`), and every form (the login and logout
+forms too) is refused when posted from another site (:func:`check_same_origin`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.requests import Request
+
+from dashboard.attempts import FailedKeyAttempts, client_of
 from dashboard.errors import PageError
 from dashboard.sessions import LoginSessions
 from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
@@ -61,19 +68,37 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
+def check_same_origin(request: Request, what: str) -> None:
+    """403 for a form posted from another site: an ``Origin`` other than this page's, or a
+    browser's ``Sec-Fetch-Site`` other than same-origin. ``Origin: null`` alone passes: this
+    page's own forms send it (its no-referrer policy), and the other site's null (a
+    sandboxed frame) comes with ``Sec-Fetch-Site: cross-site``. Scripts send neither."""
+    origin = request.headers.get("origin")
+    if origin and origin != "null":
+        own = f"{request.url.scheme}://{request.url.netloc}"
+        if origin.rstrip("/") != own:
+            raise PageError(403, f"{what} may only be posted from this page, not {origin}")
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise PageError(403, f"{what} may only be posted from this page, not a {site} one")
+
+
 class Gatekeeper:
     """Turns a request's key (header) or session (cookie) into a :class:`Viewer`, or
-    refuses it; opens and ends the sessions (none without ``sessions``: Bearer only)."""
+    refuses it; opens and ends the sessions (none without ``sessions``: Bearer only).
+    With ``attempts``, a client past its allowance of unknown keys gets 429."""
 
     def __init__(
         self,
         keys_file: Path | None,
         keys: KeyRing | None = None,
         sessions: LoginSessions | None = None,
+        attempts: FailedKeyAttempts | None = None,
     ) -> None:
         self.keys_file = keys_file
         self._keys = keys
         self.sessions = sessions
+        self.attempts = attempts
         self._watch = KeyFileWatch(keys_file) if keys_file is not None else None
 
     def _ring(self) -> KeyRing | None:
@@ -92,10 +117,33 @@ class Gatekeeper:
         ring = self._ring()
         return ring.authorize(token) if ring is not None else None
 
-    def log_in(self, token: str | None) -> Login | None:
+    def check_attempts(self, client_host: str | None) -> None:
+        """429 with ``Retry-After`` while the client has spent its allowance of unknown
+        keys: before its key is looked at, so a refused guess tells it nothing."""
+        if self.attempts is None:
+            return
+        wait_s = self.attempts.retry_after(client_of(client_host))
+        if wait_s is not None:
+            raise PageError(
+                429,
+                f"too many unknown keys from your address: try again in {wait_s} s",
+                headers={"Retry-After": str(wait_s)},
+            )
+
+    def _checked_key(self, ring: KeyRing, token: str, client_host: str | None) -> ApiKey | None:
+        """The key behind ``token`` for a client within its allowance (an unknown one is
+        counted against the client)."""
+        self.check_attempts(client_host)
+        key = ring.authorize(token)
+        if key is None and self.attempts is not None:
+            self.attempts.failed(client_of(client_host))
+        return key
+
+    def log_in(self, token: str | None, client_host: str | None = None) -> Login | None:
         """A new session for the key behind ``token``; None when the key is unknown (or
-        this page keeps no sessions)."""
-        key = self.authorize(token)
+        this page keeps no sessions); 429 for a client past its allowance."""
+        ring = self._ring()
+        key = self._checked_key(ring, token or "", client_host) if ring is not None else None
         if key is None or self.sessions is None:
             return None
         lifetime_s = int(self.sessions.lifetime.total_seconds())
@@ -127,7 +175,7 @@ class Gatekeeper:
             return Viewer(name="local", key=None, open_mode=True)
         token = bearer_token(authorization)
         if token:
-            key = ring.authorize(token)
+            key = self._checked_key(ring, token, client_host)
             if key is None:
                 raise PageError(401, "unknown API key")
             return Viewer(name=key.name, key=key)

@@ -47,7 +47,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard import plots
-from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line
+from dashboard.access import COOKIE, Gatekeeper, Viewer, check_line, check_same_origin
+from dashboard.attempts import FailedKeyAttempts
 from dashboard.errors import PageError
 from dashboard.evals import EvalReview
 from dashboard.experiments import add_experiment_routes
@@ -250,7 +251,8 @@ def create_app(
         timedelta(seconds=dashboard.session_lifetime_s),
         **({"clock": clock} if clock is not None else {}),
     )
-    gatekeeper = Gatekeeper(keys_file, keys, sessions)
+    attempts = FailedKeyAttempts(dashboard.failed_key_checks, dashboard.failed_key_window_s)
+    gatekeeper = Gatekeeper(keys_file, keys, sessions, attempts)
     pages = build_pages(
         settings,
         dashboard,
@@ -381,13 +383,17 @@ def _add_error_handlers(app: FastAPI, context: _Context) -> None:
 
     @app.exception_handler(PageError)
     async def _refused(request: Request, exc: PageError) -> Response:
+        response: Response
         if _wants_json(request):
-            return _json({"error": exc.message}, exc.status)
-        if exc.status == 401:
-            return render(
+            response = _json({"error": exc.message}, exc.status)
+        elif exc.status == 401:
+            response = render(
                 "login.html", status=401, message=exc.message, next=request.url.path, lines=[]
             )
-        return render("error.html", status=exc.status, message=exc.message, lines=[])
+        else:
+            response = render("error.html", status=exc.status, message=exc.message, lines=[])
+        response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -429,6 +435,10 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
 
     @app.post("/login")
     async def login(request: Request) -> Response:
+        # Login CSRF: another site must not log this browser in under a key of its choice.
+        check_same_origin(request, "a login")
+        client = request.client.host if request.client else None
+        gatekeeper.check_attempts(client)
         try:
             # An unauthenticated client must not make the server hold a large or slow body.
             body = await read_body(
@@ -446,7 +456,7 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
         # A write to the store: off the event loop.
-        opened = await run_in_threadpool(gatekeeper.log_in, token)
+        opened = await run_in_threadpool(gatekeeper.log_in, token, client)
         if opened is None:
             return render(
                 "login.html", status=401, message="unknown API key", next=target, lines=[]
@@ -465,6 +475,7 @@ def _add_access_routes(app: FastAPI, context: _Context) -> None:
 
     @app.post("/logout")
     def logout(request: Request) -> Response:
+        check_same_origin(request, "a logout")
         gatekeeper.log_out(request.cookies.get(COOKIE))
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.access import COOKIE, Viewer
+from dashboard.access import COOKIE, Viewer, check_same_origin
 from dashboard.errors import PageError
 from dashboard.review_queue import ReviewItem, ReviewQueue, ReviewVerdictIn
 from dashboard.scrubbed import SampleScrubber
@@ -68,14 +68,6 @@ def require_reviewer(viewer: Viewer, business_line: str) -> str:
             f"add the line to its review_lines in the gateway's key file",
         )
     return viewer.name
-
-
-def _check_origin(request: Request) -> None:
-    origin = request.headers.get("origin")
-    if origin and origin != "null":
-        own = f"{request.url.scheme}://{request.url.netloc}"
-        if origin.rstrip("/") != own:
-            raise PageError(403, f"a review may only be posted from this page, not {origin}")
 
 
 def _check_token(request: Request, given: str | None) -> None:
@@ -148,7 +140,7 @@ def add_review_routes(
     async def review_form(request: Request, business_line: str, item: str) -> Response:
         viewer, _ = await run_in_threadpool(context.line_view, request, business_line)
         reviewer = require_reviewer(viewer, business_line)
-        _check_origin(request)
+        check_same_origin(request, "a review")
         form = parse_qs((await _body(request)).decode("utf-8", "replace"))
 
         def field(name: str) -> str | None:
@@ -181,7 +173,7 @@ def add_review_routes(
     async def api_submit(request: Request, business_line: str, item: str) -> Response:
         viewer, _ = await run_in_threadpool(context.line_view, request, business_line)
         reviewer = require_reviewer(viewer, business_line)
-        _check_origin(request)
+        check_same_origin(request, "a review")
         _check_token(request, request.headers.get(TOKEN_HEADER))
         number = _item_number(item)
         try:

@@ -43,6 +43,19 @@ class DashboardSettings(BaseSettings):
         le=30 * 86_400,
         description="How long a browser login lasts from the login (logging out ends it sooner).",
     )
+    failed_key_checks: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description="Unknown keys one client (address; IPv6: its /64) may present, at the login "
+        "form or as Bearer, per failed_key_window_s; past them it gets 429 with Retry-After.",
+    )
+    failed_key_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="The time a client's allowance of failed key checks takes to refill.",
+    )
     mlflow_ui_url: str | None = Field(
         default=None,
         description="MLflow UI the eval page links to; the tracking URI when it is http(s).",

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from dashboard.attempts import FailedKeyAttempts, client_of
 from feedback.schema import feedback_table, interactions_table
 from tests.dashboard_store import TRAINED_LINE, PageHome, build_page_home
 
@@ -119,6 +120,75 @@ def test_login_form_sets_a_cookie_that_opens_the_lines(home: PageHome) -> None:
         assert offsite.headers["location"] == "/"
         browser.post("/logout")
         assert browser.get("/lines/legal").status_code == 401
+
+
+def test_login_and_logout_posted_from_another_site_are_refused(home: PageHome) -> None:
+    """Login CSRF: another site must not log this browser in under a key of its choosing."""
+    login = {"key": home.keys["counsel"], "next": "/lines/legal"}
+    with TestClient(home.app(), client=REMOTE) as browser:
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null", "Sec-Fetch-Site": "cross-site"},  # a sandboxed frame
+            {"Sec-Fetch-Site": "same-site"},
+        ):
+            refused = browser.post("/login", data=login, headers=headers, follow_redirects=False)
+            assert refused.status_code == 403, headers
+            assert "set-cookie" not in refused.headers
+            assert browser.get("/lines/legal").status_code == 401
+        # The page's own form: its origin, or null under its no-referrer policy.
+        for headers in (
+            {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"},
+            {"Origin": "null", "Sec-Fetch-Site": "same-origin"},
+        ):
+            opened = browser.post("/login", data=login, headers=headers, follow_redirects=False)
+            assert opened.status_code == 303, headers
+        assert browser.get("/lines/legal").status_code == 200
+        elsewhere = browser.post("/logout", headers={"Origin": "http://evil.example"})
+        assert elsewhere.status_code == 403
+        assert browser.get("/lines/legal").status_code == 200
+
+
+def test_a_client_that_keeps_trying_keys_gets_429_with_retry_after(home: PageHome) -> None:
+    guesser, neighbour = ("10.9.9.9", 40000), ("10.9.9.10", 40000)
+    app = home.app(failed_key_checks=10, failed_key_window_s=60)
+    with TestClient(app, client=guesser) as browser, TestClient(app, client=neighbour) as other:
+        logged_in = browser.post("/login", data={"key": home.keys["counsel"]})
+        assert logged_in.status_code == 200  # followed to the first line
+        statuses = [
+            browser.post("/login", data={"key": f"fw-guess-{n}"}).status_code for n in range(40)
+        ]
+        assert statuses == [401] * 10 + [429] * 30
+        refused = browser.post("/login", data={"key": home.keys["support"]})
+        assert refused.status_code == 429  # refused before the key is looked at
+        assert 1 <= int(refused.headers["retry-after"]) <= 6
+        bearer = browser.get("/api/lines", headers={"Authorization": "Bearer fw-guess"})
+        assert bearer.status_code == 429
+        assert bearer.headers["retry-after"]
+        # Its session is no key check: it still reads its line.
+        assert browser.get("/lines/legal").status_code == 200
+        # Another client is not held back by this one.
+        assert other.post("/login", data={"key": "fw-typo"}).status_code == 401
+        assert other.get("/api/lines", headers=home.bearer("support")).status_code == 200
+
+
+def test_failed_key_checks_are_kept_per_client_in_bounded_memory() -> None:
+    now = [0.0]
+    attempts = FailedKeyAttempts(3, 30, capacity=100, clock=lambda: now[0])
+    for _ in range(3):
+        assert attempts.retry_after("a") is None
+        attempts.failed("a")
+    assert attempts.retry_after("a") == 10
+    assert attempts.retry_after("b") is None
+    now[0] = 10.0
+    assert attempts.retry_after("a") is None  # one more try earned
+    attempts.failed("a")
+    assert attempts.retry_after("a") == 10
+    for n in range(10_000):
+        attempts.failed(f"client-{n}")
+    assert len(attempts) == 100
+    # An IPv6 client is its /64; an IPv4-mapped one is its IPv4 address.
+    assert client_of("2001:db8::1") == client_of("2001:db8::ffff:2") == "2001:db8::/64"
+    assert client_of("::ffff:10.0.0.1") == "10.0.0.1"
 
 
 def test_without_a_key_file_the_page_is_open_on_loopback_only(tmp_path: Path) -> None:
