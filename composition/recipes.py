@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from eval.gate import GatePolicy
@@ -30,6 +29,7 @@ from feedback.retention import RetentionPolicy
 from feedback.reviews import ReviewPolicy
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
+from flywheel.user_files import load_user_yaml
 from registry.canary import CanaryPolicy, ReviewTest
 from registry.lifecycle import RolloutPolicy
 from registry.records import flatten_params
@@ -37,6 +37,9 @@ from training.config import TrainingConfig
 
 if TYPE_CHECKING:
     from registry.tracking import Registry
+
+# A recipe is a page of settings; a larger file is a mistake.
+MAX_RECIPE_BYTES = 256 * 1024
 
 
 class Recipe(TrainingConfig):
@@ -154,12 +157,11 @@ def recipe_for(settings: Settings, line: str) -> Recipe:
 
 
 def read_recipe(path: Path) -> Recipe:
-    """Parse one recipe file; errors name the file and the key."""
+    """Parse one recipe file, read within bounds; errors name the file and the key (one that
+    cannot be read or parsed: :class:`~flywheel.errors.InputFileError`)."""
+    data = load_user_yaml(path, max_bytes=MAX_RECIPE_BYTES, what="recipe") or {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return Recipe.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise FlywheelError(f"{path}: not valid YAML: {exc}") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(recipe)'}: {e['msg']}" for e in exc.errors()

@@ -2,7 +2,9 @@
 
 Every physical line of the input comes back either as a parsed object or as a
 :class:`MalformedLine` that names the line and says what is wrong with it, with
-the raw bytes kept so a caller can quarantine it untouched.
+the raw bytes kept so a caller can quarantine it untouched (of a line over
+:data:`MAX_LINE_BYTES`, only its start: files are read through
+:mod:`flywheel.user_files`, which never holds such a line whole).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-MAX_LINE_BYTES = 8 * 1024 * 1024
+from flywheel.user_files import MAX_LINE_BYTES, RawLine, iter_user_lines, read_lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +30,17 @@ class JsonlRecord:
 
 @dataclass(frozen=True, slots=True)
 class MalformedLine:
-    """A line that is not a JSON object, with the reason and the raw bytes."""
+    """A line that is not a JSON object, with the reason and the raw bytes.
+
+    Of a line over :data:`MAX_LINE_BYTES`, ``raw`` holds only the start: ``size`` is then
+    the whole line's size and ``digest`` its SHA-256.
+    """
 
     line_number: int
     reason: str
     raw: bytes
+    size: int | None = None
+    digest: str | None = None
 
     def describe(self, source: str = "input") -> str:
         """A one-line message naming the source and the line."""
@@ -48,9 +56,7 @@ def parse_jsonl_line(line_number: int, raw: bytes) -> JsonlItem | None:
     if not stripped:
         return None
     if len(stripped) > MAX_LINE_BYTES:
-        return MalformedLine(
-            line_number, f"line is {len(stripped)} bytes, over the {MAX_LINE_BYTES} limit", raw
-        )
+        return MalformedLine(line_number, _too_long(len(stripped)), raw)
     try:
         stripped.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -64,23 +70,41 @@ def parse_jsonl_line(line_number: int, raw: bytes) -> JsonlItem | None:
     return JsonlRecord(line_number, data, raw)
 
 
+def _too_long(size: int) -> str:
+    return f"line is {size:,} bytes, over the {MAX_LINE_BYTES:,} limit"
+
+
+def parse_raw_line(line: RawLine) -> JsonlItem | None:
+    """Parse one line read within bounds; an over-long one is malformed, its start kept."""
+    if line.oversized:
+        return MalformedLine(line.number, _too_long(line.size), line.data, line.size, line.digest)
+    return parse_jsonl_line(line.number, line.data)
+
+
 def iter_jsonl_lines(lines: Iterable[bytes]) -> Iterator[JsonlItem]:
-    """Parse an iterable of raw lines (bytes, newline optional) into items."""
+    """Parse an iterable of raw lines (bytes in memory, newline optional) into items."""
     for line_number, raw in enumerate(lines, start=1):
         item = parse_jsonl_line(line_number, raw)
         if item is not None:
             yield item
 
 
-def iter_jsonl_stream(stream: BinaryIO) -> Iterator[JsonlItem]:
-    """Parse a binary stream line by line, in constant memory."""
-    yield from iter_jsonl_lines(stream)
+def _parsed(lines: Iterable[RawLine]) -> Iterator[JsonlItem]:
+    for line in lines:
+        item = parse_raw_line(line)
+        if item is not None:
+            yield item
+
+
+def iter_jsonl_stream(stream: BinaryIO, source: str = "input") -> Iterator[JsonlItem]:
+    """Parse a binary stream line by line, in bounded memory (see :mod:`flywheel.user_files`)."""
+    yield from _parsed(read_lines(stream, source=source))
 
 
 def iter_jsonl(path: Path) -> Iterator[JsonlItem]:
-    """Parse a JSONL file line by line, in constant memory."""
-    with path.open("rb") as stream:
-        yield from iter_jsonl_stream(stream)
+    """Parse a user's ``.jsonl`` (or ``.jsonl.gz``) file line by line, in bounded memory;
+    a file that cannot be read is an :class:`~flywheel.errors.InputFileError`."""
+    yield from _parsed(iter_user_lines(path))
 
 
 def dumps_line(data: Any) -> bytes:

@@ -55,6 +55,7 @@ from feedback.schema import (
 )
 from flywheel.file_modes import open_private, private_dir, restrict
 from flywheel.settings import Settings, StoreSettings
+from flywheel.user_files import KEPT_BYTES
 
 IngestItem = JsonlRecord | MalformedLine | dict[str, Any]
 # Below this many rows a plain multi-row INSERT beats setting up a COPY.
@@ -143,20 +144,27 @@ def downgrade_schema(engine: Engine, revision: str) -> None:
 
 @dataclass(slots=True)
 class Rejection:
-    """A record refused by ingest, on its way to the quarantine table."""
+    """A record refused by ingest, on its way to the quarantine table.
+
+    ``raw`` may hold only the start of an over-long line: ``size`` is then the whole
+    line's size and ``digest`` its SHA-256 (:class:`~feedback.jsonl.MalformedLine`).
+    """
 
     reason: str
     raw: bytes
     line_number: int | None = None
     record_key: str | None = None
     field: str | None = None
+    size: int | None = None
+    digest: str | None = None
 
     def describe(self, source: str) -> str:
         """One line naming where the record came from, the field and the reason."""
         where = f"{source}:{self.line_number}" if self.line_number else source
         who = f" ({self.record_key})" if self.record_key else ""
         what = f" field '{self.field}':" if self.field else ""
-        return f"{where}{who}:{what} {self.reason}"
+        reason = self.reason if len(self.reason) <= 500 else self.reason[:500] + "..."
+        return f"{where}{who}:{what} {reason}"
 
 
 @dataclass(slots=True)
@@ -225,7 +233,9 @@ def plan_batch(items: Iterable[IngestItem], limits: StoreSettings) -> BatchPlan:
     for item in items:
         line = item.line_number if isinstance(item, JsonlRecord | MalformedLine) else None
         if isinstance(item, MalformedLine):
-            plan.rejected.append(Rejection(item.reason, item.raw, line))
+            plan.rejected.append(
+                Rejection(item.reason, item.raw, line, size=item.size, digest=item.digest)
+            )
             continue
         data = item.data if isinstance(item, JsonlRecord) else item
         try:
@@ -385,15 +395,22 @@ def shadow_output_row(record: dict[str, Any], limits: StoreSettings) -> dict[str
 
 
 def quarantine_row(rejection: Rejection, source: str) -> dict[str, Any]:
-    """The quarantine row for a refused record (fingerprinted so replays store it once)."""
+    """The quarantine row for a refused record (fingerprinted on the whole record, so
+    replays store it once): at most :data:`~flywheel.user_files.KEPT_BYTES` of it are kept,
+    the reason saying how large it was."""
+    size = rejection.size if rejection.size is not None else len(rejection.raw)
+    kept = rejection.raw[:KEPT_BYTES]
+    reason = rejection.reason[:KEPT_BYTES]
+    if size > len(kept):
+        reason += f" (the record is {size:,} bytes; the first {len(kept):,} kept)"
     return {
-        "fingerprint": hashlib.sha256(rejection.raw).hexdigest(),
+        "fingerprint": rejection.digest or hashlib.sha256(rejection.raw).hexdigest(),
         "source": source[:512],
         "line_number": rejection.line_number,
         "record_key": rejection.record_key[:256] if rejection.record_key else None,
         "field": rejection.field[:256] if rejection.field else None,
-        "reason": rejection.reason,
-        "raw": rejection.raw,
+        "reason": reason,
+        "raw": kept,
     }
 
 

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from flywheel.errors import UsageError
+from flywheel.errors import InputFileError, UsageError
+from flywheel.user_files import read_user_text
 from simulation.protocol import REACTION_TYPES
 
 # The signals a profile can give: every reaction but saying nothing.
@@ -170,16 +171,9 @@ def load_profile(spec: str | None) -> FeedbackProfile:
             f"--feedback {spec}: not a profile name ({', '.join(PROFILES)}) nor a .yaml/.json file"
         )
     try:
-        with path.open("rb") as source:
-            raw_bytes = source.read(MAX_PROFILE_BYTES + 1)
-        text = raw_bytes.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FeedbackProfileError(f"--feedback {spec}: cannot read it: {exc}") from None
-    if len(raw_bytes) > MAX_PROFILE_BYTES:
-        raise FeedbackProfileError(
-            f"--feedback {spec}: larger than {MAX_PROFILE_BYTES // 1024} KB; a profile is a "
-            "few rates"
-        )
+        text = read_user_text(path, max_bytes=MAX_PROFILE_BYTES, what="profile (a few rates)")
+    except InputFileError as exc:
+        raise FeedbackProfileError(f"--feedback {exc}") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

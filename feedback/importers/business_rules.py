@@ -13,9 +13,14 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from feedback.events import BUSINESS_LINE
+from flywheel.errors import InputFileError
+from flywheel.user_files import load_user_yaml
+
+# A rules file is keyword lists: this is far more than one needs.
+MAX_RULES_BYTES = 1024 * 1024
 
 
 class BusinessRule(BaseModel):
@@ -63,9 +68,18 @@ class BusinessRules(BaseModel):
 
 
 def load_business_rules(path: Path | None = None) -> BusinessRules:
-    """Read rules from a YAML file, or the shipped defaults when ``path`` is None."""
+    """Read rules from a user's YAML file (read within bounds; unreadable or invalid: an
+    :class:`~flywheel.errors.InputFileError` naming the file and the key), or the shipped
+    defaults when ``path`` is None."""
     if path is None:
         text = resources.files("feedback.importers").joinpath("business_rules.yaml").read_text()
-    else:
-        text = path.read_text(encoding="utf-8")
-    return BusinessRules.model_validate(yaml.safe_load(text) or {})
+        return BusinessRules.model_validate(yaml.safe_load(text) or {})
+    data = load_user_yaml(path, max_bytes=MAX_RULES_BYTES, what="rules file") or {}
+    try:
+        return BusinessRules.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '(rules)'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise InputFileError(f"{path}: not valid business rules: {problems}") from None

@@ -9,14 +9,13 @@ never cut into a pair that would teach the wrong thing.
 
 from __future__ import annotations
 
-import gzip
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+from feedback.jsonl import MalformedLine, iter_jsonl
 
 ASSISTANT = "\n\nAssistant:"
 TURN = re.compile(r"\n\n(Human|Assistant):")
@@ -93,9 +92,9 @@ def pairs_from_rows(
 
 
 def read_hh_rlhf(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of an HH-RLHF ``.jsonl`` or ``.jsonl.gz`` file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as stream:
-        for line in stream:
-            if line.strip():
-                yield orjson.loads(line)
+    """Rows of an HH-RLHF ``.jsonl`` or ``.jsonl.gz`` file, read within bounds; a line that
+    is not a JSON object is a ``ValueError`` naming it."""
+    for item in iter_jsonl(path):
+        if isinstance(item, MalformedLine):
+            raise ValueError(item.describe(str(path)))
+        yield item.data

@@ -24,7 +24,6 @@ for the quarantine.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -35,7 +34,7 @@ import orjson
 
 from feedback.events import prompt_hash
 from feedback.importers.hh_rlhf import MalformedPair, PreferencePair, pair_from_row
-from feedback.jsonl import JsonlItem, JsonlRecord, MalformedLine, iter_jsonl_lines
+from feedback.jsonl import JsonlItem, JsonlRecord, MalformedLine, iter_jsonl
 
 PairFormat = Literal["hh", "trl"]
 PAIR_FORMATS: tuple[str, ...] = get_args(PairFormat)
@@ -45,13 +44,9 @@ PROMPT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def iter_pairs_file(path: Path) -> Iterator[JsonlItem]:
-    """The lines of a ``.jsonl`` or ``.jsonl.gz`` file, parsed (bad lines as malformed)."""
-    if path.suffix == ".gz":
-        with gzip.open(path, "rb") as stream:
-            yield from iter_jsonl_lines(stream)
-    else:
-        with path.open("rb") as stream:
-            yield from iter_jsonl_lines(stream)
+    """The lines of a ``.jsonl`` or ``.jsonl.gz`` file, parsed (bad lines as malformed), read
+    within bounds (:func:`feedback.jsonl.iter_jsonl`)."""
+    yield from iter_jsonl(path)
 
 
 def pair_from_hh(row: dict[str, Any], line_number: int) -> PreferencePair:
