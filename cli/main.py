@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.buckets import buckets as buckets_command
 from cli.commands.common import (
@@ -90,12 +91,15 @@ def _open_store(settings: Settings) -> FeedbackStore:
 
 def _print_report(report: IngestReport) -> None:
     out.print(
-        f"[bold]{report.source}[/]: read {report.read}, added {report.interactions_added} "
-        f"interactions and {report.feedback_added} feedback events, "
-        f"{report.duplicates} duplicates skipped, {report.quarantined} quarantined"
+        Text.assemble(
+            (report.source, "bold"),
+            f": read {report.read}, added {report.interactions_added} "
+            f"interactions and {report.feedback_added} feedback events, "
+            f"{report.duplicates} duplicates skipped, {report.quarantined} quarantined",
+        )
     )
     for message in report.rejections:
-        err.print(f"[yellow]quarantined[/] {message}", markup=True, highlight=False)
+        err.print(Text.assemble(("quarantined", "yellow"), f" {message}"))
     if report.quarantined > len(report.rejections):
         err.print(
             f"... and {report.quarantined - len(report.rejections)} more (flywheel quarantine)"
@@ -183,8 +187,6 @@ def import_oasst(
     ] = None,
 ) -> None:
     """Import OpenAssistant conversation trees as interactions, thumbs, regenerations, ranks."""
-    from pydantic import ValidationError
-
     from feedback.importers.business_rules import load_business_rules
     from feedback.importers.oasst import oasst_items
     from feedback.jsonl import iter_jsonl
@@ -193,10 +195,7 @@ def import_oasst(
     _require_file(path)
     if rules is not None:
         _require_file(rules)
-    try:
-        business_rules = load_business_rules(rules)
-    except ValidationError as exc:
-        raise UsageError(f"invalid rules file {rules}: {exc}") from None
+    business_rules = load_business_rules(rules)
     store = _open_store(_settings())
     with progress_bar(f"importing {path.name}") as advance:
         report = store.ingest(
@@ -223,7 +222,6 @@ def import_pairs(
     """Import preference pairs as ranked answers (two interactions, rank 0 and 1, per pair);
     malformed rows are quarantined with their line number, the rest imported."""
     import re
-    import zlib
 
     from feedback.events import BUSINESS_LINE
     from feedback.importers.pairs import PAIR_FORMATS, iter_pairs_file, pairs_items
@@ -242,11 +240,10 @@ def import_pairs(
         imported_at=datetime.now(UTC),
         pair_format=pair_format,  # type: ignore[arg-type]
     )
-    try:
-        with progress_bar(f"importing {path.name}") as advance:
-            report = store.ingest(items, source=str(path), on_progress=advance)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise UsageError(f"{path} cannot be read to the end: {exc}") from None
+    # A file that cannot be read to the end stops the import with exit 2 (InputFileError),
+    # the batches before it stored.
+    with progress_bar(f"importing {path.name}") as advance:
+        report = store.ingest(items, source=str(path), on_progress=advance)
     # Unlike a feedback log, a pairs file with a few bad rows is still worth importing.
     _print_report(report)
 
@@ -381,7 +378,7 @@ def _drive_gateway(
             f"{summary['satisfied']}, feedback posted {summary['feedback_posted']}"
         )
         if report.failures:
-            err.print(f"[yellow]failures[/]: {dict(report.failures)}")
+            err.print(Text.assemble(("failures", "yellow"), f": {dict(report.failures)}"))
             failed = True
     if failed:
         raise typer.Exit(1)
@@ -423,7 +420,7 @@ def _print_buckets(counts: dict[str, Any]) -> None:
         row = [name, str(entry["interactions"])]
         row += [str(entry["events"].get(s, 0)) for s in signals]
         table.add_row(*row)
-    total = ["[bold]all[/]", str(counts["interactions"])]
+    total: list[str | Text] = [Text("all", style="bold"), str(counts["interactions"])]
     total += [str(counts["events"][s]) for s in signals]
     table.add_row(*total)
     out.print(table)
@@ -541,7 +538,7 @@ def _build_datasets_on_workers(
     rows = []
     with dask_cluster(workers, settings.dask_address) as address:
         for name in lines:
-            with out.status(f"cleaning {name} on {workers} Dask workers"):
+            with out.status(Text(f"cleaning {name} on {workers} Dask workers")):
                 result = run_partitioned(
                     settings, name, workers=workers, since=since, address=address, cleaning=cleaning
                 )
@@ -684,7 +681,11 @@ def serve_vllm(
         code = server.wait()
     # vLLM died on its own: exit with its code so a supervisor (compose's restart policy,
     # systemd) starts it again.
-    out.print(f"[red]vLLM exited with code {code}[/]; last lines of {log}:\n{log_tail(log)}")
+    out.print(
+        Text.assemble(
+            (f"vLLM exited with code {code}", "red"), f"; last lines of {log}:\n{log_tail(log)}"
+        )
+    )
     raise typer.Exit(code or 1)
 
 
@@ -818,7 +819,7 @@ def demo(
     loaded = load_users(users, feedback)
     loaded.check(train_line_name)
     store = _open_store(settings)
-    out.print(f"[bold]1/3[/] feedback store: {_safe_url(settings)}")
+    out.print(Text.assemble(("1/3", "bold"), f" feedback store: {_safe_url(settings)}"))
     if oasst is not None:
         from feedback.importers.business_rules import load_business_rules
         from feedback.importers.oasst import oasst_items
@@ -846,16 +847,27 @@ def demo(
             )
         _print_report(report)
         _print_buckets(store.stats())
-        out.print(f"[bold]2/3[/] cleaning {', '.join(others)}: PII scrubbing, dedup, datasets")
+        out.print(
+            Text.assemble(
+                ("2/3", "bold"), f" cleaning {', '.join(others)}: PII scrubbing, dedup, datasets"
+            )
+        )
         for result in _build_datasets(settings, store, list(others)):
             _print_funnel(result.business_line, result.funnel.as_dict())
     if no_serve:
         out.print("stopping before serving (--no-serve)")
         return
     out.print(
-        f"[bold]3/3[/] the loop on {train_line_name}: {nights} night(s) of {loop_requests} users "
-        "through the gateway, nightly flow, canary, canary flow"
-        + (" (the canary is trained on inverted preferences: --bad-canary)" if bad_canary else "")
+        Text.assemble(
+            ("3/3", "bold"),
+            f" the loop on {train_line_name}: {nights} night(s) of {loop_requests} users "
+            "through the gateway, nightly flow, canary, canary flow"
+            + (
+                " (the canary is trained on inverted preferences: --bad-canary)"
+                if bad_canary
+                else ""
+            ),
+        )
     )
     result = run_loop_command(
         settings,
@@ -957,18 +969,25 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
                 timeout_s=settings.training_timeout_s,
             )
             out.print(
-                f"[bold]{line}[/]: {result.status}"
-                + (f", version {result.version}" if result.version is not None else "")
-                + f": {result.reason}"
+                Text.assemble(
+                    (line, "bold"),
+                    f": {result.status}"
+                    + (f", version {result.version}" if result.version is not None else "")
+                    + f": {result.reason}",
+                )
             )
             return
         outcome = train_line(settings, command, line, force=force)
     if outcome.status != "trained":
         out.print(f"{line}: {outcome.status}: {outcome.reason}")
         return
-    out.print(f"[bold]{line}[/]: registered version {outcome.version} (run {outcome.run_id})")
+    out.print(
+        Text.assemble(
+            (line, "bold"), f": registered version {outcome.version} (run {outcome.run_id})"
+        )
+    )
     if outcome.decision is not None:
-        out.print(f"gate: [bold]{outcome.decision.summary}[/]")
+        out.print(Text.assemble("gate: ", (outcome.decision.summary, "bold")))
         for reason in outcome.decision.reasons:
             out.print(f"  {reason}")
     metrics = outcome.metrics
@@ -989,10 +1008,12 @@ def main() -> None:
     try:
         app()
     except FlywheelError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(Text.assemble(("error:", "red"), f" {exc}"))
         sys.exit(exc.exit_code)
     except OperationalError as exc:
-        err.print(f"[red]error:[/] the feedback store failed: {str(exc.orig).strip()}")
+        err.print(
+            Text.assemble(("error:", "red"), f" the feedback store failed: {str(exc.orig).strip()}")
+        )
         sys.exit(StoreUnavailableError.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -1001,8 +1022,9 @@ def main() -> None:
         if os.environ.get("FLYWHEEL_DEBUG"):
             raise
         err.print(
-            f"[red]internal error:[/] {type(exc).__name__}: {exc} "
-            "(set FLYWHEEL_DEBUG=1 for the traceback)",
-            highlight=False,
+            Text.assemble(
+                ("internal error:", "red"),
+                f" {type(exc).__name__}: {exc} (set FLYWHEEL_DEBUG=1 for the traceback)",
+            )
         )
         sys.exit(70)

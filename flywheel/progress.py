@@ -20,11 +20,13 @@ from rich.progress import (
 @contextmanager
 def progress_bar(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
     """Yield an ``advance(n)`` callback that drives a bar on stderr when it is a terminal."""
-    console = Console(stderr=True)
+    # Descriptions name users' files and lines: plain text, never markup.
+    console = Console(stderr=True, markup=False)
     if not console.is_terminal:
         yield lambda _n: None
         return
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    description = TextColumn("{task.description}", markup=False)
+    columns = [SpinnerColumn(), description, BarColumn(), MofNCompleteColumn()]
     columns += [TimeElapsedColumn(), TimeRemainingColumn()] if total else [TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total)

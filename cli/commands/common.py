@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from composition.clients import Clients
     from feedback.store import FeedbackStore
 
-out = Console(soft_wrap=True)
+# Without markup: what is printed holds users' text (records, reasons quoting them, file
+# names, messages); a style is given as a rich.text.Text.
+out = Console(soft_wrap=True, markup=False)
 # Column headers of signals in terminal tables.
 SHORT_NAMES = {
     "errors": "err",
@@ -28,7 +30,7 @@ SHORT_NAMES = {
     "task_failure": "failed",
     "task_outcome": "outcome",
 }
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 def clients(settings: Settings) -> Clients:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
@@ -40,14 +41,19 @@ ARTIFACT = "eval/pairs_eval.json"
 SCORING = "mean log-probability per answer token, chosen > rejected (a tie is a loss)"
 CONFIDENCE = 0.95
 SHOWN_SKIPS = 5
+# Skipped rows whose reasons are kept (all are counted), and how much of each reason.
+KEPT_SKIPS = 100
+KEPT_REASON_CHARS = 500
 
 
 @dataclass(frozen=True, slots=True)
 class PairsFile:
-    """The usable pairs of a file and the rows that were not usable (line, reason)."""
+    """The usable pairs of a file, how many rows were not usable, and the first
+    :data:`KEPT_SKIPS` of those (line, reason)."""
 
     pairs: tuple[PreferencePair, ...]
     skipped: tuple[tuple[int, str], ...]
+    skipped_rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,20 +91,25 @@ class ModelScore:
 
 
 def read_pairs_file(path: Path, pair_format: str | None, limit: int | None) -> PairsFile:
-    """The first ``limit`` usable pairs of ``path`` and every row skipped before them."""
+    """The first ``limit`` usable pairs of ``path`` and the rows skipped before them, read
+    within bounds (:mod:`flywheel.user_files`: a file that cannot be read is an
+    :class:`~flywheel.errors.InputFileError`)."""
     from feedback.importers.pairs import iter_pairs_file, read_pairs
     from feedback.jsonl import MalformedLine
 
     pairs: list[PreferencePair] = []
     skipped: list[tuple[int, str]] = []
+    skipped_rows = 0
     for parsed in read_pairs(iter_pairs_file(path), pair_format):  # type: ignore[arg-type]
         if isinstance(parsed, MalformedLine):
-            skipped.append((parsed.line_number, parsed.reason))
+            skipped_rows += 1
+            if len(skipped) < KEPT_SKIPS:
+                skipped.append((parsed.line_number, parsed.reason[:KEPT_REASON_CHARS]))
             continue
         pairs.append(parsed[1])
         if limit is not None and len(pairs) >= limit:
             break
-    return PairsFile(tuple(pairs), tuple(skipped))
+    return PairsFile(tuple(pairs), tuple(skipped), skipped_rows)
 
 
 def evaluation_result(
@@ -120,7 +131,7 @@ def evaluation_result(
         "pairs_file": str(pairs_file),
         "format": pair_format or "auto",
         "pairs": len(data.pairs),
-        "skipped_rows": len(data.skipped),
+        "skipped_rows": data.skipped_rows,
         "skipped": [{"line": n, "reason": why} for n, why in data.skipped],
         "scoring": SCORING,
         "model": model.as_dict(),
@@ -190,16 +201,13 @@ def evaluate(
         raise UsageError(f"no such file: {pairs}")
     if pair_format is not None and pair_format not in PAIR_FORMATS:
         raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
-    settings = load_settings()
-    registry = clients(settings).registry
-    chosen_version = _version(registry, line, version)
-    try:
-        data = read_pairs_file(pairs, pair_format, limit)
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"{pairs} cannot be read: {exc}") from None
+    data = read_pairs_file(pairs, pair_format, limit)
     _report_skips(pairs, data)
     if not data.pairs:
         raise UsageError(f"{pairs} holds no usable preference pair")
+    settings = load_settings()
+    registry = clients(settings).registry
+    chosen_version = _version(registry, line, version)
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     adapter = registry.adapter_path(line, chosen_version) if chosen_version is not None else None
     name = adapter_name(line, chosen_version) if chosen_version is not None else "base"
@@ -232,13 +240,14 @@ def _version(registry: Registry, line: str, version: str) -> int | None:
 
 
 def _report_skips(path: Path, data: PairsFile) -> None:
-    if not data.skipped:
+    if not data.skipped_rows:
         return
-    err.print(f"[yellow]skipped {len(data.skipped)} unusable row(s)[/] of {path.name}:")
+    skipped = (f"skipped {data.skipped_rows} unusable row(s)", "yellow")
+    err.print(Text.assemble(skipped, f" of {path.name}:"))
     for line_number, reason in data.skipped[:SHOWN_SKIPS]:
-        err.print(f"  {path.name}:{line_number}: {reason}", markup=False, highlight=False)
-    if len(data.skipped) > SHOWN_SKIPS:
-        err.print(f"  ... and {len(data.skipped) - SHOWN_SKIPS} more")
+        err.print(f"  {path.name}:{line_number}: {reason}", highlight=False)
+    if data.skipped_rows > SHOWN_SKIPS:
+        err.print(f"  ... and {data.skipped_rows - SHOWN_SKIPS} more")
 
 
 def _score(

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
@@ -247,9 +247,12 @@ def run_loop_command(
         )
     reviewing = f", {reviewers} simulated reviewers" if reviewers else ", no reviewers"
     out.print(
-        f"[bold]flywheel loop[/]: {line}, {days}; users {escape(users.spec)} "
-        f"({users.describe_feedback()}){reviewing}; answers of at most "
-        f"{plan.sampling.max_tokens} tokens at temperature {plan.sampling.temperature:g}"
+        Text.assemble(
+            ("flywheel loop", "bold"),
+            f": {line}, {days}; users {users.spec} "
+            f"({users.describe_feedback()}){reviewing}; answers of at most "
+            f"{plan.sampling.max_tokens} tokens at temperature {plan.sampling.temperature:g}",
+        )
     )
     nights_done: list[int] = []
 
@@ -279,7 +282,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, markup=False)
     if not console.is_terminal:
 
         def announce(label: str, total: int) -> Callable[[int], None]:
@@ -288,7 +291,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 
         yield announce
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
 
         def bar(label: str, total: int) -> Callable[[int], None]:
@@ -317,10 +320,13 @@ def _print_night(record: Any) -> None:
 def _print_final(document: dict[str, Any]) -> None:
     final = document["final"]
     out.print(
-        f"[bold]fresh prompts[/] (n={final['base']['n']}): base satisfied "
-        f"{final['base']['satisfied']:.3f}, final champion {final['champion']['name'] or 'base'} "
-        f"{final['champion']['satisfied']:.3f} (gain {final['gain']:+.3f}) in "
-        f"{document['minutes']:.1f} min"
+        Text.assemble(
+            ("fresh prompts", "bold"),
+            f" (n={final['base']['n']}): base satisfied "
+            f"{final['base']['satisfied']:.3f}, final champion "
+            f"{final['champion']['name'] or 'base'} {final['champion']['satisfied']:.3f} "
+            f"(gain {final['gain']:+.3f}) in {document['minutes']:.1f} min",
+        )
     )
     for example in final["champion"]["examples"][:2]:
         out.print(f"  Q: {example['prompt']}\n  A: {example['answer']!r} -> {example['satisfied']}")

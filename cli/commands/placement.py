@@ -7,6 +7,7 @@ from typing import Annotated
 import orjson
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.common import clients, out
 from cli.commands.serving import _actor, _check_line
@@ -92,7 +93,7 @@ def placement_plan(
             )
             _print_move(move.business_line, move.placement, move.loaded_on, move.unloaded_from)
             for failure in move.failed:
-                out.print(f"[yellow]left to the reconciler[/]: {failure}")
+                out.print(Text.assemble(("left to the reconciler", "yellow"), f": {failure}"))
             failed |= bool(move.failed)
     if failed:
         raise typer.Exit(1)
@@ -135,7 +136,7 @@ def _place(business_line: str, placement: tuple[str, ...] | None, reason: str) -
     )
     _print_move(business_line, placement, move.loaded_on, move.unloaded_from)
     for failure in move.failed:
-        out.print(f"[yellow]left to the reconciler[/]: {failure}")
+        out.print(Text.assemble(("left to the reconciler", "yellow"), f": {failure}"))
     if move.failed:
         raise typer.Exit(1)
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from cli.commands.common import clients
 from feedback.jsonl import MalformedLine, dumps_line, iter_jsonl
+from flywheel.errors import InputFileError
 from flywheel.settings import load_settings
 
 
@@ -32,11 +33,11 @@ def _progress_bar(total: int) -> Iterator[Any]:
     )
 
     with Progress(
-        TextColumn("scrubbing"),
+        TextColumn("scrubbing", markup=False),
         BarColumn(),
         DownloadColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=Console(stderr=True, markup=False),
         transient=True,
     ) as progress:
         task = progress.add_task("scrub", total=total)
@@ -114,6 +115,9 @@ def scrub(
             if batch:
                 flush()
         partial.replace(out_path)
+    except InputFileError:
+        partial.unlink(missing_ok=True)
+        raise
     except OSError as exc:
         partial.unlink(missing_ok=True)
         typer.echo(f"error: {exc}", err=True)

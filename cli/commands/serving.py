@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import orjson
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cli.commands.common import clients, open_store, out
 from flywheel.errors import UsageError
@@ -295,8 +296,10 @@ def serve_gateway(
     keys = gateway.resolved_keys_file(settings.home)
     if not keys.exists():
         out.print(
-            f"[yellow]no API keys yet[/] ({keys}): every request gets 401 until "
-            "`flywheel gateway add-key` makes one"
+            Text.assemble(
+                ("no API keys yet", "yellow"),
+                f" ({keys}): every request gets 401 until `flywheel gateway add-key` makes one",
+            )
         )
     open_store(settings).close()
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -355,8 +358,11 @@ def serve_dashboard(
     if not keys.exists():
         where = "" if is_loopback(bind) else " (other clients get 403)"
         out.print(
-            f"[yellow]no API keys[/] ({keys}): the page is open to loopback clients only{where}; "
-            "`flywheel gateway add-key` makes one"
+            Text.assemble(
+                ("no API keys", "yellow"),
+                f" ({keys}): the page is open to loopback clients only{where}; "
+                "`flywheel gateway add-key` makes one",
+            )
         )
     out.print(f"feedback page on http://{bind}:{listen}; Ctrl-C stops it")
     _run_app("composition.servers:dashboard_app", "feedback page", bind, listen, workers)
@@ -632,6 +638,6 @@ def lifecycle_check(
         budget = report["budget"]
         out.print(f"LoRA budget: {budget['routed']} routed of --max-loras {budget['max_loras']}")
         for problem in report["problems"]:
-            out.print(f"[red]drift[/]: {problem}")
+            out.print(Text.assemble(("drift", "red"), f": {problem}"))
     if not report["ok"]:
         raise typer.Exit(1)
