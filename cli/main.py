@@ -41,6 +41,7 @@ from cli.commands.serving import (
     serve_gateway,
 )
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
+from flywheel.file_modes import private_home
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] =
     from feedback.store import create_store_engine, current_revision, upgrade_schema
 
     settings = _settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
+    private_home(settings.home)
     engine = create_store_engine(settings.resolved_database_url)
     try:
         upgrade_schema(engine, revision)
@@ -138,6 +139,7 @@ def db_current() -> None:
     from feedback.store import create_store_engine, current_revision, head_revision
 
     settings = _settings()
+    private_home(settings.home)
     engine = create_store_engine(settings.resolved_database_url)
     try:
         out.print(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
@@ -651,6 +653,7 @@ def serve_vllm(
     from training.base_model import ensure_base_model
 
     settings = _settings()
+    private_home(settings.home)
     base = ensure_base_model(settings.models_dir, settings.base_model)
     from simulation.live import vllm_venv
 

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from flywheel.errors import StoreUnavailableError
+from flywheel.file_modes import private_home
 from flywheel.settings import Settings
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
     def registry() -> Registry:
         from registry.tracking import Registry
 
+        private_home(settings.home)
         return Registry.for_home(settings.home, settings.mlflow_tracking_uri)
 
     def scrubber() -> Scrubber:

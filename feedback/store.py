@@ -53,7 +53,7 @@ from feedback.schema import (
     signal_rollup_table,
     trained_records_table,
 )
-from flywheel.file_modes import open_private, private_dir, restrict
+from flywheel.file_modes import open_private, private_dir, private_home, restrict
 from flywheel.settings import Settings, StoreSettings
 from flywheel.user_files import KEPT_BYTES
 
@@ -509,7 +509,7 @@ class FeedbackStore:
     @classmethod
     def open(cls, settings: Settings, *, migrate: bool = True) -> FeedbackStore:
         """Open the configured store, bringing its schema to the newest revision."""
-        private_dir(settings.home)
+        private_home(settings.home)
         engine = create_store_engine(settings.resolved_database_url)
         if migrate and current_revision(engine) != head_revision():
             upgrade_schema(engine)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
+from flywheel.file_modes import private_home
 from flywheel.settings import Settings
 
 DEFAULTS = {
@@ -35,7 +36,7 @@ def configure_prefect(settings: Settings) -> None:
     if "prefect" in sys.modules and "PREFECT_HOME" not in os.environ:
         # Too late to move its home; say so instead of silently using ~/.prefect.
         raise RuntimeError("configure_prefect() must run before prefect is imported")
-    home = settings.home / "prefect"
+    home = private_home(settings.home) / "prefect"
     home.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(home))
     for name, value in DEFAULTS.items():

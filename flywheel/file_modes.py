@@ -13,6 +13,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from flywheel.errors import InvalidSettingsError
+
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
@@ -32,6 +34,24 @@ def private_dir(path: Path) -> Path:
         with contextlib.suppress(FileNotFoundError):
             folder.chmod(PRIVATE_DIR)
     return path
+
+
+def private_home(home: Path) -> Path:
+    """The home folder (``FLYWHEEL_HOME``) made as :func:`private_dir` makes a folder; one
+    that cannot be made or written (a file in its way, no permission, a read-only disk) is an
+    :class:`~flywheel.errors.InvalidSettingsError` naming the variable (exit 2)."""
+    if home.exists() and not home.is_dir():
+        raise InvalidSettingsError(f"FLYWHEEL_HOME={home}: is a file, not a folder")
+    try:
+        private_dir(home)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(home) else ""
+        raise InvalidSettingsError(
+            f"FLYWHEEL_HOME={home}: cannot be made a folder: {exc.strerror or exc}{where}"
+        ) from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise InvalidSettingsError(f"FLYWHEEL_HOME={home}: this user cannot write in it")
+    return home
 
 
 def restrict(path: Path) -> None:

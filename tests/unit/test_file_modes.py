@@ -142,3 +142,22 @@ def test_log_files_and_private_helpers_ignore_the_umask(tmp_path: Path) -> None:
     assert _mode(log) == 0o600
     assert _mode(tmp_path / "logs") == 0o700
     assert _mode(log.parent) == 0o700
+
+
+def test_a_home_that_cannot_be_used_is_a_settings_error_naming_it(tmp_path: Path) -> None:
+    from flywheel.errors import InvalidSettingsError
+    from flywheel.file_modes import private_home
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    with pytest.raises(InvalidSettingsError, match=r"FLYWHEEL_HOME=.*a-file: is a file"):
+        private_home(blocker)
+    with pytest.raises(InvalidSettingsError, match=r"FLYWHEEL_HOME=.*cannot be made a folder"):
+        private_home(blocker / "home")
+    assert _mode(private_home(tmp_path / "new" / "home")) == 0o700
+    if os.geteuid() == 0:
+        return  # root writes anywhere: the permission case needs another user
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(InvalidSettingsError, match="cannot write in it"):
+        private_home(locked)
