@@ -49,7 +49,14 @@ class Recipe(TrainingConfig):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     business_line: str = Field(pattern=BUSINESS_LINE)
-    min_new_examples: int = Field(default=1_000, ge=1, le=100_000_000)
+    min_new_examples: int = Field(
+        default=1_000,
+        ge=1,
+        le=100_000_000,
+        description="Least usable signal a night trains on: the new training examples' total "
+        "weight (a user's edit or thumbs 1, a regenerate 0.5, a model label its confidence "
+        "times satisfaction_model.model_weight).",
+    )
     eval_generations: int = Field(default=8, ge=0, le=1_000)
     gate: GatePolicy = Field(default_factory=GatePolicy)
     canary_steps: tuple[float, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1)

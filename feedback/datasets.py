@@ -152,6 +152,7 @@ def write_dataset(
                     "business_line": e.lineage.business_line,
                     "time": e.lineage.time,
                     "users": list(e.lineage.users),
+                    "weight": e.weight,
                 }
                 for e in examples
             )

@@ -134,15 +134,52 @@ def count_train_examples(manifest: dict[str, Any], method: str) -> int:
 
 def model_labelled_count(manifest: dict[str, Any], method: str) -> int:
     """Training examples of a method that a satisfaction model labelled (by their rule)."""
+    return usable_signal(manifest, method).model_examples
+
+
+@dataclass(frozen=True, slots=True)
+class UsableSignal:
+    """A dataset's training examples of one method: how many and what they weigh, from users'
+    signals and from the satisfaction model (a model label weighs its confidence times the
+    recipe's model_weight; a regenerate half an edit)."""
+
+    user_examples: int
+    user_weight: float
+    model_examples: int
+    model_weight: float
+
+    @property
+    def weight(self) -> float:
+        """The usable signal: every example's weight."""
+        return self.user_weight + self.model_weight
+
+    def describe(self, method: str) -> str:
+        """E.g. "18 new SFT training examples weighing 14.5 (12 from users' signals, 11.0;
+        6 labelled by the satisfaction model, 3.5)"."""
+        return (
+            f"{self.user_examples + self.model_examples} new {method.upper()} training examples "
+            f"weighing {self.weight:.1f} ({self.user_examples} from users' signals, "
+            f"{self.user_weight:.1f}; {self.model_examples} labelled by the satisfaction model, "
+            f"{self.model_weight:.1f})"
+        )
+
+
+def usable_signal(manifest: dict[str, Any], method: str) -> UsableSignal:
+    """What a dataset's training split of ``method`` holds (manifests written before weights
+    were recorded count each example as 1)."""
     from feedback.examples import MODEL_RULE_PREFIX
 
-    return sum(
-        1
-        for item in manifest.get("examples", ())
-        if item["kind"] == method
-        and item["split"] == "train"
-        and str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX)
-    )
+    if "examples" not in manifest:
+        total = count_train_examples(manifest, method)
+        return UsableSignal(total, float(total), 0, 0.0)
+    counts, weights = [0, 0], [0.0, 0.0]
+    for item in manifest["examples"]:
+        if item["kind"] != method or item["split"] != "train":
+            continue
+        by_model = int(str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX))
+        counts[by_model] += 1
+        weights[by_model] += float(item.get("weight", 1.0))
+    return UsableSignal(counts[0], weights[0], counts[1], weights[1])
 
 
 def _train_counts(manifest: dict[str, Any]) -> dict[str, int]:
@@ -163,13 +200,15 @@ def _evaluate_and_gate(
     champion_adapter: Path | None,
     candidate_adapter: Path,
     *,
+    names: dict[str, str],
     mixed_precision: bool,
     canaries: Sequence[str],
     log_base_loss: Callable[[float], None],
 ) -> tuple[dict[str, EvalReport], GateDecision]:
-    """Both models' offline reports on the line's held-out data and the gate's decision; with
-    a drift bound in the gate, the base model's general-set loss too (the champion's report
-    when the champion is the base model, else one more scoring pass)."""
+    """Both models' offline reports on the line's held-out data, each under its name in
+    ``names`` (by role: ``candidate``, ``champion``), and the gate's decision; with a drift
+    bound in the gate, the base model's general-set loss too (the champion's report when the
+    champion is the base model, else one more scoring pass)."""
     from eval.gate import decide_promotion
     from eval.offline import (
         evaluate_model,
@@ -188,7 +227,7 @@ def _evaluate_and_gate(
             model,
             tokenizer,
             data,
-            name=name if adapter is not None else "base",
+            name=names[name],
             canaries=canaries,
             pii_detector=detector,
             max_length=recipe.max_length,
@@ -286,15 +325,13 @@ def _training_set(
             line, TrainingStatus.SKIPPED, "no dataset yet: run flywheel datasets build"
         )
     method, _ = training_method(recipe, _train_counts(build.manifest))
-    examples = count_train_examples(build.manifest, method)
-    if examples < recipe.min_new_examples:
-        by_model = model_labelled_count(build.manifest, method)
+    signal = usable_signal(build.manifest, method)
+    if signal.weight < recipe.min_new_examples:
         return TrainingOutcome(
             line,
             TrainingStatus.SKIPPED,
-            f"{examples} new {method.upper()} training examples ({examples - by_model} from "
-            f"users' signals, {by_model} labelled by the satisfaction model), "
-            f"the recipe needs at least {recipe.min_new_examples}",
+            f"{signal.describe(method)}, the recipe needs a weight of at least "
+            f"{recipe.min_new_examples}",
         )
     if recipe.history_days > 0:
         earlier = [
@@ -337,6 +374,7 @@ def train_line(
     worse adapter, for rehearsing a rollback: ``flywheel loop --bad-canary``);
     it always trains anew and its run is tagged so.
     """
+    from registry.names import adapter_name, training_run_name
     from registry.records import TAG_ENDED_BECAUSE, truncate
     from training.base_model import ensure_base_model
     from training.train import train_adapter, trains_in_bf16
@@ -420,6 +458,14 @@ def train_line(
             build.path,
             champion_adapter,
             result.adapter_dir,
+            names={
+                "candidate": training_run_name(line, recipe.method, build.content_hash),
+                "champion": (
+                    adapter_name(line, champion_version)
+                    if champion_version is not None
+                    else f"base model {base_name}"
+                ),
+            },
             mixed_precision=result.device == "cpu"
             and trains_in_bf16(recipe.precision, on_gpu=False),
             canaries=canaries,

@@ -125,8 +125,9 @@ def test_too_little_data_is_skipped_with_the_reason(
     # A dataset is there now: the threshold, not its absence, is why nothing trains.
     assert outcome.status == "skipped"
     assert re.fullmatch(
-        r"[1-9]\d* new DPO training examples \([1-9]\d* from users. signals, 0 labelled by the "
-        r"satisfaction model\), the recipe needs at least 100000",
+        r"[1-9]\d* new DPO training examples weighing [\d.]+ \([1-9]\d* from users. signals, "
+        r"[\d.]+; 0 labelled by the satisfaction model, 0\.0\), the recipe needs a weight of "
+        r"at least 100000",
         outcome.reason,
     ), outcome.reason
     assert outcome.version is None

@@ -345,3 +345,29 @@ def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path
     model_made = [i for i in items if i["rule"].startswith("model:")]
     assert len(model_made) <= len(items) - len(model_made)  # at most half the set
     assert funnel.examples["model_labelled"] == len(model_made)
+
+
+def test_usable_signal_weighs_users_and_model_labels_apart() -> None:
+    """The nightly's minimum counts what the examples weigh: a model label its confidence
+    times the recipe's model weight, a user's signal its strength."""
+    from flows.stages import usable_signal
+
+    manifest = {
+        "examples": [
+            {"kind": "sft", "split": "train", "rule": "edit", "weight": 1.0},
+            {"kind": "sft", "split": "train", "rule": "regenerate", "weight": 0.5},
+            {"kind": "sft", "split": "train", "rule": "model:cs-satisfaction-v1", "weight": 0.4},
+            {"kind": "sft", "split": "eval", "rule": "edit", "weight": 1.0},
+            {"kind": "kto", "split": "train", "rule": "thumbs_down", "weight": 1.0},
+        ]
+    }
+    signal = usable_signal(manifest, "sft")
+    assert (signal.user_examples, signal.model_examples) == (2, 1)
+    assert signal.weight == pytest.approx(1.9)
+    assert signal.describe("sft") == (
+        "3 new SFT training examples weighing 1.9 (2 from users' signals, 1.5; "
+        "1 labelled by the satisfaction model, 0.4)"
+    )
+    # A manifest from before weights were recorded: each example counts 1.
+    older = {"counts": {"sft": {"train": 7}}}
+    assert usable_signal(older, "sft").weight == 7.0
