@@ -25,7 +25,18 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from psycopg import sql
-from sqlalchemy import JSON, Connection, Engine, Table, create_engine, delete, event, func, select
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Engine,
+    Table,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
@@ -183,6 +194,8 @@ class IngestReport:
     rejections: list[str] = field(default_factory=list)
     # Recent feedback whose interaction is not stored yet, handed back (``hold_orphans_since``).
     held: list[dict[str, Any]] = field(default_factory=list)
+    # Edits that replaced an older edit of the same answer by the same user (one live edit).
+    edits_replaced: int = 0
 
     MAX_MESSAGES = 20
 
@@ -201,6 +214,7 @@ class IngestReport:
             "duplicates": self.duplicates,
             "quarantined": self.quarantined,
             "forgotten": self.forgotten,
+            "edits_replaced": self.edits_replaced,
             "batches": self.batches,
             "rejections": self.rejections,
         }
@@ -354,6 +368,21 @@ def feedback_row(event: FeedbackEventIn, business_line: str) -> dict[str, Any]:
         "metadata": event.metadata,
         "created_at": event.created_at,
     }
+
+
+EDIT = "edit"
+
+
+def newest_edits(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest of the edit rows given for each (answer, user): a user has one live edit
+    of an answer, the newer one replacing the older (pure). Ties keep the later row."""
+    newest: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["request_id"], row["user_id"])
+        held = newest.get(key)
+        if held is None or row["created_at"] >= held["created_at"]:
+            newest[key] = row
+    return list(newest.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,9 +639,11 @@ class FeedbackStore:
             added_interactions = self._insert_new(
                 connection, interactions_table, "request_id", list(interaction_rows.values())
             )
-            added_feedback = self._insert_new(
-                connection, feedback_table, "idempotency_key", list(feedback_rows.values())
-            )
+            others = [row for row in feedback_rows.values() if row["type"] != EDIT]
+            edits = [row for row in feedback_rows.values() if row["type"] == EDIT]
+            added_feedback = self._insert_new(connection, feedback_table, "idempotency_key", others)
+            added_edits, replaced = self._write_edits(connection, edits)
+            added_feedback += added_edits
             if plan.rejected:
                 self._insert_new(
                     connection,
@@ -622,13 +653,72 @@ class FeedbackStore:
                 )
         report.interactions_added += added_interactions
         report.feedback_added += added_feedback
+        report.edits_replaced += replaced
         report.duplicates += (len(interaction_rows) - added_interactions) + (
-            len(feedback_rows) - added_feedback
+            len(feedback_rows) - added_feedback - replaced
         )
         report.quarantined += len(plan.rejected)
         for rejection in plan.rejected:
             if len(report.rejections) < IngestReport.MAX_MESSAGES:
                 report.rejections.append(rejection.describe(source))
+
+    def _write_edits(self, connection: Connection, rows: list[dict[str, Any]]) -> tuple[int, int]:
+        """Store edits so that each (answer, user) keeps one live edit: an edit newer than
+        the stored one replaces its text, key and time in place (the row keeps its id, so
+        the rollup and the experiments' tallies count it once); an older one, or a replay,
+        is a duplicate. Returns (added, replaced). Stores written before this rule may hold
+        several edits of an answer by a user: the newest is kept and the others go."""
+        live = newest_edits(rows)
+        if not live:
+            return 0, 0
+        f = feedback_table.c
+        taken: set[str] = set()
+        stored: dict[tuple[str, str | None], list[Any]] = {}
+        request_ids = sorted({row["request_id"] for row in live})
+        keys = sorted(row["idempotency_key"] for row in live)
+        for start in range(0, len(request_ids), 1_000):
+            chunk = request_ids[start : start + 1_000]
+            for found in connection.execute(
+                select(f.id, f.request_id, f.user_id, f.created_at, f.idempotency_key)
+                .where(f.type == EDIT, f.request_id.in_(chunk))
+                .order_by(f.created_at, f.id)
+            ):
+                stored.setdefault((found.request_id, found.user_id), []).append(found)
+        for start in range(0, len(keys), 1_000):
+            chunk = keys[start : start + 1_000]
+            taken.update(
+                connection.execute(select(f.idempotency_key).where(f.idempotency_key.in_(chunk)))
+                .scalars()
+                .all()
+            )
+        fresh: list[dict[str, Any]] = []
+        replaced = 0
+        for row in live:
+            held = stored.get((row["request_id"], row["user_id"]), [])
+            if row["idempotency_key"] in taken:
+                continue  # a replay of an edit already stored (live or replaced since)
+            if not held:
+                fresh.append(row)
+                continue
+            current = held[-1]
+            if current.created_at > row["created_at"]:
+                continue  # an older edit arriving late: the newer one stays
+            connection.execute(
+                update(feedback_table)
+                .where(f.id == current.id)
+                .values(
+                    idempotency_key=row["idempotency_key"],
+                    edited_text=row["edited_text"],
+                    metadata=row["metadata"],
+                    created_at=row["created_at"],
+                )
+            )
+            if len(held) > 1:
+                connection.execute(
+                    delete(feedback_table).where(f.id.in_([old.id for old in held[:-1]]))
+                )
+            replaced += 1
+        return self._insert_new(connection, feedback_table, "idempotency_key", fresh), replaced
 
     def add_shadow_outputs(self, records: Iterable[dict[str, Any]]) -> ShadowWrite:
         """Store shadow answers in one transaction, once per (request, adapter): a replay

@@ -7,7 +7,9 @@ import asyncio
 import hashlib
 import re
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -15,6 +17,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from feedback.events import (
+    FeedbackType,
     InvalidEventError,
     validate_event,
 )
@@ -136,9 +139,10 @@ async def receive_feedback(state: GatewayState, request: Request) -> Response:
         }
         return Response(orjson.dumps(duplicate), status_code=200, media_type=JSON_TYPE)
     state.recorder.record_feedback(event)
-    state.given_signals[signal] = None
-    if len(state.given_signals) > CLAIMED_KEYS:
-        state.given_signals.popitem(last=False)
+    if feedback.type is FeedbackType.EDIT:
+        _remember(state.live_edits, feedback.request_id, signal)
+    else:
+        _remember(state.given_signals, signal, None)
     state.metrics.feedback.labels(line, adapter or NO_ADAPTER, feedback.type.value).inc()
     return Response(accepted.model_dump_json().encode(), status_code=202, media_type=JSON_TYPE)
 
@@ -177,10 +181,23 @@ async def _claim_key(state: GatewayState, stored: str, feedback: FeedbackRequest
     return held is not None
 
 
+def _remember(memory: OrderedDict[str, Any], key: str, value: Any) -> None:
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > CLAIMED_KEYS:
+        memory.popitem(last=False)
+
+
 async def _already_given(state: GatewayState, signal: str, feedback: FeedbackRequest) -> bool:
     """Whether this signal (type and content) was already given on this answer, by this
-    replica lately or by any replica in the store."""
-    if signal in state.given_signals:
+    replica lately or by any replica in the store. An edit is a duplicate only of the live
+    edit: a user's newer edit replaces the older one (the store keeps one per answer and
+    user), so going back to an earlier text is a change, not a copy."""
+    if feedback.type is FeedbackType.EDIT:
+        live = state.live_edits.get(feedback.request_id)
+        if live is not None:
+            return live == signal
+    elif signal in state.given_signals:
         return True
     lookup = asyncio.to_thread(state.store.signals_on, feedback.request_id, feedback.type.value)
     try:

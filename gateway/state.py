@@ -48,6 +48,9 @@ class GatewayState:
     claimed_keys: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
     # Signals (request, type, content) this replica accepted lately: each counts once.
     given_signals: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # The live edit of each answer this replica accepted lately (request id → its signal):
+    # a newer edit replaces it, so only the live one is a duplicate.
+    live_edits: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     @property
     def lines(self) -> frozenset[str]:

@@ -135,6 +135,30 @@ class StoreContract:
         assert row.metadata == {"n": 7}
         assert row.messages == [{"role": "user", "content": "question r7 你好"}]
 
+    def test_a_users_newer_edit_of_an_answer_replaces_the_older(self, store: FeedbackStore) -> None:
+        def edit(text: str, minutes: int, user: str = "u-1") -> dict[str, Any]:
+            when = (T0 + timedelta(minutes=minutes)).isoformat()
+            return feedback("edit", "a", edited_text=text, user_id=user, created_at=when)
+
+        store.ingest([interaction("a")], source="t")
+        # Thirty distinct edits of one answer by one user, in batches and within one.
+        for minute in range(10):
+            store.ingest([edit(f"take {minute} " + "x" * 2_000, minute)], source="t")
+        report = store.ingest([edit(f"take {m}", m) for m in range(10, 30)], source="t")
+        assert report.edits_replaced == 1
+        # A late replay of an older edit, and of the live one, change nothing.
+        assert store.ingest([edit("take 3", 3), edit("take 29", 29)], source="t").added == 0
+        # Another user's edit of the same answer is theirs.
+        store.ingest([edit("a reviewer's take", 31, user="u-2")], source="t")
+        with store.engine.connect() as connection:
+            rows = connection.execute(
+                select(feedback_table.c.user_id, feedback_table.c.edited_text).order_by(
+                    feedback_table.c.user_id
+                )
+            ).all()
+        assert [tuple(row) for row in rows] == [("u-1", "take 29"), ("u-2", "a reviewer's take")]
+        assert store.stats()["events"]["edit"] == 2
+
     def test_stats_shape(self, store: FeedbackStore) -> None:
         store.ingest([interaction("a"), feedback("abandon", "a")], source="t")
         counts = store.stats()

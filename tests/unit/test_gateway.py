@@ -529,7 +529,7 @@ def test_one_users_repeated_feedback_on_one_answer_counts_once(gateway: Running)
             ).status_code
             for i in range(50)
         ]
-        # A different signal, and a different edit, still count.
+        # A different signal counts; a different edit replaces the user's earlier one.
         edits = [
             client.post(
                 "/v1/feedback",
@@ -540,7 +540,28 @@ def test_one_users_repeated_feedback_on_one_answer_counts_once(gateway: Running)
     assert statuses == [202] + [200] * 49
     assert edits == [202, 200, 202]
     stored = gateway.feedback()
-    assert sorted(e.type for e in stored) == ["edit", "edit", "thumbs_down"]
+    assert sorted((e.type, e.edited_text) for e in stored) == [
+        ("edit", "Kinder."),
+        ("thumbs_down", None),
+    ]
+
+
+def test_one_live_edit_per_answer_and_user_the_newest_replacing_the_older(
+    gateway: Running,
+) -> None:
+    with gateway.client() as client:
+        request_id = _chat(client, user="u9").headers["x-request-id"]
+        texts = [f"Edit {i}: " + "long answer " * 1_000 for i in range(30)]
+        for text in texts:
+            edit = {"request_id": request_id, "type": "edit", "edited_text": text}
+            assert client.post("/v1/feedback", json=edit).status_code == 202
+        gateway.flush()
+        # Going back to an earlier text is a change, not a copy of the live edit.
+        back = {"request_id": request_id, "type": "edit", "edited_text": texts[0]}
+        assert client.post("/v1/feedback", json=back).status_code == 202
+        assert client.post("/v1/feedback", json=back).status_code == 200
+    stored = [e for e in gateway.feedback() if e.type == "edit"]
+    assert [(e.user_id, e.edited_text) for e in stored] == [("u9", texts[0])]
 
 
 def test_feedback_sent_to_another_replica_right_after_the_answer_is_accepted(
