@@ -56,11 +56,12 @@ from gateway.shadow import maybe_shadow
 from gateway.state import GatewayState
 from gateway.streaming import (
     BrokenStreamError,
+    StreamRewriter,
     UpstreamMode,
-    UsageStripper,
     assemble,
     upstream_mode,
     upstream_payload,
+    with_answer_id,
 )
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from gateway.wire import (
@@ -309,14 +310,16 @@ async def _assembled(
 def _answer(
     state: GatewayState, exchange: _Exchange, status: int, body: bytes, *, timed: bool = False
 ) -> Response:
-    """A non-streamed answer: vLLM's body as is (its 4xx errors too); its 5xx become 502.
-    Its TTFT stays unknown unless it was streamed from vLLM and rebuilt (``timed``)."""
+    """A non-streamed answer: vLLM's body with the request id as its ``id`` (its 4xx errors
+    as they are); its 5xx become 502. Its TTFT stays unknown unless it was streamed from
+    vLLM and rebuilt (``timed``)."""
     exchange.finished.body = body
     if not timed:
         exchange.finished.ttft_ms = None
     if status == 200:
         _finish(state, exchange, "ok")
-        return Response(body, status_code=200, media_type=JSON_TYPE, headers=exchange.headers)
+        answer = with_answer_id(body, exchange.finished.request_id)
+        return Response(answer, status_code=200, media_type=JSON_TYPE, headers=exchange.headers)
     error = body[:500].decode(errors="replace")
     if status == 404 and exchange.finished.adapter_name:
         _finish(state, exchange, "error", error=error, kind="adapter_missing")
@@ -337,24 +340,23 @@ async def _relay(
     *,
     strip_usage: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Relay an SSE stream chunk by chunk (without vLLM's usage event when ``strip_usage``:
-    the gateway asked for it, the caller did not); a broken stream ends with an SSE error
-    event."""
+    """Relay an SSE stream event by event, each chunk's id the request id (without vLLM's
+    usage event when ``strip_usage``: the gateway asked for it, the caller did not); a
+    broken stream ends with an SSE error event."""
     chunks: list[bytes] = []
-    stripper = UsageStripper() if strip_usage else None
+    rewriter = StreamRewriter(exchange.finished.request_id, strip_usage=strip_usage)
     status, error = "ok", None
     try:
         async for chunk in upstream.content.iter_any():
             if not chunks:
                 exchange.finished.ttft_ms = (time.perf_counter() - exchange.started) * 1000
             chunks.append(chunk)
-            relayed = stripper.feed(chunk) if stripper is not None else chunk
-            if relayed:
+            if relayed := rewriter.feed(chunk):
                 yield relayed
-        if stripper is not None and (rest := stripper.flush()):
-            yield rest
         if not chunks or _DONE not in b"".join(chunks[-2:]):
             status, error = "error", "the stream ended before [DONE]"
+        elif rest := rewriter.flush():
+            yield rest
     except (aiohttp.ClientError, TimeoutError) as exc:
         status, error = "error", repr(exc)
     except (asyncio.CancelledError, GeneratorExit):
@@ -367,9 +369,9 @@ async def _relay(
         _finish(state, exchange, status, error=error, kind="stream_broken" if error else None)
     if status == "error":
         failure = GatewayError(502, "the model server failed mid-stream; the answer is incomplete")
-        # A cut may fall inside an event: close it so the error is an event of its own.
-        separator = b"" if not chunks or chunks[-1].endswith(b"\n\n") else b"\n\n"
-        yield separator + b"data: " + failure.body() + b"\n\n" + _DONE + b"\n\n"
+        # Only whole events were relayed (a cut event's start is dropped): the error is an
+        # event of its own.
+        yield b"data: " + failure.body() + b"\n\n" + _DONE + b"\n\n"
 
 
 def _finish(

@@ -7,12 +7,17 @@ count unless the caller asked for it. So the gateway:
 
 - asks for usage on every stream (``stream_options.include_usage``) and, when
   the caller did not ask for it, drops vLLM's usage-only last event before the
-  caller sees it (:class:`UsageStripper`);
+  caller sees it (:class:`StreamRewriter`);
 - asks for a stream when the caller wants a plain answer whose shape it can
   rebuild exactly (one choice, no tools, no log-probabilities, only the fields
   in ``ASSEMBLED_FIELDS``), times the first event, and rebuilds the JSON answer
   from the events (:func:`assemble`). Any other request goes to vLLM as sent and
   its TTFT is unknown (stored as null, never its total latency).
+
+Every answer the caller gets carries the gateway's request id as its ``id`` (each
+chunk of a stream too, :func:`with_answer_id` and :class:`StreamRewriter`): the id
+an OpenAI client shows as ``response.id`` is the one ``/v1/feedback`` names. vLLM's
+own id (``chatcmpl-...``) is not kept: nothing the gateway stores or reads needs it.
 """
 
 from __future__ import annotations
@@ -107,15 +112,44 @@ def _usage_only(data: Any) -> bool:
     return isinstance(data, dict) and data.get("choices") == [] and "usage" in data
 
 
-class UsageStripper:
-    """Relays an SSE stream whole events at a time, without vLLM's usage-only event.
+def with_answer_id(body: bytes, answer_id: str) -> bytes:
+    """A JSON answer with ``answer_id`` as its ``id``; a body that is not an answer (no
+    ``id``, not JSON) is returned as it is."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(document, dict) or "id" not in document:
+        return body
+    document["id"] = answer_id
+    return orjson.dumps(document)
 
-    Bytes after the last complete event wait for the rest of it (a partial event is
-    of no use to a client), so the usage event is dropped even when it arrives in
-    pieces; everything else passes through unchanged."""
 
-    def __init__(self) -> None:
+def _upstream_id(block: bytes) -> bytes | None:
+    """The id of the first answer chunk in ``block``, JSON-encoded (quotes included)."""
+    for event in _events(block):
+        data = _data(event)
+        if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
+            return orjson.dumps(data["id"])
+    return None
+
+
+class StreamRewriter:
+    """Relays vLLM's SSE stream whole events at a time, each chunk's ``id`` set to the
+    gateway's ``answer_id``, and without vLLM's usage-only event when ``strip_usage``.
+
+    Bytes after the last complete event wait for the rest of it (a partial event is of no
+    use to a client), so ids are set and the usage event dropped even when they arrive in
+    pieces; everything else passes through unchanged. vLLM gives every chunk of a stream
+    the same id, so it is read once and each ``"id":<its id>`` is replaced as bytes (no
+    JSON per chunk): unescaped quotes cannot occur inside a JSON string, so an answer's
+    text never matches."""
+
+    def __init__(self, answer_id: str, *, strip_usage: bool) -> None:
         self._pending = b""
+        self._answer_id = b'"id":' + orjson.dumps(answer_id)
+        self._upstream_id: tuple[bytes, bytes] | None = None
+        self._strip_usage = strip_usage
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of ``pending + chunk`` the caller should get."""
@@ -125,15 +159,26 @@ class UsageStripper:
             self._pending = data
             return b""
         complete, self._pending = data[: end + 2], data[end + 2 :]
-        if b'"usage"' not in complete:
+        complete = self._set_id(complete)
+        if not self._strip_usage or b'"usage"' not in complete:
             return complete
         kept = [e for e in complete.split(_EVENT_END) if e and not _usage_only(_data(e))]
         return b"".join(e + _EVENT_END for e in kept)
 
     def flush(self) -> bytes:
-        """What is left when the stream ends (an incomplete last event, relayed as is)."""
+        """What is left when the stream ends (an incomplete last event, relayed as is but
+        for its id)."""
         rest, self._pending = self._pending, b""
-        return rest
+        return self._set_id(rest)
+
+    def _set_id(self, block: bytes) -> bytes:
+        if self._upstream_id is None and (found := _upstream_id(block)) is not None:
+            # vLLM writes compact JSON; a server that puts a space after the colon too.
+            self._upstream_id = (b'"id":' + found, b'"id": ' + found)
+        if self._upstream_id is None:
+            return block
+        compact, spaced = self._upstream_id
+        return block.replace(compact, self._answer_id).replace(spaced, self._answer_id)
 
 
 @dataclass(slots=True)

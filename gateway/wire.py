@@ -187,7 +187,9 @@ class FeedbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    request_id: str = Field(pattern=IDENTIFIER, description="The x-request-id of the answer.")
+    request_id: str = Field(
+        pattern=IDENTIFIER, description="The answer's id (also its x-request-id header)."
+    )
     type: FeedbackType
     edited_text: str | None = Field(
         default=None, min_length=1, description="For 'edit': the answer as the user corrected it."

@@ -9,11 +9,12 @@ import pytest
 
 from gateway.streaming import (
     BrokenStreamError,
+    StreamRewriter,
     UpstreamMode,
-    UsageStripper,
     assemble,
     upstream_mode,
     upstream_payload,
+    with_answer_id,
 )
 
 CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}]}
@@ -67,12 +68,40 @@ USAGE = _event({"id": "c1", "choices": [], "usage": {"completion_tokens": 2, "to
 STREAM = b"".join(DELTAS) + USAGE + b"data: [DONE]\n\n"
 
 
+def _relayed(stream: bytes, size: int, *, strip_usage: bool) -> bytes:
+    rewriter = StreamRewriter("req-1", strip_usage=strip_usage)
+    out = b"".join(rewriter.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    return out + rewriter.flush()
+
+
 @pytest.mark.parametrize("size", [1, 7, 64, len(STREAM)])
-def test_the_usage_event_is_dropped_however_the_stream_is_cut(size: int) -> None:
-    stripper = UsageStripper()
-    out = b"".join(stripper.feed(STREAM[i : i + size]) for i in range(0, len(STREAM), size))
-    out += stripper.flush()
-    assert out == b"".join(DELTAS) + b"data: [DONE]\n\n"
+def test_the_usage_event_is_dropped_and_ids_set_however_the_stream_is_cut(size: int) -> None:
+    out = _relayed(STREAM, size, strip_usage=True)
+    expected = b"".join(DELTAS) + b"data: [DONE]\n\n"
+    assert out == expected.replace(b'"id":"c1"', b'"id":"req-1"')
+
+
+@pytest.mark.parametrize("size", [1, 7, len(STREAM)])
+def test_a_relayed_stream_changes_nothing_but_the_ids(size: int) -> None:
+    quoted = _event({"id": "c1", "choices": [{"index": 0, "delta": {"content": '{"id":"c1"}'}}]})
+    stream = STREAM.replace(b"data: [DONE]", quoted + b"data: [DONE]")
+    out = _relayed(stream, size, strip_usage=False)
+    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+    assert {e["id"] for e in events} == {"req-1"}
+    assert events[-2]["usage"] == {"completion_tokens": 2, "total_tokens": 9}
+    assert events[-1]["choices"][0]["delta"]["content"] == '{"id":"c1"}'
+    assert out.replace(b'"id":"req-1"', b'"id":"c1"') == stream
+
+
+def test_a_plain_answer_gets_the_request_id_and_anything_else_is_left_alone() -> None:
+    answer = orjson.dumps({"id": "c1", "choices": [{"index": 0, "text": "c1"}]})
+    assert orjson.loads(with_answer_id(answer, "req-1")) == {
+        "id": "req-1",
+        "choices": [{"index": 0, "text": "c1"}],
+    }
+    error = orjson.dumps({"error": {"message": "bad"}})
+    for body in (error, b"not json", b"[1]"):
+        assert with_answer_id(body, "req-1") == body
 
 
 def test_a_chat_answer_is_rebuilt_from_its_events() -> None:
