@@ -168,7 +168,9 @@ def db_rebuild_rollup() -> None:
 
 @import_app.command("jsonl")
 def import_jsonl(
-    path: Annotated[Path, typer.Argument(help="JSONL file in flywheel's event format.")],
+    path: Annotated[
+        Path, typer.Argument(help="JSONL file in flywheel's event format (.jsonl or .jsonl.gz).")
+    ],
 ) -> None:
     """Import flywheel JSONL events; bad lines are quarantined with their reason."""
     from feedback.jsonl import iter_jsonl
@@ -183,7 +185,10 @@ def import_jsonl(
 
 @import_app.command("oasst")
 def import_oasst(
-    path: Annotated[Path, typer.Argument(help="OpenAssistant trees, one JSON tree a line.")],
+    path: Annotated[
+        Path,
+        typer.Argument(help="OpenAssistant trees, one JSON tree a line (.jsonl or .jsonl.gz)."),
+    ],
     rules: Annotated[
         Path | None, typer.Option(help="YAML rules mapping a tree to a business line.")
     ] = None,

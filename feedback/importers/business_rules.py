@@ -78,8 +78,10 @@ def load_business_rules(path: Path | None = None) -> BusinessRules:
     try:
         return BusinessRules.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors()
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc']) or '(rules)'}: {error['msg']}"
-            for error in exc.errors()
+            for error in errors[:5]
         )
-        raise InputFileError(f"{path}: not valid business rules: {problems}") from None
+        more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise InputFileError(f"{path}: not valid business rules: {problems}{more}") from None

@@ -164,3 +164,15 @@ def test_a_rules_file_is_read_within_its_bound(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match=r"rules\.yaml: larger than"):
         load_business_rules(path)
+
+
+def test_every_importer_reads_gzip_through_the_same_reader(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"type": "x"}\n\n[1]\n'))
+
+    items = list(iter_jsonl(path))
+
+    assert [(item.line_number, type(item)) for item in items] == [
+        (1, JsonlRecord),
+        (3, MalformedLine),
+    ]
