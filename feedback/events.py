@@ -26,8 +26,13 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
+from flywheel import lines
+
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
-BUSINESS_LINE = r"^[a-z][a-z0-9_]{0,63}$"
+# What a business line may be called (the rule and its reasons: flywheel.lines).
+BUSINESS_LINE = lines.BUSINESS_LINE
+# An API key's name, as the key file gives it (gateway.keys.ApiKey.name).
+KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 INTERACTION_TYPE = "interaction"
 IDENTIFIER_RE = re.compile(IDENTIFIER)
 
@@ -146,6 +151,8 @@ class InteractionEvent(_EventBase):
     request_id: str = Field(pattern=IDENTIFIER)
     session_id: str | None = Field(default=None, pattern=IDENTIFIER)
     user_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    # The API key's name (never its secret) a gateway request came with.
+    key_name: str | None = Field(default=None, pattern=KEY_NAME)
     business_line: str = Field(pattern=BUSINESS_LINE)
     adapter_name: str | None = Field(default=None, pattern=IDENTIFIER)
     adapter_version: int | None = Field(default=None, ge=0)

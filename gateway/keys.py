@@ -11,7 +11,8 @@ not reveal them; ``flywheel gateway add-key`` prints a new key once::
       - name: platform
         sha256: ...
         business_lines: ["*"]        # every line
-        limits: {requests_per_min: 600, tokens_per_min: 200000, concurrent_streams: 16}
+        limits: {requests_per_min: 600, tokens_per_min: 200000, concurrent_streams: 16,
+                 max_output_tokens: 2048}
       - name: prometheus
         sha256: ...
         operator: true               # the operator role; no lines: it sends no traffic
@@ -40,9 +41,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flywheel.errors import UsageError
+from flywheel.lines import LINE_NAME_RULE, is_line_name
 from gateway.limits import Limits
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,11 @@ class ApiKey(BaseModel):
     # The operator role: every line's metrics and routing state (not their traffic).
     operator: bool = False
 
+    @field_validator("business_lines", "review_lines")
+    @classmethod
+    def _line_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _checked_lines(value)
+
     @model_validator(mode="after")
     def _grants_something(self) -> ApiKey:
         if not self.business_lines and not self.operator:
@@ -98,6 +105,21 @@ class _KeyFile(BaseModel):
 
     keys: list[ApiKey] = Field(default_factory=list)
     lines: dict[str, Limits] = Field(default_factory=dict)
+
+    @field_validator("lines")
+    @classmethod
+    def _line_names(cls, value: dict[str, Limits]) -> dict[str, Limits]:
+        _checked_lines(tuple(value), every=False)
+        return value
+
+
+def _checked_lines(lines: tuple[str, ...], *, every: bool = True) -> tuple[str, ...]:
+    """``lines`` when each is a business line's name (or, with ``every``, "*")."""
+    wrong = [line for line in lines if not (is_line_name(line) or (every and line == ALL_LINES))]
+    if wrong:
+        names = ", ".join(repr(line) for line in wrong)
+        raise ValueError(f"{names}: a business line's name is {LINE_NAME_RULE} characters")
+    return lines
 
 
 class KeyRing:

@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flywheel.errors import InvalidSettingsError
 from flywheel.install import DEFAULT_TORCH_INDEX
+from flywheel.lines import LINE_NAME_RULE, is_line_name
 from flywheel.settings.cleaning import CleaningSettings
 from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
@@ -129,6 +131,17 @@ class Settings(BaseSettings):
     cleaning: CleaningSettings = Field(default_factory=CleaningSettings)
     scrubber: ScrubberSettings = Field(default_factory=ScrubberSettings)
 
+    @field_validator("business_lines")
+    @classmethod
+    def _line_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        wrong = [line for line in value if not is_line_name(line)]
+        if wrong:
+            names = ", ".join(repr(line) for line in wrong)
+            raise ValueError(f"{names}: a business line's name is {LINE_NAME_RULE} characters")
+        if len(set(value)) < len(value):
+            raise ValueError("a business line is named twice")
+        return value
+
     @field_validator("torch_index", "training_deployment")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
@@ -162,9 +175,36 @@ class Settings(BaseSettings):
         return f"sqlite:///{self.home / 'flywheel.db'}"
 
 
+def _variable(section: str, location: tuple[int | str, ...]) -> str:
+    """The environment variable behind an error at ``location`` of the settings class
+    named ``section`` (a section builds itself from its own prefix)."""
+    classes = (Settings, StoreSettings, GatewaySettings, DashboardSettings, ScrubberSettings)
+    prefix = next(
+        (str(c.model_config.get("env_prefix", "")) for c in classes if c.__name__ == section),
+        "FLYWHEEL_",
+    )
+    path = [str(part) for part in location if isinstance(part, str)]
+    return (prefix + "__".join(path)).upper()
+
+
+def settings_error(exc: ValidationError) -> InvalidSettingsError:
+    """``exc`` (from a settings class) as a message a user can act on: one line per wrong
+    variable, its name as the environment spells it."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{_variable(exc.title, tuple(error['loc']))}: {reason}")
+    return InvalidSettingsError("invalid settings: " + "; ".join(lines))
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read settings from the environment (``FLYWHEEL_*``), with explicit overrides on top."""
-    return Settings(**overrides)  # type: ignore[arg-type]
+    """Read settings from the environment (``FLYWHEEL_*``), with explicit overrides on top;
+    a value that does not validate is an :class:`~flywheel.errors.InvalidSettingsError`
+    naming its variable (the CLI exits 2 with it)."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise settings_error(exc) from None
 
 
 _IN_USE: ContextVar[Settings | None] = ContextVar("flywheel_settings", default=None)

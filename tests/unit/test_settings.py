@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
+from flywheel.errors import InvalidSettingsError
 from flywheel.settings import Settings, load_settings
 
 PASSWORD = "s3cr3t-pw-4417"
@@ -58,16 +58,33 @@ def test_a_dot_env_file_is_read_and_the_environment_wins(
         ("FLYWHEEL_STORE_BATCH_SIZE", "-1"),
         ("FLYWHEEL_TRAINING_TIMEOUT_S", "0"),
         ("FLYWHEEL_BUSINESS_LINES", "[]"),
+        ("FLYWHEEL_BUSINESS_LINES", '["Bad:Line*"]'),
+        ("FLYWHEEL_BUSINESS_LINES", '["legal", "legal"]'),
     ],
 )
 def test_values_out_of_bounds_are_refused_by_name(
     clean_env: pytest.MonkeyPatch, name: str, value: str
 ) -> None:
     clean_env.setenv(name, value)
-    with pytest.raises(ValidationError) as caught:
+    with pytest.raises(InvalidSettingsError) as caught:
         load_settings()
-    field = name.removeprefix("FLYWHEEL_").removeprefix("STORE_").lower()
-    assert field in str(caught.value)
+    assert f"invalid settings: {name}: " in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_a_business_line_is_named_as_adapters_and_the_store_name_it(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("FLYWHEEL_BUSINESS_LINES", '["legal", "Bad:Line*", "x", "a-b"]')
+    with pytest.raises(InvalidSettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "invalid settings: FLYWHEEL_BUSINESS_LINES: 'Bad:Line*', 'a-b': a business line's name "
+        "is lowercase letters, digits and underscores, starting with a letter, at most 64 "
+        "characters"
+    )
+    clean_env.setenv("FLYWHEEL_BUSINESS_LINES", '["customer_service", "l2", "' + "a" * 64 + '"]')
+    assert len(load_settings().business_lines) == 3
 
 
 def test_secrets_are_masked_in_reprs_dumps_and_logs(
@@ -113,5 +130,24 @@ def test_the_tree_has_every_section_each_from_its_own_variables(
     assert settings.scrubber.languages == ("zh",)
     assert settings.scrubber.batch_size == 64
     clean_env.setenv("FLYWHEEL_CLEANING__DEDUP__THRESHOLD", "1.5")
-    with pytest.raises(ValidationError, match="threshold"):
+    with pytest.raises(InvalidSettingsError, match="FLYWHEEL_CLEANING__DEDUP__THRESHOLD"):
         load_settings()
+
+
+def test_a_command_under_a_bad_setting_exits_2_naming_the_variable(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home")}
+    env["FLYWHEEL_BUSINESS_LINES"] = '["Bad:Line*"]'
+    flywheel = Path(sys.executable).with_name("flywheel")
+    for command in (["buckets"], ["canary", "status", "legal"]):
+        result = subprocess.run(
+            [str(flywheel), *command], capture_output=True, text=True, env=env, check=False
+        )
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert "FLYWHEEL_BUSINESS_LINES: 'Bad:Line*'" in result.stderr
+        assert "Traceback" not in result.stderr
