@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feedback.events import stored_identity as identity
@@ -34,6 +34,7 @@ from feedback.store import FeedbackStore
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
 from flywheel.settings.gateway import GatewaySettings
+from gateway.api_docs import docs_page
 from gateway.feedback_api import receive_feedback
 from gateway.intake import check_request, json_body, key_of, line_for, operator_key
 from gateway.keys import KeyFileWatch, KeyRing
@@ -553,6 +554,10 @@ def _add_routes(app: FastAPI, state: GatewayState) -> None:
             for line in key.lines_among(state.lines)
         ]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=JSON_TYPE)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        return HTMLResponse(docs_page(app.openapi()))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:

@@ -4,7 +4,7 @@ An answer's ``id`` (``response.id``, each stream chunk's ``id``) is the gateway'
 the one its ``x-request-id`` header carries and feedback names: a caller of the SDK gives
 feedback without reaching for the headers. Checked for chat and text completions, streamed
 and not, with the gateway timing answers (plain answers rebuilt from a stream) and without
-(vLLM's answer relayed as it came).
+(vLLM's answer relayed as it came). ``/docs`` answers with a page that works offline.
 """
 
 from __future__ import annotations
@@ -148,3 +148,17 @@ def test_an_answer_sent_as_is_and_a_refusal_from_vllm_keep_their_shape(
         assert refused.json() == {
             "error": {"message": "stub failure", "type": "InternalServerError"}
         }
+
+
+def test_docs_answer_with_a_page_that_needs_nothing_from_the_internet(settings: Settings) -> None:
+    for gateway in _gateway(settings, time_answers=True):
+        page = httpx.get(gateway.url + "/docs", timeout=10)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        html = page.text
+        assert 'href="/openapi.json"' in html
+        for route in ("/v1/chat/completions", "/v1/completions", "/v1/feedback", "/v1/models"):
+            assert route in html
+        assert "http://" not in html
+        assert "https://" not in html
+        assert "<script" not in html
