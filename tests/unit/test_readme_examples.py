@@ -166,6 +166,7 @@ def test_the_readmes_curl_request_and_feedback_are_served_and_stored(gateway: Ga
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
     request_id = answer.headers["x-request-id"]
+    assert answer.json()["id"] == request_id  # the README: the answer's id, also the header
     [interaction] = gateway.rows(interactions_table)
     assert interaction.request_id == request_id
     assert interaction.business_line == json.loads(chat.data or "{}")["model"]
