@@ -12,6 +12,7 @@ a server factory) and pass the result, or one of its sections, down.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from flywheel.errors import InvalidSettingsError
 from flywheel.install import DEFAULT_TORCH_INDEX
@@ -152,6 +154,30 @@ class Settings(BaseSettings):
     def _expand_home(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("database_url")
+    @classmethod
+    def _store_url(cls, value: SecretStr | None) -> SecretStr | None:
+        """A URL SQLAlchemy can open, checked now rather than at the store's first use (the
+        message never quotes the URL: it may hold a password)."""
+        if value is None or not value.get_secret_value():
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            url = make_url(value.get_secret_value())
+        except ArgumentError:
+            raise ValueError(
+                "not a SQLAlchemy URL (dialect+driver://user:password@host:port/database)"
+            ) from None
+        try:
+            url.get_dialect()
+        except NoSuchModuleError:
+            raise ValueError(
+                f"no database driver for {url.drivername!r}: use postgresql+psycopg:// or sqlite:///"
+            ) from None
+        return value
+
     @property
     def models_dir(self) -> Path:
         """Where converted base models are kept."""
@@ -197,6 +223,22 @@ def settings_error(exc: ValidationError) -> InvalidSettingsError:
     return InvalidSettingsError("invalid settings: " + "; ".join(lines))
 
 
+def _unparsed_error(exc: PydanticSettingsError) -> InvalidSettingsError:
+    """A value pydantic-settings could not parse (a list or mapping is JSON in the
+    environment) as a message naming its variable."""
+    found = re.search(r'field "([^"]+)"', str(exc))
+    if found is None:
+        return InvalidSettingsError(f"invalid settings: {exc}")
+    field = found.group(1)
+    classes = (Settings, StoreSettings, GatewaySettings, DashboardSettings, ScrubberSettings)
+    owner = next((c for c in classes if field in c.model_fields), Settings)
+    variable = _variable(owner.__name__, (field,))
+    return InvalidSettingsError(
+        f"invalid settings: {variable}: not valid JSON (a list is written "
+        '["a", "b"], a mapping {"key": "value"})'
+    )
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment (``FLYWHEEL_*``), with explicit overrides on top;
     a value that does not validate is an :class:`~flywheel.errors.InvalidSettingsError`
@@ -205,6 +247,8 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise settings_error(exc) from None
+    except PydanticSettingsError as exc:
+        raise _unparsed_error(exc) from None
 
 
 _IN_USE: ContextVar[Settings | None] = ContextVar("flywheel_settings", default=None)
