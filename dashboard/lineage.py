@@ -87,6 +87,8 @@ def drop_reasons(funnel: dict[str, Any]) -> list[tuple[str, int]]:
     for key, count in (funnel.get("dropped") or {}).items():
         if key.startswith("user_cap:"):
             label = f"per-user cap ({key.removeprefix('user_cap:')} examples)"
+        elif key.startswith("key_cap:"):
+            label = f"per-key cap ({key.removeprefix('key_cap:')} examples)"
         elif key.startswith("placeholder_target:"):
             kind = key.removeprefix("placeholder_target:")
             label = f"answer would teach a PII placeholder ({kind} examples)"

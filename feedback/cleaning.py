@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from feedback.datasets import DatasetBuild, cap_per_user, split_by_time, write_dataset
+from feedback.datasets import DatasetBuild, cap_contributions, split_by_time, write_dataset
 from feedback.dedup.history import (
     SignedRecords,
     TrainingHistory,
@@ -284,15 +284,19 @@ def deduplicate(
 def build_splits(
     records: list[dict[str, Any]], settings: DatasetSettings, funnel: Funnel
 ) -> dict[ExampleKind, dict[str, list[TrainingExample]]]:
-    """Examples by kind, capped per user and split by time."""
+    """Examples by kind, capped per user and per API key, and split by time."""
     examples = build_examples(records, max_pairs_per_prompt=settings.max_pairs_per_prompt)
     funnel.dropped.update(examples.dropped)
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]] = {}
     used: set[str] = set()
     for kind, items in examples.by_kind().items():
-        capped, removed = cap_per_user(items, settings.max_user_share)
-        if removed:
-            funnel.dropped[f"user_cap:{kind}"] += removed
+        capped, by_user, by_key = cap_contributions(
+            items, user_share=settings.max_user_share, key_share=settings.max_key_share
+        )
+        if by_user:
+            funnel.dropped[f"user_cap:{kind}"] += by_user
+        if by_key:
+            funnel.dropped[f"key_cap:{kind}"] += by_key
         splits[kind] = split_by_time(capped, settings.eval_fraction)
         funnel.examples[kind] = len(capped)
         for example in capped:

@@ -51,7 +51,10 @@ def user_cap(counts: Sequence[int], share: float) -> int:
 def cap_per_user(
     examples: list[TrainingExample], share: float
 ) -> tuple[list[TrainingExample], int]:
-    """Keep each user's newest examples up to the cap; returns the kept list and how many went."""
+    """Keep each owner's newest examples up to the cap; returns the kept list and how many
+    went. An owner is a user or, for examples without one, the API key they came with (a
+    key's anonymous examples are one owner, :attr:`Lineage.owner`). Examples with neither
+    (an operator's import without user ids) are not capped: no caller chose them."""
     per_user: dict[str | None, list[TrainingExample]] = defaultdict(list)
     for example in examples:
         per_user[example.lineage.owner].append(example)
@@ -65,6 +68,48 @@ def cap_per_user(
         kept.extend(sorted(items, key=lambda e: e.lineage.time)[-cap:])
     kept.sort(key=lambda e: (e.lineage.time, e.example_id))
     return kept, len(examples) - len(kept)
+
+
+def cap_per_key(examples: list[TrainingExample], share: float) -> tuple[list[TrainingExample], int]:
+    """Keep each API key's examples up to the cap (:func:`user_cap` over the keys, at a
+    share of at least ``1 / keys``: a key alone on a line holds what it holds); returns
+    the kept list and how many went. A key that posts as many invented users is bounded
+    like one that posts as one. What a key keeps is spread over its owners, each owner's
+    newest first, so its real users are not crowded out by its busiest one. Examples
+    without a key (imports, traffic logged before keys were recorded) are not capped."""
+    per_key: dict[str | None, list[TrainingExample]] = defaultdict(list)
+    for example in examples:
+        per_key[example.lineage.key].append(example)
+    keyed = {key: items for key, items in per_key.items() if key is not None}
+    if len(keyed) < 2:
+        return examples, 0
+    cap = user_cap([len(items) for items in keyed.values()], max(share, 1 / len(keyed)))
+    kept = list(per_key.get(None, []))
+    for items in keyed.values():
+        kept.extend(_spread_over_owners(items)[:cap])
+    kept.sort(key=lambda e: (e.lineage.time, e.example_id))
+    return kept, len(examples) - len(kept)
+
+
+def _spread_over_owners(examples: list[TrainingExample]) -> list[TrainingExample]:
+    """Every owner's newest example first, then every owner's second newest, and so on."""
+    per_owner: dict[str | None, list[TrainingExample]] = defaultdict(list)
+    for example in sorted(examples, key=lambda e: (e.lineage.time, e.example_id), reverse=True):
+        per_owner[example.lineage.owner].append(example)
+    ranked = [(rank, example) for items in per_owner.values() for rank, example in enumerate(items)]
+    ranked.sort(key=lambda item: (item[1].lineage.time, item[1].example_id), reverse=True)
+    ranked.sort(key=lambda item: item[0])  # stable: newest first within each rank
+    return [example for _, example in ranked]
+
+
+def cap_contributions(
+    examples: list[TrainingExample], *, user_share: float, key_share: float
+) -> tuple[list[TrainingExample], int, int]:
+    """The examples within both caps: per owner (:func:`cap_per_user`), then per API key
+    (:func:`cap_per_key`); returns them and how many each cap took."""
+    by_user, user_removed = cap_per_user(examples, user_share)
+    by_key, key_removed = cap_per_key(by_user, key_share)
+    return by_key, user_removed, key_removed
 
 
 def split_by_time(
@@ -152,6 +197,7 @@ def write_dataset(
                     "business_line": e.lineage.business_line,
                     "time": e.lineage.time,
                     "users": list(e.lineage.users),
+                    "keys": list(e.lineage.keys),
                     "weight": e.weight,
                 }
                 for e in examples

@@ -11,7 +11,8 @@
 
 Every example carries its lineage: the request ids and feedback event ids it
 came from, the adapter (model version) that produced the answers, the business
-line, the newest source time and the (hashed) users behind it.
+line, the newest source time, the (hashed) users behind it and the API keys (by
+name) their requests came with.
 """
 
 from __future__ import annotations
@@ -48,11 +49,26 @@ class Lineage:
     business_line: str
     time: str
     users: tuple[str, ...]
+    keys: tuple[str, ...] = ()
 
     @property
     def owner(self) -> str | None:
-        """The user the example counts against for the per-user share cap."""
-        return self.users[0] if self.users else None
+        """Who the example counts against for the per-user share cap: its user; without
+        one, the API key its request came with (a key's anonymous examples are one owner);
+        None for an operator's import with neither (see :func:`feedback.datasets.cap_per_user`)."""
+        if self.users:
+            return self.users[0]
+        return key_owner(self.keys[0]) if self.keys else None
+
+    @property
+    def key(self) -> str | None:
+        """The API key the example counts against for the per-key share cap."""
+        return self.keys[0] if self.keys else None
+
+
+def key_owner(key_name: str) -> str:
+    """The owner a key's anonymous examples count against (never a user digest's form)."""
+    return f"key:{key_name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +185,7 @@ def _lineage(records: Sequence[dict[str, Any]], events: Iterable[int] = ()) -> L
         business_line=records[0]["business_line"],
         time=max(r["created_at"] for r in records),
         users=tuple(dict.fromkeys(u for u in users if u is not None)),
+        keys=tuple(dict.fromkeys(k for r in records if (k := r.get("key_name")))),
     )
 
 

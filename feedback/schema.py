@@ -29,6 +29,8 @@ from sqlalchemy.types import TypeDecorator
 
 ID_LENGTH = 128
 BUSINESS_LINE_LENGTH = 64
+# An API key's name (gateway.keys.ApiKey.name), never its secret.
+KEY_NAME_LENGTH = 64
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
 PrimaryKey = BigInteger().with_variant(Integer(), "sqlite")
@@ -73,6 +75,9 @@ class Interaction(Base):
     request_id: Mapped[str] = mapped_column(String(ID_LENGTH), unique=True)
     session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     user_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # The name of the API key the request came with (NULL: imported, or logged before keys
+    # were recorded): contributions are capped per key as well as per user.
+    key_name: Mapped[str | None] = mapped_column(String(KEY_NAME_LENGTH))
     business_line: Mapped[str] = mapped_column(String(BUSINESS_LINE_LENGTH))
     adapter_name: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     adapter_version: Mapped[int | None] = mapped_column(Integer)

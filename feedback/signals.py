@@ -127,6 +127,7 @@ def to_record(interaction: Any, events: list[Any]) -> dict[str, Any]:
         "request_id": interaction.request_id,
         "session_id": interaction.session_id,
         "user_id": interaction.user_id,
+        "key_name": interaction.key_name,
         "business_line": interaction.business_line,
         "adapter_name": interaction.adapter_name,
         "adapter_version": interaction.adapter_version,

@@ -336,6 +336,7 @@ def interaction_row(event: InteractionEvent) -> dict[str, Any]:
         "request_id": event.request_id,
         "session_id": event.session_id,
         "user_id": event.user_id,
+        "key_name": event.key_name,
         "business_line": event.business_line,
         "adapter_name": event.adapter_name,
         "adapter_version": event.adapter_version,

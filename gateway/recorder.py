@@ -62,6 +62,8 @@ class FinishedRequest:
     arm: str | None = None
     session_id: str | None = None
     user_id: str | None = None
+    # The caller's API key by name (never the secret).
+    key_name: str | None = None
     status: str = "ok"
     latency_ms: float | None = None
     ttft_ms: float | None = None
@@ -153,6 +155,7 @@ def interaction_event(finished: FinishedRequest) -> dict[str, Any]:
         "request_id": finished.request_id,
         "session_id": finished.session_id,
         "user_id": finished.user_id,
+        "key_name": finished.key_name,
         "business_line": finished.business_line,
         "adapter_name": finished.adapter_name,
         "adapter_version": finished.adapter_version,

@@ -99,7 +99,20 @@ class DatasetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    max_user_share: float = Field(default=0.1, gt=0, le=1)
+    max_user_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Most of a kind's examples one user may hold (a key's anonymous "
+        "examples count as one user).",
+    )
+    max_key_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Most of a kind's examples one API key may hold when several keys gave "
+        "them (at least 1/keys): a key posting as many invented users is bounded too.",
+    )
     max_pairs_per_prompt: int = Field(default=4, ge=1, le=1_000)
     min_prompt_chars: int = Field(
         default=4,

@@ -9,7 +9,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from feedback.cleaning import Funnel, build_splits
 from feedback.datasets import (
+    cap_per_key,
     cap_per_user,
     iter_manifests,
     manifests_with_user,
@@ -126,6 +128,54 @@ def test_one_user_cannot_steer_a_bucket() -> None:
     owners = Counter(e.lineage.owner for e in kept)
     assert removed > 0
     assert max(owners.values()) <= 0.2 * len(kept)
+
+
+def _thumbs_up(rid: str, user: str | None, key: str | None, second: int) -> dict[str, Any]:
+    when = f"2026-11-01T00:{second // 60:02d}:{second % 60:02d}Z"
+    return record(
+        rid, f"answer {rid}", {"type": "thumbs_up"}, prompt_hash=f"h-{rid}", user_id=user,
+        key_name=key, created_at=when, signal="thumbs_up",
+    )  # fmt: skip
+
+
+def test_a_keys_anonymous_examples_are_capped_as_one_user() -> None:
+    anonymous = [_thumbs_up(f"anon{i}", None, "app", i) for i in range(40)]
+    named = [_thumbs_up(f"named{i}", f"v{i}", "app", i) for i in range(10)]
+    imported = [_thumbs_up(f"import{i}", None, None, i) for i in range(5)]
+    funnel = Funnel()
+    settings = DatasetSettings(max_user_share=0.2, eval_fraction=0)
+    kept = build_splits(anonymous + named + imported, settings, funnel)["sft"]["train"]
+    sources = Counter(e.lineage.request_ids[0].rstrip("0123456789") for e in kept)
+    # The key's anonymous examples are one owner, within the share like any user.
+    assert sources["anon"] <= 0.2 * (len(kept) - sources["import"])
+    assert funnel.dropped["user_cap:sft"] >= 30
+    # The named users keep theirs; an operator's import without users or keys is not capped.
+    assert (sources["named"], sources["import"]) == (10, 5)
+
+
+def test_a_key_posting_as_invented_users_holds_at_most_its_share() -> None:
+    real = [_thumbs_up(f"real{i}", f"user-{i}", "app", i) for i in range(20)]
+    sybils = [_thumbs_up(f"sybil{i}", f"sybil-{i}", "mallory", i) for i in range(30)]
+    funnel = Funnel()
+    splits = build_splits(real + sybils, DatasetSettings(eval_fraction=0), funnel)
+    for kind in ("sft", "kto"):
+        kept = splits[kind]["train"]
+        held = sum(e.lineage.request_ids[0].startswith("sybil") for e in kept) / len(kept)
+        assert held <= DatasetSettings().max_key_share
+        assert sum(e.lineage.request_ids[0].startswith("real") for e in kept) == 20
+        assert funnel.dropped[f"key_cap:{kind}"] == 10
+    assert {e.lineage.keys for e in splits["sft"]["train"]} == {("app",), ("mallory",)}
+
+
+def test_a_key_alone_on_a_line_is_not_capped_and_keeps_each_users_newest() -> None:
+    alone = [_thumbs_up(f"a{i}", f"u{i % 5}", "app", i) for i in range(20)]
+    assert cap_per_key(build_examples(alone).sft, 0.5) == (build_examples(alone).sft, 0)
+    other = [_thumbs_up(f"b{i}", f"w{i}", "other", i) for i in range(5)]
+    kept, removed = cap_per_key(build_examples(alone + other).sft, 0.5)
+    assert removed == 15
+    # What "app" keeps is spread over its five users, each user's newest example.
+    mine = sorted(e.lineage.request_ids[0] for e in kept if e.lineage.keys == ("app",))
+    assert mine == ["a15", "a16", "a17", "a18", "a19"]
 
 
 def test_split_keeps_the_newest_for_eval() -> None:

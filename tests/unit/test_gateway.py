@@ -110,6 +110,8 @@ def test_a_chat_is_served_by_the_routed_adapter_and_logged(gateway: Running) -> 
     assert row.request_id == request_id
     assert (row.adapter_name, row.adapter_version, row.arm) == (CHAMPION, 1, "champion")
     assert row.user_id == user
+    # The key by its name, never its secret: contributions are capped per key too.
+    assert row.key_name == "cs"
     assert row.base_model == BASE_MODEL
     assert row.response == response.json()["choices"][0]["message"]["content"]
     assert row.status == "ok"

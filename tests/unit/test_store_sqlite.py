@@ -30,3 +30,27 @@ def test_migrations_match_the_models_on_sqlite(settings: Settings) -> None:
         drift = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     store.close()
     assert drift == [], f"models and migrations disagree: {drift}"
+
+
+def test_interactions_stored_before_keys_were_recorded_keep_no_key(settings: Settings) -> None:
+    from datetime import UTC, datetime
+
+    from sqlalchemy import select
+
+    from feedback.schema import interactions_table
+    from feedback.store import create_store_engine, upgrade_schema
+    from tests.store_contract import interaction
+
+    engine = create_store_engine(settings.resolved_database_url)
+    upgrade_schema(engine, "0011")
+    old = {**interaction("old"), "created_at": datetime.now(UTC), "prompt_hash": "0" * 64}
+    old.pop("type")
+    with engine.begin() as connection:
+        connection.execute(interactions_table.insert().values(status="ok", **old))
+    upgrade_schema(engine)
+    FeedbackStore(engine).ingest([interaction("new", key_name="support-app")], source="t")
+    table = interactions_table.c
+    with engine.connect() as connection:
+        keys = dict(connection.execute(select(table.request_id, table.key_name)).all())
+    engine.dispose()
+    assert keys == {"old": None, "new": "support-app"}
