@@ -70,9 +70,12 @@ def test_import_with_bad_lines_exits_1_and_quarantines(settings: Settings, tmp_p
     assert "legal" in table.stdout
 
 
-def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, home: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FLYWHEEL_HOME": str(home)}
     env.pop("FLYWHEEL_DATABASE_URL", None)
+    env.update(extra_env or {})
     flywheel = Path(sys.executable).with_name("flywheel")
     return subprocess.run(
         [str(flywheel), *args], capture_output=True, text=True, env=env, check=False
@@ -140,3 +143,115 @@ def test_loop_passes_its_sampling_to_the_users_requests(
         assert refused.returncode == 2, refused.stderr
         assert option in refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *named: str) -> None:
+    """Exit 2, the message naming each of ``named``, no traceback nor internal error."""
+    assert result.returncode == 2, result.stderr
+    for name in named:
+        assert name in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "internal error" not in result.stderr
+
+
+def test_user_text_holding_markup_is_printed_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "a[red]b.jsonl"
+    path.write_bytes(b'{"type": "[/bold]", "request_id": "r1"}\n')
+    wide = {"COLUMNS": "240"}
+
+    imported = cli("import", "jsonl", str(path), home=tmp_path, extra_env=wide)
+    listed = cli("quarantine", home=tmp_path, extra_env=wide)
+    missing = cli("import", "jsonl", str(tmp_path / "no[/bold].jsonl"), home=tmp_path)
+
+    assert imported.returncode == 1, imported.stderr
+    assert "a[red]b.jsonl: read 1" in imported.stdout
+    assert "quarantined " in imported.stderr
+    assert "a[red]b.jsonl:1 (type=[/bold]" in imported.stderr
+    assert "unknown event type '[/bold]'" in imported.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert "unknown event type '[/bold]'" in listed.stdout
+    assert_usage_error(missing, "no such file", "no[/bold].jsonl")
+    assert "Traceback" not in imported.stderr + listed.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("FLYWHEEL_STORE_BATCH_SIZE", "-5", "greater than or equal to 1"),
+        ("FLYWHEEL_DATABASE_URL", "not a url", "not a SQLAlchemy URL"),
+        ("FLYWHEEL_DATABASE_URL", "nosuchdb://u:secretpw@h/d", "no database driver"),
+        ("FLYWHEEL_BUSINESS_LINES", "[1,", "not valid JSON"),
+    ],
+)
+def test_a_bad_setting_is_a_usage_error_naming_the_variable(
+    tmp_path: Path, variable: str, value: str, says: str
+) -> None:
+    result = cli("stats", home=tmp_path, extra_env={variable: value})
+
+    assert_usage_error(result, variable, says)
+    assert "secretpw" not in result.stderr
+
+
+def test_a_home_that_cannot_be_made_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+
+    below = cli("stats", home=blocker / "home")
+    itself = cli("stats", home=blocker)
+
+    assert_usage_error(below, "FLYWHEEL_HOME", str(blocker / "home"))
+    assert_usage_error(itself, "FLYWHEEL_HOME", str(blocker))
+
+
+def test_a_bad_rules_file_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    trees = tmp_path / "trees.jsonl"
+    trees.write_text("")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rules: [\n  - {business_line: legal\n")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"default: caf\xe9\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("default: general\nfallback: legal\n")
+
+    results = {
+        path.name: cli("import", "oasst", str(trees), "--rules", str(path), home=tmp_path)
+        for path in (broken, latin, unknown)
+    }
+
+    assert_usage_error(results["broken.yaml"], "broken.yaml", "not valid YAML (line")
+    assert_usage_error(results["latin.yaml"], "latin.yaml", "not UTF-8")
+    assert_usage_error(results["unknown.yaml"], "unknown.yaml", "fallback")
+
+
+def test_a_corrupt_gzip_given_to_eval_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    corrupt = tmp_path / "pairs.jsonl.gz"
+    corrupt.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 6 + b"not deflate data at all")
+    not_gzip = tmp_path / "plain.jsonl.gz"
+    not_gzip.write_bytes(b'{"prompt": "q", "chosen": "a", "rejected": "b"}\n')
+
+    for path in (corrupt, not_gzip):
+        result = cli("eval", "general", "--pairs", str(path), "--version", "base", home=tmp_path)
+        imported = cli("import", "pairs", str(path), home=tmp_path)
+
+        assert_usage_error(result, path.name, "cannot be read to the end")
+        assert_usage_error(imported, path.name, "cannot be read to the end")
+
+
+def test_a_users_spec_that_exits_at_import_is_a_usage_error(tmp_path: Path) -> None:
+    spec = tmp_path / "exits.py"
+    spec.write_text("import sys\nsys.exit('no users here')\n")
+
+    result = cli(
+        "simulate",
+        "--requests",
+        "1",
+        "--gateway",
+        "http://127.0.0.1:9",
+        "--api-key",
+        "k",
+        "--users",
+        f"{spec}:Users",
+        home=tmp_path,
+    )
+
+    assert_usage_error(result, f"--users {spec}:Users", "SystemExit: no users here")
