@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 
 class BodyTooLargeError(Exception):
@@ -39,3 +40,21 @@ async def read_body(
         if size > limit:
             raise BodyTooLargeError(f"the body is over the {limit} byte limit")
         chunks.append(chunk)
+
+
+def nests_deeper(body: bytes, value: object, limit: int) -> bool:
+    """Whether ``value``, the JSON parsed from ``body``, nests arrays and objects more than
+    ``limit`` deep (a top-level object is 1 deep). A body with no more brackets than
+    ``limit`` cannot, and is not walked: the common case costs two byte counts."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    level: list[dict[Any, Any] | list[Any]] = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        inner: list[dict[Any, Any] | list[Any]] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            inner += [child for child in children if isinstance(child, dict | list)]
+        level = inner
+    return bool(level)

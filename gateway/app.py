@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -159,7 +159,8 @@ async def _discover_base_model(state: GatewayState) -> str:
 
 @dataclass(slots=True)
 class _Exchange:
-    """One proxied request while it is being served."""
+    """One proxied request while it is being served: what it holds (its admission, its
+    place in the in-flight gauge and count) is given back by :func:`_finish`, once."""
 
     finished: FinishedRequest
     started: float
@@ -169,6 +170,7 @@ class _Exchange:
     # change the gateway makes to time it.
     payload: dict[str, Any]
     admitted: Admission | None = None
+    done: bool = False
 
 
 async def _proxy(state: GatewayState, request: Request, *, completion_api: bool) -> Response:
@@ -178,78 +180,102 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
     payload = await json_body(state, request)
     line = line_for(state, key, payload)
     messages = completion_messages(payload) if completion_api else chat_messages(payload)
-    check_request(state, key, payload, messages, completion_api=completion_api)
+    check_request(state, key, line, payload, messages, completion_api=completion_api)
     admitted, verdict = await admit_completion(state, key, line)
     if verdict is not None and not verdict.allowed:
         return too_many(verdict)
-    user = identity(payload.get("user") or request.headers.get(USER_HEADER))
-    session = identity(request.headers.get(SESSION_HEADER))
-    request_id = f"req-{uuid.uuid4().hex}"
-    table = state.snapshot.table(line)
-    arm, adapter = await route_request(
-        state, table, user or session or request_id, session, messages
-    )
-    REQUEST_CONTEXT.set(RequestContext(line, adapter, request_id))
-    base_model = await _discover_base_model(state)
-    parsed = parse_adapter_name(adapter) if adapter else None
-    finished = FinishedRequest(
-        request_id=request_id,
-        business_line=line,
-        base_model=base_model,
-        messages=messages,
-        created_at=created,
-        adapter_name=adapter,
-        adapter_version=parsed[1] if parsed else None,
-        arm=arm,
-        session_id=session,
-        user_id=user,
-        key_name=key.name,
-        completion_api=completion_api,
-    )
-    headers = {
-        REQUEST_ID_HEADER: request_id,
-        ADAPTER_HEADER: adapter or base_model,
-        ARM_HEADER: arm,
-        LINE_HEADER: line,
-        **(verdict.headers() if verdict is not None else {}),
-    }
-    payload["model"] = adapter or base_model
-    exchange = _Exchange(finished, started, adapter or NO_ADAPTER, headers, payload, admitted)
+    exchange: _Exchange | None = None
+    response: Response | None = None
+    status, kind = "error", "gateway_failed"
+    try:
+        user = identity(payload.get("user") or request.headers.get(USER_HEADER))
+        session = identity(request.headers.get(SESSION_HEADER))
+        request_id = f"req-{uuid.uuid4().hex}"
+        table = state.snapshot.table(line)
+        arm, adapter = await route_request(
+            state, table, user or session or request_id, session, messages
+        )
+        REQUEST_CONTEXT.set(RequestContext(line, adapter, request_id))
+        base_model = await _discover_base_model(state)
+        parsed = parse_adapter_name(adapter) if adapter else None
+        finished = FinishedRequest(
+            request_id=request_id,
+            business_line=line,
+            base_model=base_model,
+            messages=messages,
+            created_at=created,
+            adapter_name=adapter,
+            adapter_version=parsed[1] if parsed else None,
+            arm=arm,
+            session_id=session,
+            user_id=user,
+            completion_api=completion_api,
+        )
+        headers = {
+            REQUEST_ID_HEADER: request_id,
+            ADAPTER_HEADER: adapter or base_model,
+            ARM_HEADER: arm,
+            LINE_HEADER: line,
+            **(verdict.headers() if verdict is not None else {}),
+        }
+        payload["model"] = adapter or base_model
+        label = adapter or NO_ADAPTER
+        exchange = _Exchange(finished, started, label, headers, payload, admitted)
+        state.metrics.in_flight.labels(line, label).inc()
+        state.requests_in_flight += 1
+        response = await _forward(state, exchange, table.replicas, completion_api)
+        return response
+    except asyncio.CancelledError:
+        status, kind = "cancelled", "cancelled"
+        raise
+    finally:
+        # Whatever ended the request (an answer, a refusal, an exception, a cancel), what it
+        # took is given back here; a relayed stream gives it back when the stream ends.
+        if exchange is None:
+            if admitted is not None:
+                spawn(settle(state, admitted, None), state.tasks)
+        elif not isinstance(response, _RelayedStream):
+            _finish(state, exchange, status, error="the gateway failed to serve it", kind=kind)
+
+
+async def _forward(
+    state: GatewayState,
+    exchange: _Exchange,
+    placement: tuple[str, ...] | None,
+    completion_api: bool,
+) -> Response:
+    """Send the request to vLLM and answer the caller from its response."""
+    payload, adapter = exchange.payload, exchange.finished.adapter_name
     mode = upstream_mode(payload, completion_api=completion_api, enabled=state.gateway.time_answers)
     path = "/v1/completions" if completion_api else "/v1/chat/completions"
-    in_flight = state.metrics.in_flight.labels(line, exchange.adapter_label)
-    in_flight.inc()
-    state.requests_in_flight += 1
     missing: list[Replica] = []
     try:
         replica, upstream = await state.upstreams.post(
             path,
             orjson.dumps(upstream_payload(payload, mode)),
             missing=missing if adapter else None,
-            placement=table.replicas,
+            placement=placement,
             adapter=adapter,
         )
     except UpstreamUnavailableError as exc:
-        in_flight.dec()
         _finish(state, exchange, "error", error=str(exc), kind="upstream_unavailable")
         return GatewayError(503, "the model servers are unavailable; retry shortly").response(
-            headers
+            exchange.headers
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
-        in_flight.dec()
         _finish(state, exchange, "error", error=repr(exc), kind="upstream_failed")
-        return GatewayError(502, "the model server failed before answering").response(headers)
+        failure = GatewayError(502, "the model server failed before answering")
+        return failure.response(exchange.headers)
     if missing and adapter and upstream.status != 404:
         # Some replica lacks an adapter the routes name (restarted?): load it back there.
         spawn(state.upstreams.heal(adapter, missing, replica), state.tasks)
-    return await _respond(state, exchange, upstream, in_flight, mode, completion_api)
+    return await _respond(state, exchange, upstream, mode, completion_api)
 
 
 async def _respond(
     state: GatewayState,
     exchange: _Exchange,
     upstream: aiohttp.ClientResponse,
-    in_flight: Any,
     mode: UpstreamMode,
     completion_api: bool,
 ) -> Response:
@@ -265,22 +291,16 @@ async def _respond(
             return failure.response(exchange.headers)
         finally:
             upstream.release()
-            in_flight.dec()
         return _answer(state, exchange, upstream.status, body)
     if mode is UpstreamMode.ASSEMBLE:
-        return await _assembled(state, exchange, upstream, in_flight, completion_api)
-    return StreamingResponse(
-        _relay(state, exchange, upstream, in_flight, strip_usage=mode.strips_usage),
-        media_type="text/event-stream",
-        headers=exchange.headers,
-    )
+        return await _assembled(state, exchange, upstream, completion_api)
+    return _RelayedStream(state, exchange, upstream, strip_usage=mode.strips_usage)
 
 
 async def _assembled(
     state: GatewayState,
     exchange: _Exchange,
     upstream: aiohttp.ClientResponse,
-    in_flight: Any,
     completion_api: bool,
 ) -> Response:
     """A plain answer the gateway asked vLLM to stream (to time its first token), rebuilt."""
@@ -305,7 +325,6 @@ async def _assembled(
         )
     finally:
         upstream.release()
-        in_flight.dec()
     return _answer(state, exchange, 200, body, timed=True)
 
 
@@ -334,14 +353,43 @@ def _answer(
     return GatewayError(502, f"the model server failed ({status})").response(exchange.headers)
 
 
+class _RelayedStream(StreamingResponse):
+    """vLLM's SSE stream relayed to the caller; the exchange is finished when the stream
+    ends, and at the latest when sending ends, even if the body was never started (the
+    caller left before its first byte)."""
+
+    def __init__(
+        self,
+        state: GatewayState,
+        exchange: _Exchange,
+        upstream: aiohttp.ClientResponse,
+        *,
+        strip_usage: bool,
+    ) -> None:
+        relay = _relay(state, exchange, upstream, strip_usage=strip_usage)
+        super().__init__(relay, media_type="text/event-stream", headers=exchange.headers)
+        self._relay = relay
+        self._state, self._exchange, self._upstream = state, exchange, upstream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._relay.aclose()
+            finally:
+                if not self._exchange.done:
+                    self._upstream.release()
+                    _finish(self._state, self._exchange, "cancelled", error="the client left")
+
+
 async def _relay(
     state: GatewayState,
     exchange: _Exchange,
     upstream: aiohttp.ClientResponse,
-    in_flight: Any,
     *,
     strip_usage: bool = False,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Relay an SSE stream event by event, each chunk's id the request id (without vLLM's
     usage event when ``strip_usage``: the gateway asked for it, the caller did not); a
     broken stream ends with an SSE error event."""
@@ -366,7 +414,6 @@ async def _relay(
         raise
     finally:
         upstream.release()
-        in_flight.dec()
         exchange.finished.chunks = chunks
         _finish(state, exchange, status, error=error, kind="stream_broken" if error else None)
     if status == "error":
@@ -384,26 +431,31 @@ def _finish(
     error: str | None = None,
     kind: str | None = None,
 ) -> None:
-    """Hand the finished request to the recorder and count it."""
+    """Give back what the request held (its admission, the in-flight gauge and count), then
+    hand it to the recorder and count it; once per request, whichever path ends it first."""
+    if exchange.done:
+        return
+    exchange.done = True
     finished = exchange.finished
+    line, adapter = finished.business_line, exchange.adapter_label
+    metrics = state.metrics
+    metrics.in_flight.labels(line, adapter).dec()
+    state.requests_in_flight -= 1
     elapsed = time.perf_counter() - exchange.started
     finished.latency_ms = elapsed * 1000
     finished.status = status
     finished.error = error
     finished.error_kind = kind if status == "error" else None
+    if exchange.admitted is not None:
+        spawn(settle(state, exchange.admitted, finished), state.tasks)
     state.recorder.record(finished)
-    state.requests_in_flight -= 1
     maybe_shadow(state, finished, exchange.payload)
-    line, adapter = finished.business_line, exchange.adapter_label
-    metrics = state.metrics
     metrics.requests.labels(line, adapter, finished.arm or "base", status).inc()
     metrics.latency.labels(line, adapter).observe(elapsed)
     if finished.ttft_ms is not None:
         metrics.ttft.labels(line, adapter).observe(finished.ttft_ms / 1000)
     if kind is not None and status != "cancelled":
         metrics.errors.labels(line, adapter, kind).inc()
-    if exchange.admitted is not None:
-        spawn(settle(state, exchange.admitted, finished), state.tasks)
 
 
 def create_app(
@@ -470,6 +522,8 @@ def create_app(
             state.tasks.append(asyncio.create_task(_watch_replicas(state)))
         with contextlib.suppress(GatewayError):
             await _discover_base_model(state)
+        # Each replica's context length, for the output cap (re-read by the replica watch).
+        await state.upstreams.listings()
         try:
             yield
         finally:

@@ -13,13 +13,15 @@ from feedback.events import (
     InvalidEventError,
     check_prompt,
 )
-from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
+from flywheel.bodies import BodyStalledError, BodyTooLargeError, nests_deeper, read_body
 from gateway.keys import ApiKey, bearer_token
+from gateway.limiting import output_cap
 from gateway.state import GatewayState
 from gateway.wire import (
     ChatRequest,
     CompletionRequest,
     GatewayError,
+    output_limit,
     request_problems,
 )
 
@@ -66,6 +68,11 @@ async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
         raise GatewayError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise GatewayError(400, "the body must be a JSON object")
+    depth = state.gateway.max_body_depth
+    if nests_deeper(body, payload, depth):
+        # Refused here, before anything is counted: past its depth limit the body could
+        # not be sent on to vLLM.
+        raise GatewayError(400, f"the body nests arrays and objects more than {depth} deep")
     return payload
 
 
@@ -93,6 +100,7 @@ def line_for(state: GatewayState, key: ApiKey, payload: dict[str, Any]) -> str:
 def check_request(
     state: GatewayState,
     key: ApiKey,
+    line: str,
     payload: dict[str, Any],
     messages: list[dict[str, str]],
     *,
@@ -100,7 +108,8 @@ def check_request(
 ) -> None:
     """Refuse up front (400, the field named) what OpenAI's API would refuse, what is over
     this gateway's caps or past what the key may send, and what the store would quarantine,
-    rather than answer 200 and drop the record."""
+    rather than answer 200 and drop the record; a request that sets no output limit gets the
+    key's or the line's (:func:`gateway.wire.output_limit`)."""
     model = CompletionRequest if completion_api else ChatRequest
     try:
         request = model.model_validate(payload)
@@ -108,14 +117,24 @@ def check_request(
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise GatewayError(400, f"{where}: {first['msg']}", param=where) from None
+    cap = output_cap(state, key, line)
     problem = request_problems(
         request,
-        max_output_tokens=state.gateway.max_output_tokens,
+        output_cap=cap,
         max_choices=state.gateway.max_choices,
         server_fields=key.allow_server_fields,
     )
     if problem is not None:
         raise GatewayError(400, problem[1], param=problem[0])
+    limit = output_limit(
+        request,
+        cap,
+        completion_api=completion_api,
+        max_tokens_sent="max_tokens" in payload,
+        context_tokens=state.upstreams.context_tokens,
+    )
+    if limit is not None:
+        payload["max_tokens"] = limit
     try:
         check_prompt(
             messages,

@@ -14,7 +14,7 @@ from gateway.recorder import (
     used_tokens,
 )
 from gateway.state import GatewayState
-from gateway.wire import GatewayError
+from gateway.wire import GatewayError, OutputCap
 
 
 @dataclass(slots=True)
@@ -30,6 +30,18 @@ class Admission:
 def limit_scopes(state: GatewayState, key: ApiKey, line: str) -> list[tuple[str, Limits | None]]:
     """The limit scopes a request of ``key`` on ``line`` draws on."""
     return [(f"key:{key.name}", key.limits), (f"line:{line}", state.keys.line_limits.get(line))]
+
+
+def output_cap(state: GatewayState, key: ApiKey, line: str) -> OutputCap:
+    """The most output tokens an answer of ``key`` on ``line`` may have: the smallest of the
+    gateway's cap and the key's and the line's ``max_output_tokens``."""
+    cap = OutputCap(state.gateway.max_output_tokens, "this gateway's")
+    line_limits = state.keys.line_limits.get(line)
+    for owner, limits in ((f"key {key.name!r}'s", key.limits), (f"line {line!r}'s", line_limits)):
+        tokens = limits.max_output_tokens if limits is not None else None
+        if tokens is not None and tokens < cap.tokens:
+            cap = OutputCap(tokens, owner)
+    return cap
 
 
 def too_many(verdict: Verdict) -> Response:
@@ -72,7 +84,10 @@ async def admit_completion(
     return Admission(tokens, streams, verdict.stream_slot), verdict
 
 
-async def settle(state: GatewayState, admitted: Admission, finished: FinishedRequest) -> None:
-    """Charge the tokens a finished completion used and give back its stream slot."""
-    amount = used_tokens(finished) if admitted.tokens else 0
+async def settle(
+    state: GatewayState, admitted: Admission, finished: FinishedRequest | None
+) -> None:
+    """Charge the tokens a finished completion used (None: it never reached vLLM) and give
+    back its stream slot."""
+    amount = used_tokens(finished) if admitted.tokens and finished is not None else 0
     await state.limiter.settle(admitted.tokens, amount, admitted.streams, admitted.slot)

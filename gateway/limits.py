@@ -57,6 +57,12 @@ class Limits(BaseModel):
     feedback_per_min: int | None = Field(
         default=None, ge=1, description="Feedback events a minute."
     )
+    max_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most tokens one answer may have (below the gateway's max_output_tokens): "
+        "a request asking for more is refused, one asking for no limit is given this one.",
+    )
 
     def limit_of(self, kind: Kind) -> int | None:
         """The limit of ``kind``: per window, or the number of slots for ``streams``."""

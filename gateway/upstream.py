@@ -76,6 +76,14 @@ class Upstreams:
         # The folder each adapter was last listed with by any replica: an adapter placed on
         # one replica can be loaded elsewhere while that replica is down.
         self.roots: dict[str, str] = {}
+        # Each replica's context length (max_model_len) as it last listed it.
+        self._contexts: dict[str, int] = {}
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The longest context (prompt and answer, in tokens) a replica listed, or None while
+        none has (vLLM lists ``max_model_len`` in /v1/models)."""
+        return max(self._contexts.values(), default=None)
 
     async def start(self) -> None:
         """Open the connection pool."""
@@ -298,6 +306,8 @@ class Upstreams:
             # An adapter has a parent (the base model) and the folder it came from as root.
             if isinstance(model, dict) and model.get("parent") and model.get("id"):
                 served[str(model["id"])] = str(model.get("root") or "")
+            elif isinstance(model, dict) and type(model.get("max_model_len")) is int:
+                self._contexts[replica.base_url] = model["max_model_len"]
         self.roots.update({name: root for name, root in served.items() if root})
         return served
 

@@ -14,6 +14,7 @@ or cache controls.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import orjson
@@ -67,50 +68,116 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
 
 
+class StreamOptions(BaseModel):
+    """``stream_options``: usage in the stream."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = Field(default=None, strict=True)
+    continuous_usage_stats: bool | None = Field(default=None, strict=True)
+
+
 class _Sampling(BaseModel):
-    """What both APIs share, with OpenAI's bounds."""
+    """What both APIs share: OpenAI's fields and vLLM's sampling extras, each typed and with
+    OpenAI's (or vLLM's) bounds. Numbers and switches are strict (JSON's own types: a number
+    in a string, or true for 1, is refused), since the body goes to vLLM as the caller wrote
+    it."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, description="Your business line.")
-    stream: bool | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    seed: int | None = None
+    stream: bool | None = Field(default=None, strict=True)
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(default=None, ge=0, le=1, strict=True)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    repetition_penalty: float | None = Field(default=None, gt=0, strict=True)
+    length_penalty: float | None = Field(default=None, strict=True)
+    top_k: int | None = Field(default=None, ge=-1, strict=True)
+    min_p: float | None = Field(default=None, ge=0, le=1, strict=True)
+    seed: int | None = Field(default=None, strict=True)
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, strict=True)
+    logit_bias: dict[str, float] | None = Field(default=None, strict=True)
     user: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    n: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    min_tokens: int | None = Field(default=None, ge=0, strict=True)
+    n: int | None = Field(default=None, ge=1, strict=True)
+    best_of: int | None = Field(default=None, ge=1, strict=True)
+    prompt_logprobs: int | None = Field(default=None, ge=0, strict=True)
+    ignore_eos: bool | None = Field(default=None, strict=True)
+    skip_special_tokens: bool | None = Field(default=None, strict=True)
+    spaces_between_special_tokens: bool | None = Field(default=None, strict=True)
+    include_stop_str_in_output: bool | None = Field(default=None, strict=True)
 
 
 class ChatRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = Field(default=None, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
     prompt: str | list[str] = Field(min_length=1)
-    best_of: int | None = Field(default=None, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, strict=True)
+    echo: bool | None = Field(default=None, strict=True)
+
+
+# OpenAI's (and vLLM's) max_tokens of a text completion that names none.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCap:
+    """The most output tokens one answer may have, and whose cap that is (the gateway's,
+    the key's or the line's: the smallest)."""
+
+    tokens: int
+    owner: str
+
+
+def output_limit(
+    request: _Sampling,
+    cap: OutputCap,
+    *,
+    completion_api: bool,
+    max_tokens_sent: bool,
+    context_tokens: int | None,
+) -> int | None:
+    """The ``max_tokens`` the gateway sets on a request that sets no output limit (None:
+    leave the request as it is). A chat without one gets the cap; a text completion that
+    leaves ``max_tokens`` out gets OpenAI's 16 (within the cap), one that sends null the cap.
+    Not when the model's context (``context_tokens``, vLLM's ``max_model_len``) is no larger
+    than the cap: vLLM already stops there, and refuses a prompt that leaves less room than
+    a ``max_tokens`` it is sent."""
+    if request.max_tokens is not None or request.max_completion_tokens is not None:
+        return None
+    if completion_api and not max_tokens_sent:
+        return min(COMPLETION_DEFAULT_MAX_TOKENS, cap.tokens)
+    if context_tokens is not None and context_tokens <= cap.tokens:
+        return None
+    return cap.tokens
 
 
 def request_problems(
-    request: _Sampling, *, max_output_tokens: int, max_choices: int, server_fields: bool
+    request: _Sampling, *, output_cap: OutputCap, max_choices: int, server_fields: bool
 ) -> tuple[str, str] | None:
     """The first thing wrong with a parsed request beyond its schema, as (field, reason):
-    the gateway's caps on output length and choices, and server fields the key may not
-    send; None when it may go to vLLM."""
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(request, name, None)
-        if value is not None and value > max_output_tokens:
-            return name, f"{name} is {value}, over this gateway's {max_output_tokens}"
-    for name in ("n", "best_of"):
-        value = getattr(request, name, None)
+    the caps on output length and choices, and server fields the key may not send; None
+    when it may go to vLLM."""
+    for name, value in (
+        ("max_tokens", request.max_tokens),
+        ("max_completion_tokens", request.max_completion_tokens),
+    ):
+        if value is not None and value > output_cap.tokens:
+            return name, f"{name} is {value}, over {output_cap.owner} {output_cap.tokens}"
+    for name, value in (("n", request.n), ("best_of", request.best_of)):
         if value is not None and value > max_choices:
             return name, f"{name} is {value}, over this gateway's {max_choices} choices"
     if not server_fields:

@@ -40,6 +40,8 @@ class StubBehaviour:
     max_lora_rank: int = 16
     # Requests being answered, per model (what vLLM's /metrics report).
     running: dict[str, int] = field(default_factory=dict)
+    # The context length the base model lists as max_model_len (None: not listed).
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -61,7 +63,11 @@ def _answer(model: str, words: int) -> list[str]:
 
 async def _models(request: web.Request) -> web.Response:
     behaviour: StubBehaviour = request.app[BEHAVIOUR]
-    data = [{"id": BASE_MODEL, "object": "model", "root": BASE_MODEL, "parent": None}]
+    data: list[dict[str, Any]] = [
+        {"id": BASE_MODEL, "object": "model", "root": BASE_MODEL, "parent": None}
+    ]
+    if behaviour.max_model_len is not None:
+        data[0]["max_model_len"] = behaviour.max_model_len
     data += [
         {
             "id": name,

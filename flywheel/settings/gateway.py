@@ -34,11 +34,21 @@ class GatewaySettings(BaseSettings):
         description="Name vLLM serves the base model under; read from /v1/models when unset.",
     )
     max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    max_body_depth: int = Field(
+        default=64,
+        ge=2,
+        le=250,
+        description="Deepest nesting of arrays and objects a request body may have (deeper is "
+        "a 400 before anything is counted; JSON's encoder forwards no more than 254).",
+    )
     max_output_tokens: int = Field(
         default=4_096,
         ge=1,
         le=1_000_000,
-        description="Largest max_tokens / max_completion_tokens a request may ask for.",
+        description="Largest max_tokens / max_completion_tokens a request may ask for, and the "
+        "max_tokens set on a chat that asks for no limit (a key's or a line's "
+        "max_output_tokens may be lower). Not set when vLLM's context (max_model_len, read "
+        "from /v1/models) is no larger: vLLM stops there already.",
     )
     max_choices: int = Field(
         default=4, ge=1, le=128, description="Largest n (or best_of) a request may ask for."

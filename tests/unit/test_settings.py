@@ -60,6 +60,7 @@ def test_a_dot_env_file_is_read_and_the_environment_wins(
         ("FLYWHEEL_BUSINESS_LINES", "[]"),
         ("FLYWHEEL_BUSINESS_LINES", '["Bad:Line*"]'),
         ("FLYWHEEL_BUSINESS_LINES", '["legal", "legal"]'),
+        ("FLYWHEEL_GATEWAY_MAX_BODY_DEPTH", "1000"),
     ],
 )
 def test_values_out_of_bounds_are_refused_by_name(
