@@ -209,6 +209,7 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
             arm=arm,
             session_id=session,
             user_id=user,
+            key_name=key.name,
             completion_api=completion_api,
         )
         headers = {
