@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from eval.gate import GatePolicy
 from eval.satisfaction import SatisfactionModelPolicy
+from feedback.contributions import DEFAULT_ANSWERS_PER_USER, DEFAULT_KEY_SHARE
 from feedback.events import BUSINESS_LINE
 from feedback.retention import RetentionPolicy
 from feedback.reviews import ReviewPolicy
@@ -94,6 +95,8 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "continue_learning_rate": None,
     "gate.max_general_loss_drift": None,
     "canary.satisfaction": None,
+    "canary.max_answers_per_user": DEFAULT_ANSWERS_PER_USER,
+    "canary.max_key_share": DEFAULT_KEY_SHARE,
 }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from feedback.contributions import keep_per_key, user_cap
 from feedback.examples import ExampleKind, TrainingExample, user_digest
 from flywheel.file_modes import private_dir, restrict, write_private_bytes
 from flywheel.settings.cleaning import DatasetSettings
@@ -30,22 +31,6 @@ MANIFEST = "manifest.json"
 # Manifest key of a training set accumulated from several window datasets (their hashes).
 ACCUMULATED = "accumulated_from"
 SPLITS = ("train", "eval")
-
-
-def user_cap(counts: Sequence[int], share: float) -> int:
-    """The largest per-user count ``c`` such that every user's capped count is at most
-    ``share`` of the capped total (and at least one example per user)."""
-    if not counts:
-        return 0
-    low, high = 1, max(counts)
-    while low < high:
-        middle = (low + high + 1) // 2
-        total = sum(min(n, middle) for n in counts)
-        if middle <= share * total:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def cap_per_user(
@@ -77,16 +62,7 @@ def cap_per_key(examples: list[TrainingExample], share: float) -> tuple[list[Tra
     like one that posts as one. What a key keeps is spread over its owners, each owner's
     newest first, so its real users are not crowded out by its busiest one. Examples
     without a key (imports, traffic logged before keys were recorded) are not capped."""
-    per_key: dict[str | None, list[TrainingExample]] = defaultdict(list)
-    for example in examples:
-        per_key[example.lineage.key].append(example)
-    keyed = {key: items for key, items in per_key.items() if key is not None}
-    if len(keyed) < 2:
-        return examples, 0
-    cap = user_cap([len(items) for items in keyed.values()], max(share, 1 / len(keyed)))
-    kept = list(per_key.get(None, []))
-    for items in keyed.values():
-        kept.extend(_spread_over_owners(items)[:cap])
+    kept = keep_per_key(examples, lambda e: e.lineage.key, share, _spread_over_owners)
     kept.sort(key=lambda e: (e.lineage.time, e.example_id))
     return kept, len(examples) - len(kept)
 

@@ -20,13 +20,15 @@ reviewed, and how many of those reviews failed them (the pass rate's test).
 from __future__ import annotations
 
 import statistics
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
+from sqlalchemy import ColumnElement, Engine, and_, select
 
+from feedback.contributions import Answer, LookBound, counted_requests
 from feedback.events import FeedbackType, ReviewVerdict
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import ONLINE_SIGNALS, Signal
@@ -41,6 +43,8 @@ DISSATISFIED = "dissatisfied"
 CLIENT_ERROR_KINDS = frozenset({"rejected_by_model_server"})
 REVIEW = FeedbackType.REVIEW.value
 _NEGATIVE_TYPES = tuple(s.value for s in ONLINE_SIGNALS if s is not Signal.TASK_FAILURE)
+# The feedback a look reads: the counted signals, task outcomes and reviews.
+_LOOKED_AT = (*COUNTED_SIGNALS, "task_outcome", REVIEW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +123,68 @@ def _model_side_error(status: str, metadata: Any) -> bool:
     return kind not in CLIENT_ERROR_KINDS
 
 
+def _served(adapter: str | None) -> ColumnElement[bool]:
+    column = interactions_table.c.adapter_name
+    return column.is_(None) if adapter is None else column == adapter
+
+
+def _bounded(rows: list[Any], bound: LookBound | None) -> list[Any]:
+    """The rows a look counts: every one, or within ``bound`` (``feedback.contributions``)."""
+    if bound is None:
+        return rows
+    counted = counted_requests(
+        (Answer(r.request_id, r.created_at, r.user_id, r.session_id, r.key_name) for r in rows),
+        bound,
+    )
+    return [r for r in rows if r.request_id in counted]
+
+
+def window_numbers(adapter: str | None, rows: list[Any], events: list[Any]) -> AdapterWindow:
+    """One adapter's numbers from its requests in a window (request_id, status, latency_ms,
+    ttft_ms, metadata) and the feedback on them (request_id, type, outcome) (pure)."""
+    kinds: dict[str, set[str]] = defaultdict(set)
+    verdicts: Counter[str] = Counter()
+    for event in events:
+        if event.type == REVIEW:
+            verdicts[event.outcome] += 1
+            continue
+        kinds[event.type].add(event.request_id)
+        if event.type == "task_outcome" and event.outcome == "failure":
+            kinds[TASK_FAILURE].add(event.request_id)
+    cancelled = {r.request_id for r in rows if r.status == "cancelled"}
+    dissatisfied = set(kinds[TASK_FAILURE]).union(*(kinds[t] for t in _NEGATIVE_TYPES))
+    latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
+    return AdapterWindow(
+        adapter=adapter,
+        requests=len(rows),
+        errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
+        p99_latency_ms=observed_quantile(latencies, 0.99),
+        latency_samples_ms=tuple(float(v) for v in latencies),
+        signals={name: len(kinds[name]) for name in COUNTED_SIGNALS}
+        | {
+            Signal.ABANDON.value: len(kinds[Signal.ABANDON.value] | cancelled),
+            TASK_FAILURE: len(kinds[TASK_FAILURE]),
+            DISSATISFIED: len(dissatisfied | cancelled),
+        },
+        answers=answer_stats(rows),
+        reviews=sum(verdicts.values()),
+        review_failures=verdicts[ReviewVerdict.FAIL.value],
+    )
+
+
 def adapter_windows(
     engine: Engine,
     business_line: str,
     adapters: Iterable[str | None],
     since: datetime,
     until: datetime,
+    bound: LookBound | None = None,
 ) -> dict[str | None, AdapterWindow]:
-    """Each adapter's numbers for requests made in ``[since, until)`` (None = the base model)."""
-    wanted = list(dict.fromkeys(adapters))
-    interactions = interactions_table
-    feedback = feedback_table
+    """Each adapter's numbers for requests made in ``[since, until)`` (None = the base
+    model); with ``bound``, only the answers a look counts (each user's first few, each
+    key within its share: ``feedback.contributions``), so a few hyperactive users or one
+    key's invented users cannot swing a canary's look."""
+    interactions, feedback = interactions_table, feedback_table
     in_window = and_(
         interactions.c.business_line == business_line,
         interactions.c.created_at >= since,
@@ -138,12 +193,8 @@ def adapter_windows(
     joined = feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
     results: dict[str | None, AdapterWindow] = {}
     with engine.connect() as connection:
-        for adapter in wanted:
-            served = (
-                interactions.c.adapter_name.is_(None)
-                if adapter is None
-                else interactions.c.adapter_name == adapter
-            )
+        for adapter in dict.fromkeys(adapters):
+            served = _served(adapter)
             rows = connection.execute(
                 select(
                     interactions.c.request_id,
@@ -151,59 +202,22 @@ def adapter_windows(
                     interactions.c.latency_ms,
                     interactions.c.ttft_ms,
                     interactions.c.metadata,
+                    interactions.c.created_at,
+                    interactions.c.user_id,
+                    interactions.c.session_id,
+                    interactions.c.key_name,
                 ).where(in_window, served)
             ).all()
-            counts = connection.execute(
-                select(feedback.c.type, func.count(func.distinct(feedback.c.request_id)))
+            events = connection.execute(
+                select(feedback.c.request_id, feedback.c.type, feedback.c.outcome)
                 .select_from(joined)
-                .where(in_window, served, feedback.c.type.in_(COUNTED_SIGNALS))
-                .group_by(feedback.c.type)
+                .where(in_window, served, feedback.c.type.in_(_LOOKED_AT))
             ).all()
-            failed_task = and_(feedback.c.type == "task_outcome", feedback.c.outcome == "failure")
-
-            def requests_with(condition: ColumnElement[bool], served: Any = served) -> set[str]:
-                """This arm's requests in the window with feedback matching ``condition``."""
-                return set(
-                    connection.execute(
-                        select(feedback.c.request_id)
-                        .distinct()
-                        .select_from(joined)
-                        .where(in_window, served, condition)
-                    ).scalars()
-                )
-
-            verdicts = dict(
-                connection.execute(
-                    select(feedback.c.outcome, func.count())
-                    .select_from(joined)
-                    .where(in_window, served, feedback.c.type == REVIEW)
-                    .group_by(feedback.c.outcome)
-                ).all()
-            )
-            cancelled = {r.request_id for r in rows if r.status == "cancelled"}
-            abandoned = requests_with(feedback.c.type == Signal.ABANDON.value) | cancelled
-            task_failures = requests_with(failed_task)
-            dissatisfied = (
-                requests_with(or_(feedback.c.type.in_(_NEGATIVE_TYPES), failed_task)) | cancelled
-            )
-            latencies = [r.latency_ms for r in rows if r.status == "ok" and r.latency_ms]
-            results[adapter] = AdapterWindow(
-                adapter=adapter,
-                requests=len(rows),
-                errors=sum(1 for r in rows if _model_side_error(r.status, r.metadata)),
-                p99_latency_ms=observed_quantile(latencies, 0.99),
-                latency_samples_ms=tuple(float(v) for v in latencies),
-                signals=dict.fromkeys(COUNTED_SIGNALS, 0)
-                | {k: int(n) for k, n in counts}
-                | {
-                    Signal.ABANDON.value: len(abandoned),
-                    TASK_FAILURE: len(task_failures),
-                    DISSATISFIED: len(dissatisfied),
-                },
-                answers=answer_stats(rows),
-                reviews=sum(int(n) for n in verdicts.values()),
-                review_failures=int(verdicts.get(ReviewVerdict.FAIL.value, 0)),
-            )
+            counted = _bounded(list(rows), bound)
+            if len(counted) < len(rows):
+                kept = {r.request_id for r in counted}
+                events = [e for e in events if e.request_id in kept]
+            results[adapter] = window_numbers(adapter, counted, list(events))
     return results
 
 
@@ -218,29 +232,37 @@ class ArmAnswer:
 
 
 def arm_answers(
-    engine: Engine, business_line: str, adapter: str | None, since: datetime, until: datetime
+    engine: Engine,
+    business_line: str,
+    adapter: str | None,
+    since: datetime,
+    until: datetime,
+    bound: LookBound | None = None,
 ) -> list[ArmAnswer]:
     """The answers ``adapter`` (None: the base model) gave on ``business_line`` in
-    ``[since, until)``, successful ones only, each with its last review verdict."""
+    ``[since, until)``, successful ones only (within ``bound``, when given, as
+    :func:`adapter_windows` counts them), each with its last review verdict."""
     interactions, feedback = interactions_table, feedback_table
-    served = (
-        interactions.c.adapter_name.is_(None)
-        if adapter is None
-        else interactions.c.adapter_name == adapter
-    )
     where = and_(
         interactions.c.business_line == business_line,
         interactions.c.created_at >= since,
         interactions.c.created_at < until,
         interactions.c.status == "ok",
-        served,
+        _served(adapter),
     )
     with engine.connect() as connection:
         rows = connection.execute(
             select(
-                interactions.c.request_id, interactions.c.messages, interactions.c.response
+                interactions.c.request_id,
+                interactions.c.messages,
+                interactions.c.response,
+                interactions.c.created_at,
+                interactions.c.user_id,
+                interactions.c.session_id,
+                interactions.c.key_name,
             ).where(where)
         ).all()
+        rows = _bounded(list(rows), bound)
         verdicts: dict[str, bool] = {}
         for request_id, outcome in connection.execute(
             select(feedback.c.request_id, feedback.c.outcome)

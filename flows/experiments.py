@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from composition.clients import Clients
+from composition.recipes import recipe_for
 from feedback.store import FeedbackStore
 from flows.rollout import Rollout, RoutesChangedError, rollout, set_champion
 from flywheel.errors import FlywheelError, UsageError
@@ -250,7 +251,8 @@ def look_experiment(
     store = clients.store
     record = _live(store, line)
     when = _now(now)
-    look = current_look(store.engine, record, when)
+    # Each user's first answers and each key's share, bounded as the line's canary bounds them.
+    look = current_look(store.engine, record, when, recipe_for(settings, line).canary.bound)
     number = record_look(
         store.engine,
         record.id,

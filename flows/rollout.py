@@ -341,14 +341,17 @@ def judge_canary(
     if table.canary is None:
         return CanaryOutcome(line, "none", "no canary on this line", table)
     since = state.step_started or datetime.min.replace(tzinfo=UTC)
-    windows = adapter_windows(store.engine, line, [table.champion, table.canary], since, until)
     policy = parts.recipe.canary_policy()
+    # Each user's first answers and each key's share, as the policy bounds them.
+    windows = adapter_windows(
+        store.engine, line, [table.champion, table.canary], since, until, policy.bound
+    )
     satisfaction, scorer = None, None
     if policy.satisfaction is not None and force is None:
         from flows.satisfaction import arm_satisfaction
 
         satisfaction, scorer = arm_satisfaction(
-            settings, clients, line, [table.champion, table.canary], since, until
+            settings, clients, line, [table.champion, table.canary], since, until, policy.bound
         )
     champion = _arm(windows, table.champion, satisfaction)
     canary = _arm(windows, table.canary, satisfaction)
@@ -489,15 +492,13 @@ def watch_champion(
     # previous as champion over the watch period before the promotion (at least as long as
     # the champion has served since): its settled numbers, not a few minutes of them.
     before = since - max(until - since, timedelta(seconds=parts.recipe.rollout.watch_s))
-    then = adapter_windows(store.engine, line, [table.previous], before, since)
-    lately = adapter_windows(store.engine, line, [table.champion], since, until)
+    policy = parts.recipe.canary_policy()
+    then = adapter_windows(store.engine, line, [table.previous], before, since, policy.bound)
+    lately = adapter_windows(store.engine, line, [table.champion], since, until, policy.bound)
     # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
     # from turning "not proven non-inferior yet" into a revert.
     decision = decide_canary(
-        _arm(then, table.previous),
-        _arm(lately, table.champion),
-        parts.recipe.canary_policy(),
-        look=1,
+        _arm(then, table.previous), _arm(lately, table.champion), policy, look=1
     )
     regressed = decision.action is CanaryAction.ROLLBACK
     transition = parts.advance(state, ChampionJudged(regressed, decision.reasons, until))

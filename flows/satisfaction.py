@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from composition.clients import Clients
 from composition.recipes import recipe_for
+from feedback.contributions import LookBound
 from flywheel.settings import Settings
 from registry.ppi import SatisfactionSample
 
@@ -205,9 +206,11 @@ def arm_satisfaction(
     adapters: Sequence[str | None],
     since: datetime,
     until: datetime,
+    bound: LookBound | None = None,
 ) -> tuple[dict[str | None, SatisfactionSample], str]:
     """Each arm's satisfaction data over ``[since, until)``: the line's newest accepted
-    satisfaction model's score on every answer (cached by request id), and the reviews'
+    satisfaction model's score on every answer a look counts (within ``bound``: each user's
+    first few, each key within its share; cached by request id), and the reviews'
     verdicts. Without an accepted model every score is 0, so the estimate is the reviews'
     alone (still valid, just wider). Returns the samples and which model scored them."""
     import numpy as np
@@ -226,7 +229,7 @@ def arm_satisfaction(
     samples: dict[str | None, SatisfactionSample] = {}
     in_window: set[str] = set()
     for adapter in dict.fromkeys(adapters):
-        answers = arm_answers(clients.store.engine, line, adapter, since, until)
+        answers = arm_answers(clients.store.engine, line, adapter, since, until, bound)
         in_window.update(a.request_id for a in answers)
         if model is not None:
             missing = [a for a in answers if a.request_id not in cache]

@@ -92,6 +92,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from feedback.contributions import DEFAULT_ANSWERS_PER_USER, DEFAULT_KEY_SHARE, LookBound
 from flywheel.quantiles import observed_quantile
 from registry.ppi import SatisfactionSample, estimate
 
@@ -229,6 +230,26 @@ class CanaryPolicy(BaseModel):
         description="Satisfaction on every answer, the satisfaction model's scores rectified "
         "by the reviews; None: the users' signal rates decide.",
     )
+    max_answers_per_user: int = Field(
+        default=DEFAULT_ANSWERS_PER_USER,
+        ge=1,
+        le=1_000_000,
+        description="Answers of one user counted per arm in a look's window (the earliest; "
+        "without a user id, of one session, else of one key's anonymous traffic): a few "
+        "hyperactive users cannot swing a look.",
+    )
+    max_key_share: float = Field(
+        default=DEFAULT_KEY_SHARE,
+        gt=0,
+        le=1,
+        description="Most of an arm's counted answers one API key may hold when several keys "
+        "sent them (at least 1/keys): one key's invented users cannot swing a look.",
+    )
+
+    @property
+    def bound(self) -> LookBound:
+        """What one user and one key may move in a look (``feedback.contributions``)."""
+        return LookBound(self.max_answers_per_user, self.max_key_share)
 
     @field_validator("margins")
     @classmethod

@@ -8,6 +8,7 @@ whenever it arrived (task outcomes come late).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,7 @@ from sqlalchemy import (
     update,
 )
 
+from feedback.contributions import Answer, LookBound, counted_requests
 from feedback.schema import experiment_looks_table as looks_table
 from feedback.schema import experiments_table as experiments
 from feedback.schema import feedback_table, interactions_table
@@ -34,7 +36,9 @@ from registry.experiments import (
     ArmLabel,
     ExperimentLook,
     ExperimentPolicy,
+    flag_mask,
     judge_experiment,
+    metric_counts,
 )
 
 RUNNING = "running"
@@ -291,16 +295,29 @@ def flag_conditions(feedback_upto: int | None = None) -> dict[str, ColumnElement
 
 
 def arm_counts(
-    engine: Engine, business_line: str, arm: ArmLabel, since: datetime, until: datetime
+    engine: Engine,
+    business_line: str,
+    arm: ArmLabel,
+    since: datetime,
+    until: datetime,
+    bound: LookBound | None = None,
 ) -> dict[str, ArmCount]:
-    """The arm's samples and hits on every metric, over its requests in ``[since, until)``."""
+    """The arm's samples and hits on every metric, over its requests in ``[since, until)``
+    (with ``bound``, only those a look counts: each user's first few, each key within its
+    share, ``feedback.contributions``)."""
     interactions, feedback = interactions_table, feedback_table
     flags = [
         func.max(case((condition, 1), else_=0)).label(name)
         for name, condition in flag_conditions().items()
     ]
+    who = (
+        interactions.c.created_at,
+        interactions.c.user_id,
+        interactions.c.session_id,
+        interactions.c.key_name,
+    )
     per_request = (
-        select(interactions.c.request_id, *flags)
+        select(interactions.c.request_id, *(who if bound is not None else ()), *flags)
         .select_from(
             interactions.outerjoin(feedback, feedback.c.request_id == interactions.c.request_id)
         )
@@ -310,9 +327,11 @@ def arm_counts(
             interactions.c.created_at >= since,
             interactions.c.created_at < until,
         )
-        .group_by(interactions.c.request_id)
+        .group_by(interactions.c.request_id, *(who if bound is not None else ()))
         .subquery()
     )
+    if bound is not None:
+        return _bounded_counts(engine, per_request, bound)
 
     def any_of(names: tuple[str, ...]) -> ColumnElement[bool]:
         return or_(*(per_request.c[name] == 1 for name in names))
@@ -336,11 +355,30 @@ def arm_counts(
     return {name: ArmCount(int(row[2 * i]), int(row[2 * i + 1])) for i, name in enumerate(METRICS)}
 
 
-def current_look(engine: Engine, record: ExperimentRecord, until: datetime) -> ExperimentLook:
+def _bounded_counts(engine: Engine, per_request: Any, bound: LookBound) -> dict[str, ArmCount]:
+    """Every metric over the requests of ``per_request`` (one row per request: who sent it
+    and its flags) that a look counts under ``bound``."""
+    with engine.connect() as connection:
+        rows = connection.execute(select(per_request)).all()
+    counted = counted_requests(
+        (Answer(r.request_id, r.created_at, r.user_id, r.session_id, r.key_name) for r in rows),
+        bound,
+    )
+    masks = Counter(
+        flag_mask(flag for flag in FLAGS if getattr(row, flag))
+        for row in rows
+        if row.request_id in counted
+    )
+    return metric_counts(masks)
+
+
+def current_look(
+    engine: Engine, record: ExperimentRecord, until: datetime, bound: LookBound | None = None
+) -> ExperimentLook:
     """The verdict on ``record`` from each arm's requests since it started (to its end, or
-    ``until``), without recording it."""
+    ``until``), without recording it; with ``bound``, on the requests a look counts."""
     end = record.ended_at or until
-    a = arm_counts(engine, record.business_line, "a", record.started_at, end)
-    b = arm_counts(engine, record.business_line, "b", record.started_at, end)
+    a = arm_counts(engine, record.business_line, "a", record.started_at, end, bound)
+    b = arm_counts(engine, record.business_line, "b", record.started_at, end, bound)
     metric = METRICS[record.metric]
     return judge_experiment(metric, a[metric.name], b[metric.name], record.policy)
