@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 
 class BodyTooLargeError(Exception):
@@ -42,19 +41,18 @@ async def read_body(
         chunks.append(chunk)
 
 
-def nests_deeper(body: bytes, value: object, limit: int) -> bool:
-    """Whether ``value``, the JSON parsed from ``body``, nests arrays and objects more than
-    ``limit`` deep (a top-level object is 1 deep). A body with no more brackets than
-    ``limit`` cannot, and is not walked: the common case costs two byte counts."""
-    if body.count(b"[") + body.count(b"{") <= limit:
+def nests_deeper(value: object, limit: int) -> bool:
+    """Whether the parsed JSON ``value`` nests arrays and objects more than ``limit`` deep (a
+    top-level object is 1 deep). Only arrays and objects are visited, each at most once, and
+    the walk stops at the first one past the limit."""
+    if not isinstance(value, dict | list):
         return False
-    level: list[dict[Any, Any] | list[Any]] = [value] if isinstance(value, dict | list) else []
-    for _ in range(limit):
-        if not level:
-            return False
-        inner: list[dict[Any, Any] | list[Any]] = []
-        for item in level:
-            children = item.values() if isinstance(item, dict) else item
-            inner += [child for child in children if isinstance(child, dict | list)]
-        level = inner
-    return bool(level)
+    if limit <= 0:
+        return True
+    for child in value.values() if isinstance(value, dict) else value:
+        if type(child) in _CONTAINERS and nests_deeper(child, limit - 1):
+            return True
+    return False
+
+
+_CONTAINERS = (dict, list)

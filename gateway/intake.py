@@ -69,7 +69,7 @@ async def json_body(state: GatewayState, request: Request) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise GatewayError(400, "the body must be a JSON object")
     depth = state.gateway.max_body_depth
-    if nests_deeper(body, payload, depth):
+    if nests_deeper(payload, depth):
         # Refused here, before anything is counted: past its depth limit the body could
         # not be sent on to vLLM.
         raise GatewayError(400, f"the body nests arrays and objects more than {depth} deep")
