@@ -332,7 +332,11 @@ def simulate(
         if feedback is not None and gateway is None:
             raise UsageError("--feedback sets how the users of --gateway react; give --gateway too")
         if gateway is not None:
-            _drive_gateway(gateway, api_key, users, simulation, concurrency, feedback)
+            # Each answer's arm as the gateway routes it (no answer says): the store's tables.
+            def routes(line: str) -> Any:
+                return clients(settings).routes.table(line)
+
+            _drive_gateway(gateway, api_key, users, simulation, concurrency, feedback, routes)
             return
         events = TrafficSimulator(simulation).events()
         if out_path is not None:
@@ -359,6 +363,7 @@ def _drive_gateway(
     simulation: Any,
     concurrency: int,
     feedback: str | None = None,
+    routes: Any = None,
 ) -> None:
     from flywheel.progress import progress_bar
     from simulation.protocol import load_users
@@ -371,7 +376,7 @@ def _drive_gateway(
     for line in lines:
         users.check(line)
     out.print(f"users {spec}: {users.describe_feedback()}")
-    traffic = UserTraffic(url, api_key, users, concurrency=concurrency)
+    traffic = UserTraffic(url, api_key, users, concurrency=concurrency, routes=routes)
     failed = False
     for index, line in enumerate(lines):
         share = simulation.requests // len(lines) + (index < simulation.requests % len(lines))

@@ -66,8 +66,6 @@ from gateway.streaming import (
 )
 from gateway.upstream import Replica, Upstreams, UpstreamUnavailableError, spawn
 from gateway.wire import (
-    ADAPTER_HEADER,
-    ARM_HEADER,
     JSON_TYPE,
     LINE_HEADER,
     REQUEST_ID_HEADER,
@@ -212,10 +210,10 @@ async def _proxy(state: GatewayState, request: Request, *, completion_api: bool)
             key_name=key.name,
             completion_api=completion_api,
         )
+        # No arm and no adapter name: they would tell a caller which users are the
+        # canary's (the answer's model is the line too, gateway.streaming).
         headers = {
             REQUEST_ID_HEADER: request_id,
-            ADAPTER_HEADER: adapter or base_model,
-            ARM_HEADER: arm,
             LINE_HEADER: line,
             **(verdict.headers() if verdict is not None else {}),
         }
@@ -340,15 +338,18 @@ def _answer(
         exchange.finished.ttft_ms = None
     if status == 200:
         _finish(state, exchange, "ok")
-        answer = with_answer_id(body, exchange.finished.request_id)
+        finished = exchange.finished
+        answer = with_answer_id(body, finished.request_id, model=finished.business_line)
         return Response(answer, status_code=200, media_type=JSON_TYPE, headers=exchange.headers)
     error = body[:500].decode(errors="replace")
     if status == 404 and exchange.finished.adapter_name:
         _finish(state, exchange, "error", error=error, kind="adapter_missing")
-        message = f"the adapter {exchange.finished.adapter_name} is not loaded on the model server"
+        message = "the line's model is not loaded on the model server; retry shortly"
         return GatewayError(503, message).response(exchange.headers)
     if status < 500:
         _finish(state, exchange, "error", error=error, kind="rejected_by_model_server")
+        if adapter := exchange.finished.adapter_name:  # vLLM's message may name it
+            body = body.replace(adapter.encode(), exchange.finished.business_line.encode())
         return Response(body, status_code=status, media_type=JSON_TYPE, headers=exchange.headers)
     _finish(state, exchange, "error", error=error, kind="upstream_error")
     return GatewayError(502, f"the model server failed ({status})").response(exchange.headers)
@@ -395,7 +396,10 @@ async def _relay(
     usage event when ``strip_usage``: the gateway asked for it, the caller did not); a
     broken stream ends with an SSE error event."""
     chunks: list[bytes] = []
-    rewriter = StreamRewriter(exchange.finished.request_id, strip_usage=strip_usage)
+    finished = exchange.finished
+    rewriter = StreamRewriter(
+        finished.request_id, strip_usage=strip_usage, model=finished.business_line
+    )
     status, error = "ok", None
     try:
         async for chunk in upstream.content.iter_any():

@@ -18,6 +18,9 @@ Every answer the caller gets carries the gateway's request id as its ``id`` (eac
 chunk of a stream too, :func:`with_answer_id` and :class:`StreamRewriter`): the id
 an OpenAI client shows as ``response.id`` is the one ``/v1/feedback`` names. vLLM's
 own id (``chatcmpl-...``) is not kept: nothing the gateway stores or reads needs it.
+Its ``model`` becomes the business line the caller named: the adapter that answered
+(``<line>-v<version>``) would tell a caller which arm it is on, and so which users are
+the canary's.
 """
 
 from __future__ import annotations
@@ -112,9 +115,9 @@ def _usage_only(data: Any) -> bool:
     return isinstance(data, dict) and data.get("choices") == [] and "usage" in data
 
 
-def with_answer_id(body: bytes, answer_id: str) -> bytes:
-    """A JSON answer with ``answer_id`` as its ``id``; a body that is not an answer (no
-    ``id``, not JSON) is returned as it is."""
+def with_answer_id(body: bytes, answer_id: str, *, model: str | None = None) -> bytes:
+    """A JSON answer with ``answer_id`` as its ``id`` (and ``model``, when given, as its
+    ``model``); a body that is not an answer (no ``id``, not JSON) is returned as it is."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -122,33 +125,57 @@ def with_answer_id(body: bytes, answer_id: str) -> bytes:
     if not isinstance(document, dict) or "id" not in document:
         return body
     document["id"] = answer_id
+    if model is not None and "model" in document:
+        document["model"] = model
     return orjson.dumps(document)
 
 
-def _upstream_id(block: bytes) -> bytes | None:
-    """The id of the first answer chunk in ``block``, JSON-encoded (quotes included)."""
+def _upstream_value(block: bytes, name: str) -> bytes | None:
+    """The ``name`` field (``id``, ``model``) of the first answer chunk in ``block`` that
+    has one, JSON-encoded (quotes included)."""
     for event in _events(block):
         data = _data(event)
-        if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
-            return orjson.dumps(data["id"])
+        if isinstance(data, dict) and isinstance(data.get(name), str) and data[name]:
+            return orjson.dumps(data[name])
     return None
+
+
+class _FieldSwap:
+    """Replaces one string field's upstream value, the same in every chunk, as bytes."""
+
+    def __init__(self, name: str, value: str) -> None:
+        self._name = name
+        self._key = orjson.dumps(name)
+        self._new = self._key + b":" + orjson.dumps(value)
+        self._old: tuple[bytes, bytes] | None = None
+
+    def __call__(self, block: bytes) -> bytes:
+        if self._old is None and (found := _upstream_value(block, self._name)) is not None:
+            # vLLM writes compact JSON; a server that puts a space after the colon too.
+            self._old = (self._key + b":" + found, self._key + b": " + found)
+        if self._old is None:
+            return block
+        compact, spaced = self._old
+        return block.replace(compact, self._new).replace(spaced, self._new)
 
 
 class StreamRewriter:
     """Relays vLLM's SSE stream whole events at a time, each chunk's ``id`` set to the
-    gateway's ``answer_id``, and without vLLM's usage-only event when ``strip_usage``.
+    gateway's ``answer_id`` (and its ``model`` to ``model``, when given), and without
+    vLLM's usage-only event when ``strip_usage``.
 
     Bytes after the last complete event wait for the rest of it (a partial event is of no
     use to a client), so ids are set and the usage event dropped even when they arrive in
     pieces; everything else passes through unchanged. vLLM gives every chunk of a stream
-    the same id, so it is read once and each ``"id":<its id>`` is replaced as bytes (no
-    JSON per chunk): unescaped quotes cannot occur inside a JSON string, so an answer's
-    text never matches."""
+    the same id and model, so each is read once and each ``"id":<its id>`` is replaced as
+    bytes (no JSON per chunk): unescaped quotes cannot occur inside a JSON string, so an
+    answer's text never matches."""
 
-    def __init__(self, answer_id: str, *, strip_usage: bool) -> None:
+    def __init__(self, answer_id: str, *, strip_usage: bool, model: str | None = None) -> None:
         self._pending = b""
-        self._answer_id = b'"id":' + orjson.dumps(answer_id)
-        self._upstream_id: tuple[bytes, bytes] | None = None
+        self._swaps = [_FieldSwap("id", answer_id)]
+        if model is not None:
+            self._swaps.append(_FieldSwap("model", model))
         self._strip_usage = strip_usage
 
     def feed(self, chunk: bytes) -> bytes:
@@ -172,13 +199,9 @@ class StreamRewriter:
         return self._set_id(rest)
 
     def _set_id(self, block: bytes) -> bytes:
-        if self._upstream_id is None and (found := _upstream_id(block)) is not None:
-            # vLLM writes compact JSON; a server that puts a space after the colon too.
-            self._upstream_id = (b'"id":' + found, b'"id": ' + found)
-        if self._upstream_id is None:
-            return block
-        compact, spaced = self._upstream_id
-        return block.replace(compact, self._answer_id).replace(spaced, self._answer_id)
+        for swap in self._swaps:
+            block = swap(block)
+        return block
 
 
 @dataclass(slots=True)

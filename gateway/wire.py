@@ -193,12 +193,6 @@ def request_problems(
 REQUEST_ID_HEADER = "x-request-id"
 
 
-ADAPTER_HEADER = "x-flywheel-adapter"
-
-
-ARM_HEADER = "x-flywheel-arm"
-
-
 LINE_HEADER = "x-flywheel-business-line"
 
 

@@ -215,6 +215,7 @@ def run_loop(
         sampling=plan.sampling,
         concurrency=plan.concurrency,
         transport=services.transport,
+        routes=services.routes,
     )
     reviewers = None
     if plan.reviews_per_round and services.review_url and services.reviewer_keys:

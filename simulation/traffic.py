@@ -9,6 +9,12 @@ outcomes arrive late, after every request of the batch.
 
 The sampling settings of all simulated traffic (and of the loop's final
 evaluation) live in :class:`Sampling`, in one place.
+
+The gateway tells no caller which adapter or arm answered (that would let a client find
+the canary's users). The simulation knows it the way the gateway decides it: the line's
+routing table, read once per batch after the gateway has re-read it, and the same sticky
+split (:func:`registry.routing.choose_arm`) on each user's id. Without a routing table the
+arm and adapter of each answer are unknown (``?``).
 """
 
 from __future__ import annotations
@@ -23,11 +29,10 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from registry.routing import RoutingTable, choose_arm
 from simulation.protocol import LoadedUsers, Reaction, reaction_seed
 
 REQUEST_ID_HEADER = "x-request-id"
-ADAPTER_HEADER = "x-flywheel-adapter"
-ARM_HEADER = "x-flywheel-arm"
 SESSION_HEADER = "x-session-id"
 LATE_OUTCOMES = {"task_success": "success", "task_failure": "failure"}
 
@@ -87,8 +92,12 @@ class TrafficReport:
         return {arm: hits / n for arm, (hits, n) in totals.items() if n}
 
     def served_by(self) -> dict[str, int]:
-        """Answered requests per adapter name (``base`` for the base model)."""
-        return dict(Counter(a.adapter or "base" for a in self.answers if a.error is None))
+        """Answered requests per adapter name (``base`` for the base model, ``?`` unknown)."""
+        return dict(
+            Counter(
+                a.adapter or ("base" if a.arm else "?") for a in self.answers if a.error is None
+            )
+        )
 
     def reactions(self) -> dict[str, int]:
         """How often each reaction type was given."""
@@ -119,8 +128,12 @@ class UserTraffic:
         concurrency: int = 4,
         timeout_s: float = 300.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        routes: Callable[[str], RoutingTable] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # The line's routing table as the gateway reads it (from the store): each answer's
+        # arm and adapter, derived by the gateway's own sticky split.
+        self.routes = routes
         self.api_key = api_key
         self.users = users
         self.sampling = sampling or Sampling()
@@ -156,10 +169,11 @@ class UserTraffic:
             queue.put_nowait(None)
         async with self._client() as client:
             await self._routes_read_since(client, started)
+            table = self.routes(line) if self.routes is not None else None
 
             async def worker() -> None:
                 while (request := await queue.get()) is not None:
-                    await self._serve(client, line, request, seed, report, late)
+                    await self._serve(client, line, request, seed, report, late, table)
                     if on_request is not None:
                         on_request(1)
 
@@ -204,9 +218,10 @@ class UserTraffic:
         seed: int,
         report: TrafficReport,
         late: list[tuple[str, str]],
+        table: RoutingTable | None = None,
     ) -> None:
         for attempt in range(2):
-            served = await self.ask(client, line, request)
+            served = await self.ask(client, line, request, table)
             if served.error is not None:
                 report.failures[served.error] += 1
                 report.answers.append(served)
@@ -228,8 +243,15 @@ class UserTraffic:
             await self._tell(client, served.request_id or "", reaction, report, late)
             return
 
-    async def ask(self, client: httpx.AsyncClient, line: str, request: UserRequest) -> ServedAnswer:
-        """One chat request through the gateway, with the configured sampling."""
+    async def ask(
+        self,
+        client: httpx.AsyncClient,
+        line: str,
+        request: UserRequest,
+        table: RoutingTable | None = None,
+    ) -> ServedAnswer:
+        """One chat request through the gateway, with the configured sampling; its arm and
+        adapter as ``table`` routes the user (None: unknown)."""
         body = {
             "model": line,
             "messages": [{"role": "user", "content": request.prompt}],
@@ -246,11 +268,12 @@ class UserTraffic:
                 request, None, None, None, "", False, "none", f"http {response.status_code}"
             )
         choice = response.json()["choices"][0]
+        arm, adapter = choose_arm(table, request.user_id) if table is not None else (None, None)
         return ServedAnswer(
             request,
             response.headers.get(REQUEST_ID_HEADER),
-            response.headers.get(ADAPTER_HEADER) or None,
-            response.headers.get(ARM_HEADER),
+            adapter,
+            arm,
             str(choice["message"].get("content") or ""),
             False,
             "none",

@@ -288,27 +288,26 @@ def test_champion_and_canary_adapters_each_serve_their_own_users(
                 # The gateway asked vLLM for usage; the caller did not, so it never sees it.
                 assert not any(b'"usage"' in event for event in events)
                 text = _streamed_text(events)
-                vllm_model = orjson.loads(events[0])["model"]
+                shown_model = orjson.loads(events[0])["model"]
             elif user == completion_user:
                 body = {"model": LINE, "prompt": prompt, **sampling}
                 response = client.post("/v1/completions", json=body)
                 text = response.json()["choices"][0]["text"]
-                vllm_model = response.json()["model"]
+                shown_model = response.json()["model"]
                 assert response.json()["object"] == "text_completion"
             else:
                 response = client.post("/v1/chat/completions", json=_chat_body(prompt, **sampling))
                 text = response.json()["choices"][0]["message"]["content"]
-                vllm_model = response.json()["model"]
+                shown_model = response.json()["model"]
                 # Streamed from vLLM to time it, rebuilt into the one answer asked for.
                 assert response.json()["object"] == "chat.completion"
                 assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
             if user != streamed_user:
                 assert 3 <= response.json()["usage"]["completion_tokens"] <= 6
             assert response.status_code == 200, response.text
-            adapter = CANARY if arm == "canary" else CHAMPION
-            assert response.headers["x-flywheel-adapter"] == adapter
-            assert response.headers["x-flywheel-arm"] == arm
-            assert vllm_model == adapter
+            # No answer tells its caller the arm or adapter (the rows below say which served).
+            assert not {"x-flywheel-arm", "x-flywheel-adapter"} & set(response.headers)
+            assert shown_model == LINE
             assert text
             logger.info("%s (%s) answered in %.2f s", user, arm, time.monotonic() - started)
             served[response.headers["x-request-id"]] = {"user": user, "arm": arm, "text": text}

@@ -68,6 +68,23 @@ class Running:
         with self.store.engine.connect() as connection:
             return list(connection.execute(select(feedback_table)).all())
 
+    def served(self, response: httpx.Response) -> tuple[str | None, str | None]:
+        """(arm, adapter) that answered, as the store logged it: no answer says."""
+        self.flush()
+        table = interactions_table.c
+        query = select(table.arm, table.adapter_name).where(
+            table.request_id == response.headers["x-request-id"]
+        )
+        with self.store.engine.connect() as connection:
+            arm, adapter = connection.execute(query).one()
+        return arm, adapter
+
+    def arm(self, response: httpx.Response) -> str | None:
+        return self.served(response)[0]
+
+    def adapter(self, response: httpx.Response) -> str | None:
+        return self.served(response)[1]
+
 
 @pytest.fixture
 def gateway(settings: Settings) -> Iterator[Running]:
@@ -101,8 +118,7 @@ def test_a_chat_is_served_by_the_routed_adapter_and_logged(gateway: Running) -> 
     with gateway.client() as client:
         response = _chat(client, user=user, max_tokens=5)
     assert response.status_code == 200, response.text
-    assert response.headers["x-flywheel-adapter"] == CHAMPION
-    assert response.headers["x-flywheel-arm"] == "champion"
+    assert gateway.served(response) == ("champion", CHAMPION)
     request_id = response.headers["x-request-id"]
     assert gateway.stub.received[-1]["model"] == CHAMPION
     assert gateway.stub.received[-1]["max_tokens"] == 5
@@ -122,6 +138,46 @@ def test_a_chat_is_served_by_the_routed_adapter_and_logged(gateway: Running) -> 
 
 def _table(gateway: Running) -> Any:
     return gateway.routes.table("customer_service")
+
+
+def test_no_answer_tells_the_caller_which_adapter_or_arm_served_it(gateway: Running) -> None:
+    """A caller that could tell its arm would find the canary's users by trying ids and aim
+    feedback at them: no header names the arm or the adapter, the answer's model is the
+    line on every path, and an error names no adapter. The store knows which answered."""
+    table = _table(gateway)
+    users = {
+        arm: next(f"u{i}" for i in range(1000) if choose_arm(table, f"u{i}")[0] == arm)
+        for arm in ("champion", "canary")
+    }
+    served = {}
+    with gateway.client() as client:
+        for arm, user in users.items():
+            plain = _chat(client, user=user)
+            completion = client.post(
+                "/v1/completions", json={"model": "customer_service", "prompt": "hi", "user": user}
+            )
+            body = {"model": "customer_service", "messages": [{"role": "user", "content": "x"}]}
+            with client.stream(
+                "POST", "/v1/chat/completions", json={**body, "stream": True, "user": user}
+            ) as streamed:
+                raw = b"".join(streamed.iter_bytes())
+            for answer in (plain, completion, streamed):
+                assert answer.status_code == 200
+                told = {name for name in answer.headers if name.startswith("x-flywheel-")}
+                assert told == {"x-flywheel-business-line"}
+            events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: {")]
+            models = {plain.json()["model"], completion.json()["model"]}
+            assert models | {orjson.loads(event)["model"] for event in events} == {
+                "customer_service"
+            }
+            served[arm] = gateway.served(plain)
+    assert served == {"champion": ("champion", CHAMPION), "canary": ("canary", CANARY)}
+    gateway.routes.set_canary("customer_service", "customer_service-v7", 1.0, actor="test")
+    time.sleep(0.3)
+    with gateway.client() as client:
+        missing = _chat(client, user="someone-else")
+    assert missing.status_code == 503
+    assert "customer_service-v" not in missing.text
 
 
 def test_a_stream_is_relayed_and_logged_whole(gateway: Running) -> None:
@@ -347,13 +403,13 @@ def test_a_stream_broken_midway_ends_with_an_error_event_and_is_logged(gateway: 
     body["stream"] = True
     with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
         raw = b"".join(r.iter_bytes())
-        # No user and no session: the request id picks the arm, so either adapter may serve.
-        served = r.headers["x-flywheel-adapter"]
     events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
     assert orjson.loads(events[-2])["error"]["code"] == 502
     [row] = gateway.interactions()
     assert row.status == "error"
+    # No user and no session: the request id picks the arm, so either adapter may serve.
+    served = row.adapter_name
     # What reached the client before the cut is logged (an abort may drop unsent bytes).
     relayed = "".join(orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2])
     assert row.response == relayed
@@ -366,8 +422,8 @@ def test_the_split_is_sticky_and_a_rollback_reaches_the_gateway_within_a_second(
 ) -> None:
     users = [f"user-{i}" for i in range(300)]
     with gateway.client() as client:
-        first = {u: _chat(client, user=u).headers["x-flywheel-arm"] for u in users}
-        again = {u: _chat(client, user=u).headers["x-flywheel-arm"] for u in users[:100]}
+        first = {u: gateway.arm(_chat(client, user=u)) for u in users}
+        again = {u: gateway.arm(_chat(client, user=u)) for u in users[:100]}
         assert all(first[u] == arm for u, arm in again.items())
         assert set(first.values()) == {"champion", "canary"}
         expected = {u: choose_arm(_table(gateway), u)[0] for u in users}
@@ -375,7 +431,7 @@ def test_the_split_is_sticky_and_a_rollback_reaches_the_gateway_within_a_second(
         canary_user = next(u for u, arm in first.items() if arm == "canary")
         gateway.routes.clear_canary("customer_service", actor="test", reason="rollback")
         cleared = time.monotonic()
-        while _chat(client, user=canary_user).headers["x-flywheel-arm"] != "champion":
+        while gateway.arm(_chat(client, user=canary_user)) != "champion":
             assert time.monotonic() - cleared < 1.0
             time.sleep(0.01)
 
@@ -387,17 +443,17 @@ def test_a_conversation_keeps_its_adapter_until_that_adapter_is_rolled_back(
     user = next(f"u{i}" for i in range(1000) if choose_arm(table, f"u{i}")[0] == "champion")
     headers = {"x-session-id": "conversation-1"}
     with gateway.client() as client:
-        assert _chat(client, user=user, headers=headers).headers["x-flywheel-adapter"] == CHAMPION
+        assert gateway.adapter(_chat(client, user=user, headers=headers)) == CHAMPION
         gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
         time.sleep(0.3)
         # Every new user is on the canary now, but this conversation stays where it began.
-        assert _chat(client, user="someone-new").headers["x-flywheel-adapter"] == CANARY
-        assert _chat(client, user=user, headers=headers).headers["x-flywheel-adapter"] == CHAMPION
+        assert gateway.adapter(_chat(client, user="someone-new")) == CANARY
+        assert gateway.adapter(_chat(client, user=user, headers=headers)) == CHAMPION
         other = {"x-session-id": "conversation-2"}
-        assert _chat(client, user=user, headers=other).headers["x-flywheel-adapter"] == CANARY
+        assert gateway.adapter(_chat(client, user=user, headers=other)) == CANARY
         gateway.routes.clear_canary("customer_service", actor="test")
         time.sleep(0.3)
-        assert _chat(client, user=user, headers=other).headers["x-flywheel-adapter"] == CHAMPION
+        assert gateway.adapter(_chat(client, user=user, headers=other)) == CHAMPION
 
 
 def test_the_same_prompt_again_in_a_session_is_a_regenerate(gateway: Running) -> None:
@@ -452,11 +508,11 @@ def test_another_lines_key_reusing_a_session_id_touches_nothing_of_this_line(
     headers = {"x-session-id": "shared-session"}
     with gateway.client() as cs, gateway.client(LEGAL_KEY) as legal:
         first = _chat(cs, user=user, headers=headers)
-        assert first.headers["x-flywheel-adapter"] == CHAMPION
+        assert gateway.adapter(first) == CHAMPION
         # The same session id and prompt from the legal line: its own conversation.
         other = _chat(legal, model="legal", user=user, headers=headers)
         assert other.status_code == 200, other.text
-        assert other.headers["x-flywheel-arm"] == "base"
+        assert gateway.arm(other) == "base"
         gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
         time.sleep(0.3)
         follow_up = [
@@ -466,7 +522,7 @@ def test_another_lines_key_reusing_a_session_id_touches_nothing_of_this_line(
         ]
         again = _chat(cs, user=user, headers=headers, messages=follow_up)
         # Still on the champion it began on (the legal request did not re-pin it).
-        assert again.headers["x-flywheel-adapter"] == CHAMPION
+        assert gateway.adapter(again) == CHAMPION
     assert [e.type for e in gateway.feedback()] == []
 
 

@@ -104,6 +104,21 @@ def test_a_plain_answer_gets_the_request_id_and_anything_else_is_left_alone() ->
         assert with_answer_id(body, "req-1") == body
 
 
+@pytest.mark.parametrize("size", [1, 7, len(STREAM)])
+def test_the_adapter_that_answered_is_shown_as_the_line(size: int) -> None:
+    quoted = _event({"id": "c1", "choices": [{"index": 0, "delta": {"content": '"model":"m"'}}]})
+    stream = STREAM.replace(b"data: [DONE]", quoted + b"data: [DONE]")
+    rewriter = StreamRewriter("req-1", strip_usage=False, model="legal")
+    out = b"".join(rewriter.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    events = [
+        orjson.loads(e[6:]) for e in (out + rewriter.flush()).split(b"\n\n") if e[6:7] == b"{"
+    ]
+    assert {e.get("model") for e in events} == {"legal", None}  # usage events name none
+    assert events[-1]["choices"][0]["delta"]["content"] == '"model":"m"'
+    plain = orjson.dumps({"id": "c1", "model": "legal-v3", "choices": []})
+    assert orjson.loads(with_answer_id(plain, "req-1", model="legal"))["model"] == "legal"
+
+
 def test_a_chat_answer_is_rebuilt_from_its_events() -> None:
     document = orjson.loads(assemble(STREAM, completion_api=False))
     assert document["object"] == "chat.completion"
