@@ -175,8 +175,9 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
 
     def scrubber() -> Scrubber:
         from feedback.pii import build_scrubber
+        from feedback.pii.product_names import deployment_names
 
-        return build_scrubber(settings.scrubber)
+        return build_scrubber(settings.scrubber, product_names=deployment_names(settings))
 
     def vllm_admin(url: str) -> VllmAdminClient:
         from registry.vllm_admin import VllmAdminClient

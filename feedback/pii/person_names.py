@@ -92,7 +92,8 @@ _INFORMAL_WORDS = _words(
     "okey kk xd xo xoxo luv ur wat wut wot cya ttyl hbd bday nvm ngl fr lowkey highkey iirc afaik "
     "smth sth gr8 m8 pov fomo yolo bestie sis lil ima imma finna tryna boi gurl cutie hun "
     "youtube youtuber youtubers iphone ipad ipod app apps emoji emojis online offline wifi "
-    "hashtag retweet tweet tweets"
+    "hashtag retweet tweet tweets chatbot chatbots bot bots ai llm llms gpu gpus cpu api apis "
+    "faq faqs login logout signup username usernames admin admins smartphone smartphones"
 )
 """Everyday chat words that the English lexicon lacks; never a name on their own."""
 _AUXILIARIES = _words(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -34,6 +34,7 @@ from feedback.pii.person_names import (
     load_name_gazetteer,
     load_name_statistics,
 )
+from feedback.pii.product_names import BUILT_IN_PRODUCT_NAMES, ProductNames
 from feedback.pii.recognizers import (
     CompiledPatternRecognizer,
     CredentialUrlRecognizer,
@@ -128,8 +129,10 @@ class Scrubber:
         chinese_names: ChineseNameRecognizer | None,
         chinese_addresses: ChineseAddressRecognizer | None,
         segmenter: ChineseSegmenter | None,
+        product_names: ProductNames | None = None,
     ) -> None:
         self.settings = settings
+        self._products = product_names or ProductNames(())
         self._nlp = nlp
         self._patterns = tuple(pattern_recognizers)
         self._gazetteer = gazetteer
@@ -171,7 +174,10 @@ class Scrubber:
                 result.start += offset
                 result.end += offset
                 found[index].append(result)
-        return [self._merge(results) for results in found]
+        return [
+            self._merge(self._products.without_products(text, results))
+            for text, results in zip(texts, found, strict=True)
+        ]
 
     def _pieces(self, texts: Sequence[str]) -> Iterator[tuple[int, int, str]]:
         """Texts cut at whitespace into pieces no longer than ``max_text_chars``."""
@@ -277,6 +283,8 @@ class Scrubber:
                 if result.entity_type != "PERSON":
                     continue
                 value = text[result.start : result.end]
+                if self._products.is_product(value):
+                    continue
                 if _CJK.search(value):
                     if len(value) >= 2:
                         parts.add(value)
@@ -285,7 +293,11 @@ class Scrubber:
                         parts.add(given)
                     continue
                 for part in _LATIN_NAME_PART.findall(value):
-                    if part[0].isupper() and not self._gazetteer.is_function_word(part):
+                    if (
+                        part[0].isupper()
+                        and not self._gazetteer.is_function_word(part)
+                        and not self._products.is_product(part)
+                    ):
                         parts.add(part)
         if not parts:
             return
@@ -530,11 +542,15 @@ def analyzer_engine(registry: RecognizerRegistry) -> AnalyzerEngine:
     )
 
 
-def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
+def build_scrubber(
+    settings: ScrubberSettings | None = None, *, product_names: Iterable[str] = ()
+) -> Scrubber:
     """Build a scrubber from settings: load spaCy (NER only) and jieba as the languages need.
 
-    Loading takes a second or two; build once and reuse. Works offline: the
-    spaCy model is an installed package and tldextract uses its bundled
+    ``product_names`` (the deployment's: see :func:`feedback.pii.product_names.
+    deployment_names`) are never scrubbed as a person, nor are the settings' product names
+    and the built-in model families. Loading takes a second or two; build once and reuse.
+    Works offline: the spaCy model is an installed package and tldextract uses its bundled
     public suffix list.
     """
     settings = settings or load_scrubber_settings()
@@ -572,6 +588,7 @@ def build_scrubber(settings: ScrubberSettings | None = None) -> Scrubber:
         chinese_names,
         chinese_addresses,
         segmenter,
+        ProductNames((*BUILT_IN_PRODUCT_NAMES, *settings.product_names, *product_names)),
     )
 
 

@@ -50,8 +50,18 @@ class ScrubberSettings(BaseSettings):
     max_text_chars: int = Field(default=1_000_000, ge=1_000, le=10_000_000)
     """Texts longer than this are scrubbed in pieces of at most this many characters."""
     recognizers_yaml: Path | None = None
+    product_names: tuple[str, ...] = Field(default=(), max_length=1_000)
+    """Product and model names never scrubbed as a person (``FLYWHEEL_SCRUBBER_PRODUCT_NAMES``,
+    a JSON list), besides the built-in model families and the deployment's own names."""
     """More recognizers in Presidio's YAML format (``recognizers:`` of pattern recognizers),
     added to the registry after the built-in ones; their entity types are scrubbed too."""
+
+    @field_validator("product_names")
+    @classmethod
+    def _names_not_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not name.strip() or len(name) > 200 for name in value):
+            raise ValueError("a product name is 1 to 200 characters, not only spaces")
+        return value
 
     @field_validator("languages", "entities")
     @classmethod
