@@ -54,7 +54,13 @@ from dashboard.evals import EvalReview
 from dashboard.experiments import add_experiment_routes
 from dashboard.exports import csv_lines, jsonl_lines
 from dashboard.filters import SAMPLE_SIGNALS, BucketFilter, parse_cursor, parse_filter
-from dashboard.lineage import DatasetIndex, drop_reasons, funnel_signals, funnel_steps
+from dashboard.lineage import (
+    DatasetIndex,
+    drop_reasons,
+    funnel_signals,
+    funnel_steps,
+    restored_examples,
+)
 from dashboard.pages import FeedbackPages, funnel_dict
 from dashboard.review_queue import ReviewQueue
 from dashboard.review_routes import add_review_routes
@@ -105,7 +111,10 @@ def _templates() -> Environment:
         BucketFilter(until=v).params().get("until", "")[:10]
     )
     environment.globals.update(
-        funnel_steps=funnel_steps, drop_reasons=drop_reasons, funnel_signals=funnel_signals
+        funnel_steps=funnel_steps,
+        drop_reasons=drop_reasons,
+        funnel_signals=funnel_signals,
+        restored_examples=restored_examples,
     )
     return environment
 

@@ -98,6 +98,16 @@ def drop_reasons(funnel: dict[str, Any]) -> list[tuple[str, int]]:
     return sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
 
 
+def restored_examples(funnel: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(what, examples)`` whose answer invented a PII placeholder and got neutral words
+    back instead of being dropped, per kind, in the page's words (pure)."""
+    return [
+        (f"{kind} examples: placeholder in the answer given a neutral word", int(count))
+        for kind, count in sorted((funnel.get("restored") or {}).items())
+        if int(count)
+    ]
+
+
 def _build_of(path: Path, manifest: dict[str, Any]) -> DatasetBuild:
     name = str(manifest.get("content_hash", path.parent.name))[:16]
     created = str(manifest.get("created_at", ""))

@@ -18,7 +18,14 @@ from sqlalchemy import Engine
 from dashboard import queries
 from dashboard.evals import EvalReview, EvalRun, EvalSample
 from dashboard.filters import BucketFilter, Cursor
-from dashboard.lineage import DatasetBuild, DatasetIndex, TrainingUse, drop_reasons, funnel_steps
+from dashboard.lineage import (
+    DatasetBuild,
+    DatasetIndex,
+    TrainingUse,
+    drop_reasons,
+    funnel_steps,
+    restored_examples,
+)
 from dashboard.review_queue import ArmReviews, arm_reviews
 from dashboard.scrubbed import Sample, SampleScrubber
 from dashboard.shaping import (
@@ -286,6 +293,7 @@ def funnel_dict(build: DatasetBuild) -> dict[str, Any]:
         "by_signal": build.funnel.get("steps", {}),
         "pii_replaced": build.funnel.get("pii", {}),
         "examples": build.funnel.get("examples", {}),
+        "restored": [{"what": what, "examples": n} for what, n in restored_examples(build.funnel)],
         "counts": build.counts,
     }
 

@@ -49,6 +49,7 @@ from feedback.examples import (
     build_examples,
     model_cap,
     model_labelled_examples,
+    restore_placeholder_targets,
     silent_records,
 )
 from feedback.signals import pull_records
@@ -69,12 +70,14 @@ EXACT_DUPLICATE = "exact_duplicate"
 
 @dataclass(slots=True)
 class Funnel:
-    """Per-signal counts after each step, dropped records by reason, PII found by type."""
+    """Per-signal counts after each step, dropped records by reason, PII found by type,
+    examples whose answer's invented placeholders got neutral words back, by kind."""
 
     steps: dict[str, Counter[str]] = field(default_factory=dict)
     dropped: Counter[str] = field(default_factory=Counter)
     pii: Counter[str] = field(default_factory=Counter)
     examples: dict[str, int] = field(default_factory=dict)
+    restored: Counter[str] = field(default_factory=Counter)
 
     def count(self, step: str, records: Iterable[dict[str, Any]]) -> None:
         """Record how many records of each signal are left after ``step``."""
@@ -91,6 +94,7 @@ class Funnel:
             "dropped": dict(sorted(self.dropped.items())),
             "pii": dict(sorted(self.pii.items())),
             "examples": self.examples,
+            "restored": dict(sorted(self.restored.items())),
         }
 
 
@@ -287,6 +291,7 @@ def build_splits(
     """Examples by kind, capped per user and per API key, and split by time."""
     examples = build_examples(records, max_pairs_per_prompt=settings.max_pairs_per_prompt)
     funnel.dropped.update(examples.dropped)
+    funnel.restored.update(examples.restored)
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]] = {}
     used: set[str] = set()
     for kind, items in examples.by_kind().items():
@@ -358,6 +363,8 @@ def add_model_labelled(
         positives=labelling.positives,
     )
     extra += _best_of_n(silent, labelling, cap=model_cap(human, labelling.max_share) - len(extra))
+    extra, restored = restore_placeholder_targets(extra)
+    funnel.restored.update(restored)
     for example in extra:
         splits.setdefault(example.kind, {"train": [], "eval": []})["train"].append(example)
     funnel.examples["model_labelled"] = len(extra)

@@ -18,7 +18,6 @@ name) their requests came with.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from typing import Any, Literal
 
 import orjson
 
+from feedback.placeholders import PLACEHOLDER, neutral_words
 from feedback.signals import EDIT_TYPES, NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal, signals_of
 
 ExampleKind = Literal["sft", "dpo", "kto"]
@@ -129,8 +129,10 @@ class ExampleSet:
     sft: list[TrainingExample] = field(default_factory=list)
     dpo: list[TrainingExample] = field(default_factory=list)
     kto: list[TrainingExample] = field(default_factory=list)
-    # Examples left out and why (``placeholder_target:sft``), for the cleaning funnel.
+    # Examples left out and why, for the cleaning funnel.
     dropped: Counter[str] = field(default_factory=Counter)
+    # Examples whose answer invented a placeholder, given neutral words instead, by kind.
+    restored: Counter[str] = field(default_factory=Counter)
 
     def by_kind(self) -> dict[ExampleKind, list[TrainingExample]]:
         """The three lists keyed by kind."""
@@ -263,11 +265,10 @@ def build_examples(
                     weight=weight,
                 )
             )
-    return _without_placeholder_targets(examples)
-
-
-# The scrubber's placeholders (feedback/pii/scrubber.py): ``<PERSON_1>``, ``<EMAIL_ADDRESS_2>``.
-PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*_\d+>")
+    for items in examples.by_kind().values():
+        items[:], restored = restore_placeholder_targets(items)
+        examples.restored.update(restored)
+    return examples
 
 
 def best_of_n_examples(
@@ -287,7 +288,8 @@ def best_of_n_examples(
     the best and the worst, when their scores differ by at least ``min_gap``, a DPO pair.
     Each weighs ``weight`` times the model's margin (the SFT target ``2 score - 1``, the pair
     the gap), names the model in its rule (``model:<model>/best-of-<n>``) and traces to the
-    silent answer's request. The clearest come first, at most ``limit`` in all."""
+    silent answer's request. The clearest come first, at most ``limit`` in all. Answers are
+    as sampled: :func:`restore_placeholder_targets` gives invented placeholders neutral words."""
     if not len(silent) == len(candidates) == len(scores):
         raise ValueError(
             f"{len(silent)} prompts, {len(candidates)} candidate lists, {len(scores)} score lists"
@@ -302,15 +304,14 @@ def best_of_n_examples(
         rule = f"{MODEL_RULE_PREFIX}{model}/best-of-{len(answers)}"
         best = max(range(len(read)), key=lambda i: read[i])
         worst = min(range(len(read)), key=lambda i: read[i])
-        invented = bool(invented_placeholders(prompt, answers[best]))
-        if read[best] >= confidence and not invented:
+        if read[best] >= confidence:
             sureness = 2 * read[best] - 1
             ranked.append((sureness, TrainingExample(
                 "sft", prompt, lineage, completion=answers[best], rule=rule,
                 weight=weight * sureness,
             )))  # fmt: skip
         gap = read[best] - read[worst]
-        if gap >= min_gap and answers[best] != answers[worst] and not invented:
+        if gap >= min_gap and answers[best] != answers[worst]:
             ranked.append((gap, TrainingExample(
                 "dpo", prompt, lineage, chosen=answers[best], rejected=answers[worst], rule=rule,
                 weight=weight * gap,
@@ -326,27 +327,43 @@ def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[
     original answer had a name (the base model naming itself, a signature): it
     never sees a placeholder in a live prompt, so it could not have copied one.
     """
-    held = {m for message in prompt for m in PLACEHOLDER.findall(message["content"])}
-    return set(PLACEHOLDER.findall(target)) - held
+    return set(PLACEHOLDER.findall(target)) - _held_placeholders(prompt)
 
 
-def _target(example: TrainingExample) -> str | None:
-    """The text an example teaches the model to say (none for a negative KTO label)."""
-    if example.kind == "dpo":
-        return example.chosen
-    if example.kind == "kto" and not example.label:
-        return None
-    return example.completion
+def _restored(text: str | None, held: set[str]) -> str | None:
+    if not text or not PLACEHOLDER.search(text):
+        return text
+    return neutral_words(text, keep=held)[0]
 
 
-def _without_placeholder_targets(examples: ExampleSet) -> ExampleSet:
-    """The examples whose target invents no placeholder; the others counted as dropped."""
-    for kind, items in examples.by_kind().items():
-        kept = [e for e in items if not invented_placeholders(e.prompt, _target(e) or "")]
-        if len(kept) < len(items):
-            examples.dropped[f"placeholder_target:{kind}"] += len(items) - len(kept)
-            items[:] = kept
-    return examples
+def _held_placeholders(prompt: Sequence[dict[str, str]]) -> set[str]:
+    return {m for message in prompt for m in PLACEHOLDER.findall(message["content"])}
+
+
+def restore_placeholder_targets(
+    examples: Iterable[TrainingExample],
+) -> tuple[list[TrainingExample], Counter[str]]:
+    """The examples with every placeholder their answers invent given a neutral word back
+    ("<PERSON_1>" -> "the customer", see :func:`feedback.placeholders.neutral_words`), and
+    how many were changed, by kind.
+
+    An answer that named someone, or the model itself, is still a good answer: it is kept
+    rather than dropped, and the model never learns to print a placeholder. Placeholders
+    the prompt holds stay (the model may copy those).
+    """
+    out: list[TrainingExample] = []
+    restored: Counter[str] = Counter()
+    for example in examples:
+        held = _held_placeholders(example.prompt)
+        answers = (example.completion, example.chosen, example.rejected)
+        completion, chosen, rejected = (_restored(text, held) for text in answers)
+        if (completion, chosen, rejected) != answers:
+            restored[example.kind] += 1
+            example = replace(  # noqa: PLW2901
+                example, completion=completion, chosen=chosen, rejected=rejected
+            )
+        out.append(example)
+    return out, restored
 
 
 def _event_types(signal: str) -> tuple[str, ...]:
@@ -451,6 +468,8 @@ def model_labelled_examples(
     (``model:<model>``), so lineage says who labelled it. The most confident come first,
     and there are never more than ``max_share`` of all the examples (human-labelled
     ``human_examples`` included): an adapter is never trained mostly on its own judge.
+    Answers are as scrubbed: :func:`restore_placeholder_targets` gives the placeholders
+    they invent neutral words.
     """
     if len(silent) != len(scores):
         raise ValueError(f"{len(scores)} scores for {len(silent)} silent answers")
@@ -483,6 +502,4 @@ def model_labelled_examples(
             TrainingExample("kto", _prompt(record), lineage, completion=record["response"],
                             label=liked, rule=rule, weight=strength)
         )  # fmt: skip
-    return [
-        e for e in out if e.kind != "sft" or not invented_placeholders(e.prompt, e.completion or "")
-    ]
+    return out

@@ -343,24 +343,30 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__slots__}
 
 
-def test_an_answer_that_would_teach_a_placeholder_is_no_target() -> None:
-    # Scrubbed answers where the model named itself ("I'm <PERSON_1>") taught adapters to
-    # print the placeholder; a placeholder the prompt holds may be copied, one it lacks not.
+def test_an_answer_that_invents_a_placeholder_gets_neutral_words_back() -> None:
+    # Scrubbed answers where the model named someone ("Thanks, <PERSON_1>!") would teach
+    # adapters to print the placeholder; a placeholder the prompt holds may be copied, one it
+    # lacks gets a neutral word back, and the example is kept rather than dropped.
     named = [{"role": "user", "content": "I am <PERSON_1>, where is my parcel?"}]
     records = [
-        record("a", "I'm <PERSON_1>, your assistant.", {"type": "thumbs_up"}),
+        record("a", "Thanks, <PERSON_1>! Your parcel ships today.", {"type": "thumbs_up"}),
         record("bb", "Sorry <PERSON_1>, it ships today.", {"type": "thumbs_up"}, messages=named),
         record("ccc", "No.", {"type": "edit"}, edit="Write to <EMAIL_ADDRESS_1> for returns."),
         record("dddd", "Ask <PERSON_2> at the desk.", {"type": "thumbs_down"}, prompt_hash="p2"),
     ]
     examples = build_examples(records)
-    assert [e.completion for e in examples.sft] == ["Sorry <PERSON_1>, it ships today."]
-    assert examples.dpo == []
-    # A disliked answer still teaches what not to say.
-    assert [(e.completion, e.label) for e in examples.kto] == [
-        ("Sorry <PERSON_1>, it ships today.", True),
-        ("Ask <PERSON_2> at the desk.", False),
+    assert sorted(e.completion or "" for e in examples.sft) == [
+        "Sorry <PERSON_1>, it ships today.",
+        "Thanks! Your parcel ships today.",
+        "Write to the email address for returns.",
     ]
-    assert examples.dropped == Counter(
-        {"placeholder_target:sft": 2, "placeholder_target:dpo": 1, "placeholder_target:kto": 1}
-    )
+    assert [(e.chosen, e.rejected) for e in examples.dpo] == [
+        ("Write to the email address for returns.", "No.")
+    ]
+    assert sorted((e.completion or "", e.label) for e in examples.kto) == [
+        ("Ask the customer at the desk.", False),
+        ("Sorry <PERSON_1>, it ships today.", True),
+        ("Thanks! Your parcel ships today.", True),
+    ]
+    assert examples.restored == Counter({"sft": 2, "dpo": 1, "kto": 2})
+    assert not any(key.startswith("placeholder") for key in examples.dropped)

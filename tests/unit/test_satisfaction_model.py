@@ -267,7 +267,7 @@ def test_stratified_folds_spread_the_rare_class() -> None:
 
 
 def test_best_of_n_picks_the_model_s_best_and_worst_answers() -> None:
-    from feedback.examples import best_of_n_examples
+    from feedback.examples import best_of_n_examples, restore_placeholder_targets
 
     silent = _silent(3)
     candidates = [
@@ -283,13 +283,22 @@ def test_best_of_n_picks_the_model_s_best_and_worst_answers() -> None:
     assert {(e.kind, e.completion, e.chosen, e.rejected) for e in examples} == {
         ("dpo", None, "sampled good", "sampled bad"),
         ("sft", "sampled good", None, None),
+        ("dpo", None, "Ask <PERSON_7> for it", "answer 2"),
+        ("sft", "Ask <PERSON_7> for it", None, None),
     }
+    # The cleaning stage gives the invented placeholder a neutral word before training.
+    restored, counts = restore_placeholder_targets(examples)
+    assert {e.completion or e.chosen for e in restored} == {
+        "sampled good",
+        "Ask the customer for it",
+    }
+    assert counts == {"sft": 1, "dpo": 1}
     assert all(e.rule == "model:customer_service-satisfaction-v2/best-of-3" for e in examples)
-    assert all(e.lineage.request_ids == ("s0",) for e in examples)
-    pair = next(e for e in examples if e.kind == "dpo")
+    assert all(e.lineage.request_ids in {("s0",), ("s2",)} for e in examples)
+    pair = next(e for e in examples if e.kind == "dpo" and e.chosen == "sampled good")
     assert pair.weight == pytest.approx(0.5 * 0.85)
     # The clearest first, never more than the limit leaves.
-    assert [e.kind for e in examples] == ["sft", "dpo"]
+    assert [e.kind for e in examples] == ["sft", "sft", "dpo", "dpo"]
     assert len(best_of_n_examples(silent, candidates, scores, model="m", confidence=0.85,
                                   min_gap=0.3, weight=1.0, limit=1)) == 1  # fmt: skip
     # Not sure of the best: the pair stays, the SFT target does not.
