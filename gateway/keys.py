@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from feedback.events import KEY_NAME
 from flywheel.errors import UsageError
 from flywheel.lines import LINE_NAME_RULE, is_line_name
 from gateway.limits import Limits
@@ -62,7 +63,8 @@ class ApiKey(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    # Recorded with every interaction it sends (the store's interactions.key_name).
+    name: str = Field(pattern=KEY_NAME)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     # At least one line, unless the key is an operator's only.
     business_lines: tuple[str, ...] = ()
