@@ -98,14 +98,18 @@ def decide_promotion(
 
     Both reports must come from the same held-out data, pairs in the same
     order. Preference and preferred-loss checks are left out when neither
-    report has that data (too few pairs then fails on its own). With
+    report has that data (too few pairs then fails on its own). On fewer pairs than
+    ``policy.min_eval_pairs`` the pair checks (preference accuracy, mean margin) are left
+    out and the decision is not judged (``GateDecision.not_judged``). With
     ``policy.max_general_loss_drift`` set, ``base_general_loss`` (the base
     model's loss on the same general set) is what the candidate's drift is
     measured from; without it that check fails, saying so.
     """
     checks = [_held_out_pairs(candidate, champion, policy)]
-    checks += _preference(candidate, champion, policy)
-    if policy.min_margin_gain is not None:
+    not_judged = _too_few_pairs(candidate, champion, policy)
+    if not_judged is None:
+        checks += _preference(candidate, champion, policy)
+    if policy.min_margin_gain is not None and not_judged is None:
         checks += _gain(
             "mean_margin",
             "mean preference margin (nats/token)",
@@ -145,7 +149,17 @@ def decide_promotion(
             policy.allow_pii_in_generations,
         ),
     ]
-    return GateDecision(promote=all(c.passed for c in checks), checks=tuple(checks))
+    promote = not_judged is None and all(c.passed for c in checks)
+    return GateDecision(promote=promote, checks=tuple(checks), not_judged=not_judged)
+
+
+def _too_few_pairs(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> str | None:
+    """``"n=4 < 100"`` when both models were scored on fewer pairs than the policy needs:
+    a comparison on them (4 of 4 against 0 of 4) would be a point estimate of noise, so the
+    pair checks are left out and the decision says it judged nothing."""
+    if candidate.pairs != champion.pairs or candidate.pairs >= policy.min_eval_pairs:
+        return None
+    return f"n={candidate.pairs} < {policy.min_eval_pairs}"
 
 
 def _held_out_pairs(candidate: EvalReport, champion: EvalReport, policy: GatePolicy) -> GateCheck:

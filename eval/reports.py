@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from eval.paired import DEFAULT_CONFIDENCE, wilson_interval
+
+# The metrics measured on the held-out pairs: what a gate on too few pairs does not judge.
+PAIR_METRICS = frozenset({"preference_accuracy", "mean_margin"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,27 @@ class EvalReport:
         }
         return {f"{prefix}{k}": float(v) for k, v in values.items() if v is not None}
 
+    def intervals(
+        self, confidence: float = DEFAULT_CONFIDENCE
+    ) -> dict[str, tuple[int, float, float]]:
+        """``(n, low, high)`` of the metrics that are shares of a count, by Wilson score:
+        preference accuracy over the held-out pairs, refusal rate over the generations."""
+        found: dict[str, tuple[int, float, float]] = {}
+        if self.preference_accuracy is not None and self.pairs > 0:
+            right = (
+                sum(self.pair_wins)
+                if len(self.pair_wins) == self.pairs
+                else round(self.preference_accuracy * self.pairs)
+            )
+            low, high = wilson_interval(right, self.pairs, confidence)
+            found["preference_accuracy"] = (self.pairs, low, high)
+        if self.samples:
+            refused = sum(sample.refused for sample in self.samples)
+            n = len(self.samples)
+            low, high = wilson_interval(refused, n, confidence)
+            found["refusal_rate"] = (n, low, high)
+        return found
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
@@ -73,10 +99,27 @@ class GateCheck:
 
 @dataclass(frozen=True, slots=True)
 class GateDecision:
-    """Whether a candidate may go to canary, with the reason for every check."""
+    """Whether a candidate may go to canary, with the reason for every check.
+
+    ``not_judged`` says why the gate compared nothing (too few held-out pairs:
+    ``"n=4 < 100"``): such a candidate is never promoted, and is shown as not
+    judged rather than as a loss or a win on a handful of pairs.
+    """
 
     promote: bool
     checks: tuple[GateCheck, ...]
+    not_judged: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.promote and self.not_judged is not None:
+            raise ValueError("a gate that judged nothing cannot promote")
+
+    @property
+    def verdict(self) -> Literal["promote", "reject", "not judged"]:
+        """``promote``, ``reject`` or ``not judged``."""
+        if self.not_judged is not None:
+            return "not judged"
+        return "promote" if self.promote else "reject"
 
     @property
     def reasons(self) -> list[str]:
@@ -86,6 +129,8 @@ class GateDecision:
 
     @property
     def summary(self) -> str:
-        """``promote`` or ``reject`` with the failed checks named."""
+        """``promote``, ``reject`` with the failed checks named, or ``not judged`` and why."""
+        if self.not_judged is not None:
+            return f"not judged: {self.not_judged}"
         failed = [c.name for c in self.checks if not c.passed]
         return "promote" if self.promote else f"reject ({', '.join(failed)})"

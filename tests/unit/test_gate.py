@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from eval.gate import GatePolicy, decide_promotion
 from eval.paired import compare_paired
-from eval.reports import EvalReport
+from eval.reports import EvalReport, GateDecision
 
 POLICY = GatePolicy(min_preference_gain=0.02, min_margin_gain=0.0, min_eval_pairs=50)
 ALL_CHECKS = {
@@ -290,6 +290,38 @@ def test_too_few_held_out_pairs_is_rejected() -> None:
     )
 
 
+def test_four_pairs_won_four_to_nil_are_not_judged_and_show_no_accuracies() -> None:
+    # The demo's night: the candidate right on all 4 held-out pairs, the champion on none.
+    candidate, champion = reports(0, 4, 0, 0)
+    policy = POLICY.model_copy(update={"min_eval_pairs": 100})
+
+    decision = decide_promotion(candidate, champion, policy)
+
+    assert not decision.promote
+    assert decision.not_judged == "n=4 < 100"
+    assert decision.verdict == "not judged"
+    assert decision.summary == "not judged: n=4 < 100"
+    assert "preference_accuracy" not in {c.name for c in decision.checks}
+    assert "mean_margin" not in {c.name for c in decision.checks}
+    assert not any("1.000" in reason for reason in decision.reasons)
+    assert decision.reasons[0] == (
+        "FAIL held_out_pairs: too few held-out pairs (4 < 100): no decision on a point estimate"
+    )
+
+
+def test_a_gate_that_judged_nothing_cannot_promote() -> None:
+    with pytest.raises(ValueError, match="judged nothing"):
+        GateDecision(promote=True, checks=(), not_judged="n=4 < 100")
+
+
+def test_verdicts_of_a_judged_gate() -> None:
+    assert decide_promotion(GOOD, CHAMPION, POLICY).verdict == "promote"
+    candidate, champion = reports(30, 3, 3, 24)
+    assert decide_promotion(candidate, champion, POLICY).verdict == "reject"
+    different = dataclasses.replace(GOOD, pairs=40, pair_wins=GOOD.pair_wins[:40])
+    assert decide_promotion(different, CHAMPION, POLICY).not_judged is None
+
+
 def test_reports_from_different_held_out_data_are_not_compared() -> None:
     candidate = dataclasses.replace(GOOD, pairs=40, pair_wins=GOOD.pair_wins[:40])
 
@@ -320,7 +352,7 @@ def test_without_pairs_the_preference_checks_are_left_out_and_the_pair_check_fai
 
     names = {c.name for c in decision.checks}
     assert names == ALL_CHECKS - {"preference_accuracy", "mean_margin", "preferred_loss"}
-    assert decision.summary == "reject (held_out_pairs)"
+    assert decision.summary == "not judged: n=0 < 50"
 
 
 def test_a_metric_missing_on_one_side_fails() -> None:
