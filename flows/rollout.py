@@ -63,6 +63,7 @@ from registry.lifecycle import (
 )
 from registry.names import adapter_name, version_of
 from registry.placement import placed
+from registry.records import CanaryRecord, canary_record
 from registry.routing import RoutingTable
 from registry.shadow import ShadowReport, compare_shadow, judge_shadow
 
@@ -391,7 +392,42 @@ def judge_canary(
         actor=actor,
         when=until,
     )
+    if outcome.action in ("promote", "rollback"):
+        record = canary_record(
+            outcome.action,
+            outcome.reason,
+            table.canary,
+            actor=actor,
+            decided_at=until,
+            fraction=table.canary_fraction,
+            look=look,
+            requests=(champion.requests, canary.requests),
+            checks=decision.checks if decision is not None else (),
+        )
+        _log_to_training_run(parts, table.canary, record, numbers)
     return outcome
+
+
+def _log_to_training_run(
+    parts: Rollout, adapter: str, record: CanaryRecord, numbers: dict[str, Any]
+) -> None:
+    """The decision on the run that trained ``adapter``, where its offline evaluation is.
+
+    Best effort: the decision is applied and recorded in the store by now, and MLflow
+    failing here must not make the flow report it as not taken.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        parts.registry.log_canary_outcome(parts.line, version_of(adapter), record, numbers)
+    except (MlflowException, FlywheelError, OSError) as exc:
+        logger.warning(
+            "%s: %s of %s not logged to its training run in MLflow: %s",
+            parts.line,
+            record.action,
+            adapter,
+            exc,
+        )
 
 
 # --------------------------------------------------------------------------- shadow looks
@@ -524,6 +560,21 @@ def watch_champion(
             actor=actor,
             when=until,
         )
+    if transition.action == "revert":
+        record = canary_record(
+            "revert",
+            transition.reason,
+            table.champion,
+            actor=actor,
+            decided_at=until,
+            fraction=1.0,
+            look=1,
+            requests=(then[table.previous].requests, lately[table.champion].requests),
+            checks=decision.checks,
+            prefix="watch",
+            arms=("previous", "champion"),
+        )
+        _log_to_training_run(parts, table.champion, record, numbers)
     return CanaryOutcome(
         line, transition.action, transition.reason, transition.table, decision, numbers
     )

@@ -48,6 +48,12 @@ def version_of(adapter: str) -> int:
     return parsed[1]
 
 
+def training_run_name(line: str, method: str, dataset_hash: str) -> str:
+    """The MLflow run name of a training (``medical-dpo-1a2b3c4d``): what its candidate is
+    called until the gate's verdict and the registry give it a version."""
+    return f"{checked_line(line)}-{method}-{dataset_hash[:8]}"
+
+
 def model_name(line: str) -> str:
     """The registered model that holds a business line's adapter versions."""
     return f"flywheel-{checked_line(line)}"

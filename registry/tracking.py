@@ -27,16 +27,25 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities import (
+    Dataset,
+    DatasetInput,
+    InputTag,
+    LoggedModelOutput,
+    Metric,
+    Param,
+    RunTag,
+)
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
 from flywheel.file_modes import open_private, private_dir
-from registry.names import adapter_name, experiment_name, model_name
+from registry.names import adapter_name, experiment_name, model_name, training_run_name
 from registry.plots import comparison_plot
 from registry.records import (
+    EVAL_PREFIX,
     TAG_BASE_MODEL,
     TAG_CODE_VERSION,
     TAG_DATASET_HASH,
@@ -47,12 +56,14 @@ from registry.records import (
     TAG_RECIPE_HASH,
     TAG_REGISTERED_VERSION,
     TAG_TRAINER,
+    CanaryRecord,
     FlaggedModels,
     Promotion,
     Rollback,
     RunSummary,
     checked_lineage,
     dataset_digest,
+    eval_metrics,
     forgotten_tags,
     gate_tags,
     gate_text,
@@ -240,7 +251,7 @@ class Registry:
         }
         run = self.client.create_run(
             self.experiment_id(line),
-            run_name=f"{line}-{method}-{dataset_hash[:8]}",
+            run_name=training_run_name(line, method, dataset_hash),
             tags={key: truncate(value) for key, value in tags.items()},
         )
         run_id = str(run.info.run_id)
@@ -292,18 +303,24 @@ class Registry:
     ) -> None:
         """Record an offline evaluation and the gate's decision on the run.
 
-        Metrics as ``candidate.*`` and ``champion.*``; under ``eval/`` the metric
-        table, the sample generations side by side, both reports, the comparison
-        plot and the gate text; the decision and its reasons as ``gate.*`` tags.
+        Metrics side by side as ``eval.candidate.*`` and ``eval.champion.*``, shares with
+        their n and 95% interval, the paired difference (:func:`registry.records.eval_metrics`);
+        under ``eval/`` the metric table, the sample generations side by side, both reports,
+        the comparison plot and the gate text; the decision (``promote``, ``reject``, ``not
+        judged``), its summary and its reasons as ``gate.*`` tags.
         """
         timestamp = int(time.time() * 1000)
         model_id = self.logged_model_id(run_id)
         # The candidate's numbers belong to its model too (the LoggedModel's metrics page).
         metrics = [
-            Metric(key, value, timestamp, 0, model_id=model_id)
-            for key, value in candidate.metrics("candidate.").items()
-        ] + [
-            Metric(key, value, timestamp, 0) for key, value in champion.metrics("champion.").items()
+            Metric(
+                key,
+                value,
+                timestamp,
+                0,
+                model_id=model_id if key.startswith(f"{EVAL_PREFIX}candidate.") else None,
+            )
+            for key, value in eval_metrics(candidate, champion).items()
         ]
         tags = [RunTag(key, value) for key, value in gate_tags(decision).items()]
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
@@ -314,7 +331,9 @@ class Registry:
         self.client.log_dict(run_id, champion.as_dict(), f"{EVAL_ARTIFACTS}/champion_report.json")
         self.client.log_text(run_id, gate_text(decision), f"{EVAL_ARTIFACTS}/gate.txt")
         with tempfile.TemporaryDirectory(prefix="flywheel-plot-") as scratch:
-            plot = comparison_plot(candidate, champion, Path(scratch) / "comparison.png")
+            plot = comparison_plot(
+                candidate, champion, Path(scratch) / "comparison.png", verdict=decision.summary
+            )
             self.client.log_artifact(run_id, str(plot), EVAL_ARTIFACTS)
 
     def _log_table(self, run_id: str, table: dict[str, list[Any]], name: str) -> None:
@@ -353,8 +372,14 @@ class Registry:
         )
         self.client.log_model_artifacts(model.model_id, str(adapter_dir))
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
-        self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
+        self._link_output(run_id, model.model_id)
         return model.model_id
+
+    def _link_output(self, run_id: str, model_id: str) -> None:
+        """The LoggedModel as the run's output (what MLflow's run page lists under "Logged
+        models", as ``mlflow.<flavor>.log_model`` records it) and as the run's tag."""
+        self.client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
+        self.client.set_tag(run_id, TAG_LOGGED_MODEL, model_id)
 
     def log_satisfaction_model(
         self,
@@ -419,7 +444,7 @@ class Registry:
         )
         self.client.log_model_artifacts(model.model_id, str(model_dir))
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
-        self.client.set_tag(run_id, TAG_LOGGED_MODEL, model.model_id)
+        self._link_output(run_id, model.model_id)
         if not accepted:
             return None
         name = f"{model_name(line)}-satisfaction"
@@ -675,6 +700,29 @@ class Registry:
         self.client.set_registered_model_alias(name, "champion", str(previous))
         self.client.delete_registered_model_alias(name, "previous")
         return Rollback(line=line, rolled_back=champion, champion=previous)
+
+    def log_canary_outcome(
+        self,
+        line: str,
+        version: int,
+        record: CanaryRecord,
+        numbers: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """Write what the canary decided about ``version`` back to the run that trained it:
+        the record's tags and metrics, and ``numbers`` (the decision's windows and checks)
+        as its JSON artifact. Returns the run id; None for a version without a run."""
+        run_id = self._version(line, version).run_id
+        if not run_id:
+            return None
+        stamp = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(key, value, stamp, 0) for key, value in record.metrics.items()],
+            tags=[RunTag(key, value) for key, value in record.tags.items()],
+        )
+        if numbers is not None:
+            self.client.log_dict(run_id, dict(numbers), record.artifact)
+        return str(run_id)
 
     def version_verdict(self, line: str, version: int) -> tuple[str | None, str | None]:
         """(gate decision of the run that made ``version``, its ``rolled_back`` reason)."""

@@ -116,8 +116,8 @@ def test_a_line_lifecycle_on_the_local_store(tmp_path: Path) -> None:
     assert run.data.params["lora.rank"] == "16"
     assert run.data.tags["gate.decision"] == "promote"
     assert run.data.tags["gate.reasons"].startswith("PASS preference_gain")
-    assert run.data.metrics["candidate.preference_accuracy"] == 0.8
-    assert run.data.metrics["champion.preference_accuracy"] == 0.6
+    assert run.data.metrics["eval.candidate.preference_accuracy"] == 0.8
+    assert run.data.metrics["eval.champion.preference_accuracy"] == 0.6
     [dataset] = run.inputs.dataset_inputs
     assert dataset.dataset.digest == first_hash[:36]
     assert first_hash[:16] in json.loads(dataset.dataset.source)["uri"]

@@ -15,6 +15,7 @@ from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flows.rollout import canary_decisions, judge_canary
 from flywheel.settings import Settings, load_settings
+from registry.records import CanaryRecord
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
@@ -129,9 +130,18 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
     class Registry:  # the MLflow side is tested in the integration tier
         rejected: ClassVar[list[tuple[str, int, str]]] = []
 
+        logged: ClassVar[list[tuple[int, CanaryRecord]]] = []
+
         @classmethod
         def reject(cls, line: str, version: int, reason: str, *, actor: str) -> None:
             cls.rejected.append((line, version, reason))
+
+        @classmethod
+        def log_canary_outcome(
+            cls, line: str, version: int, record: CanaryRecord, numbers: object
+        ) -> str:
+            cls.logged.append((version, record))
+            return "run"
 
     clients = fake_clients(settings, store=store, registry=Registry)
     outcome = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=1))
@@ -140,6 +150,10 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
     table = routes.table("customer_service")
     assert (table.champion, table.canary) == ("customer_service-v1", None)
     assert Registry.rejected[0][:2] == ("customer_service", 2)
+    ((version, record),) = Registry.logged  # on the run that trained v2
+    assert (version, record.tags["canary.decision"]) == (2, "rollback")
+    assert record.tags["canary.reason"] == outcome.reason
+    assert record.metrics["canary.canary_requests"] == 600
     store.close()
 
 

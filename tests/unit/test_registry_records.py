@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from datetime import UTC, datetime
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from composition.recipes import Recipe, recipe_hash, recipe_params
+from eval.paired import compare_paired, wilson_interval
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from flywheel.errors import FlywheelError
 from registry.names import adapter_name, experiment_name, model_name
@@ -18,12 +20,15 @@ from registry.records import (
     RUN_COLUMNS,
     TAG_GATE_DECISION,
     TAG_GATE_REASONS,
+    TAG_GATE_SUMMARY,
     TAG_LINE,
     TAG_REGISTERED_VERSION,
     TRUNCATION_MARK,
     MetricPoint,
+    canary_record,
     checked_lineage,
     dataset_digest,
+    eval_metrics,
     flatten_params,
     gate_tags,
     gate_text,
@@ -208,11 +213,13 @@ def test_run_summary_reads_metrics_and_tags() -> None:
     )
 
     assert summary.started_at == started
+    # A run logged before the eval.* names, n and intervals.
     assert summary.cells() == (
         "0123456789ab",
         "legal",
         "2026-01-02 03:04",
         "finished",
+        "-",
         "75.0%",
         "50.0%",
         "promote",
@@ -225,7 +232,155 @@ def test_run_summary_of_an_unfinished_run() -> None:
     summary = summarize_run("r", "flywheel/medical", 0, "RUNNING", {}, {})
 
     assert summary.line == "medical"
-    assert summary.cells()[4:] == ("-", "-", "-", "-")
+    assert summary.cells()[4:] == ("-", "-", "-", "-", "-")
+
+
+def _paired_reports(
+    candidate_wins: list[bool], champion_wins: list[bool], refused: int = 0
+) -> tuple[EvalReport, EvalReport]:
+    """(candidate, champion) with these per-pair results; the candidate refused ``refused``
+    of its 8 generations."""
+
+    def one(model: str, wins: list[bool], refusals: int) -> EvalReport:
+        report = _report(model, sum(wins) / len(wins), {f"q{i}": "a" for i in range(8)})
+        samples = tuple(
+            dataclasses.replace(sample, refused=i < refusals)
+            for i, sample in enumerate(report.samples)
+        )
+        return dataclasses.replace(
+            report,
+            pairs=len(wins),
+            pair_wins=tuple(wins),
+            samples=samples,
+            refusal_rate=refusals / len(samples),
+        )
+
+    return one("medical-dpo-1a2b3c4d", candidate_wins, refused), one("medical-v2", champion_wins, 0)
+
+
+def test_eval_metrics_put_candidate_beside_champion_with_n_and_95_percent_intervals() -> None:
+    candidate, champion = _paired_reports([True] * 45 + [False] * 15, [True] * 33 + [False] * 27, 2)
+
+    metrics = eval_metrics(candidate, champion)
+
+    assert metrics["eval.candidate.preference_accuracy"] == 0.75
+    assert metrics["eval.champion.preference_accuracy"] == 0.55
+    assert metrics["eval.candidate.preference_accuracy_n"] == 60
+    low, high = wilson_interval(45, 60)
+    assert (
+        metrics["eval.candidate.preference_accuracy_low"],
+        metrics["eval.candidate.preference_accuracy_high"],
+    ) == (low, high)
+    assert metrics["eval.champion.preference_accuracy_low"] == wilson_interval(33, 60)[0]
+    assert metrics["eval.candidate.general_loss"] == metrics["eval.champion.general_loss"] == 2.0
+    # The refusal rate is a share of the 8 generations.
+    assert metrics["eval.candidate.refusal_rate"] == 0.25
+    assert metrics["eval.candidate.refusal_rate_n"] == 8
+    assert metrics["eval.candidate.refusal_rate_high"] == wilson_interval(2, 8)[1]
+    paired = compare_paired(candidate.pair_wins, champion.pair_wins)
+    assert metrics["eval.preference_accuracy_difference"] == paired.difference
+    assert metrics["eval.preference_accuracy_difference_low"] == paired.low
+    assert metrics["eval.preference_accuracy_difference_high"] == paired.high
+    assert metrics["eval.preference_accuracy_difference_n"] == 60
+    assert metrics["eval.preference_accuracy_p_value"] == paired.p_value
+    assert not any(key.startswith(("candidate.", "champion.")) for key in metrics)
+    assert all(isinstance(value, float) for value in metrics.values())
+
+
+def test_the_metric_table_carries_n_and_intervals() -> None:
+    candidate, champion = _paired_reports([True] * 4, [False] * 4)
+
+    table = metrics_table(candidate, champion)
+    row = table["metric"].index("preference_accuracy")
+
+    assert (table["candidate"][row], table["champion"][row], table["n"][row]) == (1.0, 0.0, 4)
+    assert table["candidate_low"][row] == wilson_interval(4, 4)[0]
+    assert table["champion_high"][row] == wilson_interval(0, 4)[1]
+    assert table["delta_low"][row] is not None
+    assert table["n"][table["metric"].index("general_loss")] is None
+
+
+NOT_JUDGED = GateDecision(
+    promote=False,
+    checks=(GateCheck("held_out_pairs", False, "too few held-out pairs (4 < 100)"),),
+    not_judged="n=4 < 100",
+)
+
+
+def test_a_gate_that_judged_nothing_is_tagged_and_written_so() -> None:
+    tags = gate_tags(NOT_JUDGED)
+
+    assert tags[TAG_GATE_DECISION] == "not judged"
+    assert tags[TAG_GATE_SUMMARY] == "not judged: n=4 < 100"
+    assert gate_text(NOT_JUDGED).splitlines()[0] == "not judged: n=4 < 100"
+
+
+def test_flywheel_runs_shows_n_and_intervals_and_no_accuracies_for_a_run_not_judged() -> None:
+    candidate, champion = _paired_reports([True] * 4, [False] * 4)
+    metrics = eval_metrics(candidate, champion)
+
+    not_judged = summarize_run(
+        "0123456789abcdef", "flywheel/legal", 0, "FINISHED", metrics, gate_tags(NOT_JUDGED)
+    )
+    assert not_judged.cells()[4:8] == ("4", "-", "-", "not judged: n=4 < 100")
+    assert "100.0%" not in " ".join(not_judged.cells())
+
+    candidate, champion = _paired_reports([True] * 45 + [False] * 15, [True] * 33 + [False] * 27)
+    judged = summarize_run(
+        "0123456789abcdef",
+        "flywheel/legal",
+        0,
+        "FINISHED",
+        eval_metrics(candidate, champion),
+        {TAG_GATE_DECISION: "promote", TAG_GATE_SUMMARY: "promote"},
+    )
+    assert judged.cells()[4:8] == ("60", "75.0% (63–84%)", "55.0% (42–67%)", "promote")
+
+
+def test_a_canary_decision_becomes_tags_and_metrics_of_the_training_run() -> None:
+    from registry.canary import MetricCheck
+
+    satisfaction = MetricCheck(
+        "satisfaction", 0.06, 0.41, 0.9, 0.07, "OK", 0.05, (66, 65), 1.1, "canary 0.410 ..."
+    )
+    rate = MetricCheck("dissatisfied_rate", 0.3, 0.2, 0.8, float("nan"), "UNPROVEN", 0.1)
+
+    record = canary_record(
+        "promote",
+        "OK satisfaction within -0.05 of the champion's",
+        "legal-v3",
+        actor="flywheel:canary",
+        decided_at=datetime(2026, 12, 4, 9, 25, tzinfo=UTC),
+        fraction=0.05,
+        look=2,
+        requests=(120, 7),
+        checks=(satisfaction, rate),
+    )
+
+    assert record.action == record.tags["canary.decision"] == "promote"
+    assert record.tags["canary.reason"].startswith("OK satisfaction")
+    assert record.tags["canary.adapter"] == "legal-v3"
+    assert record.tags["canary.decided_at"] == "2026-12-04T09:25:00+00:00"
+    assert record.tags["canary.satisfaction.verdict"] == "OK"
+    assert record.metrics["canary.satisfaction.canary"] == 0.41
+    assert record.metrics["canary.satisfaction.champion"] == 0.06
+    assert record.metrics["canary.satisfaction.non_inferior_p"] == 0.07
+    assert record.metrics["canary.satisfaction.canary_n"] == 65
+    assert record.metrics["canary.satisfaction.champion_n"] == 66
+    assert record.metrics["canary.canary_requests"] == 7
+    assert record.metrics["canary.look"] == 2
+    assert "canary.dissatisfied_rate.non_inferior_p" not in record.metrics  # NaN left out
+    assert record.artifact == "canary/promote.json"
+
+    watch = canary_record(
+        "revert", "regressed", "legal-v3", actor="a", decided_at=datetime(2026, 12, 4, tzinfo=UTC),
+        fraction=1.0, look=1, requests=(60, 60), checks=(rate,), prefix="watch",
+        arms=("previous", "champion"),
+    )  # fmt: skip
+    assert watch.tags["watch.decision"] == "revert"
+    assert watch.metrics["watch.dissatisfied_rate.previous"] == 0.3
+    assert watch.metrics["watch.dissatisfied_rate.champion"] == 0.2
+    assert watch.artifact == "watch/revert.json"
 
 
 def test_tracking_uri_defaults_to_sqlite_under_home(tmp_path: Path) -> None:

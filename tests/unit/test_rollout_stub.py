@@ -228,6 +228,47 @@ def test_a_champion_that_regresses_after_promotion_is_reverted(world: World) -> 
     assert world.registry.version_tags(LINE, v2)["rolled_back"]
     assert world.loaded() == [{old}] * 2
     assert world.check() == []
+    client = world.registry.client
+    run = client.get_run(client.get_model_version(model_name(LINE), str(v2)).run_id)
+    assert run.data.tags["canary.decision"] == "promote"
+    assert run.data.tags["watch.decision"] == "revert"
+    assert run.data.tags["watch.reason"] == outcome.reason
+    assert run.data.metrics["watch.dissatisfied_rate.champion"] == pytest.approx(40 / 60)
+    assert run.data.metrics["watch.dissatisfied_rate.previous"] == pytest.approx(3 / 60)
+
+
+def test_the_canarys_decision_and_its_numbers_are_logged_on_the_run_that_trained_it(
+    world: World,
+) -> None:
+    champion, canary = world.register(), world.register()
+    deploy_canary(world.settings, world.clients, LINE, champion, world.urls)
+    judge_canary(world.settings, world.clients, LINE, force=CanaryAction.PROMOTE,
+                 upstreams=world.urls)  # fmt: skip
+    deploy_canary(world.settings, world.clients, LINE, canary, world.urls)
+    now = datetime.now(UTC)
+    _traffic(world, f"{LINE}-v{champion}", 60, 3, now)
+    _traffic(world, f"{LINE}-v{canary}", 60, 40, now)
+
+    outcome = judge_canary(world.settings, world.clients, LINE, upstreams=world.urls,
+                           now=now + timedelta(minutes=5))  # fmt: skip
+
+    assert outcome.action == "rollback", outcome.reason
+    versions = world.registry.client
+    run = versions.get_run(versions.get_model_version(model_name(LINE), str(canary)).run_id)
+    assert run.data.tags["canary.decision"] == "rollback"
+    assert run.data.tags["canary.reason"] == outcome.reason
+    assert run.data.tags["canary.adapter"] == f"{LINE}-v{canary}"
+    metrics = run.data.metrics
+    assert metrics["canary.canary_requests"] == metrics["canary.champion_requests"] == 60
+    assert metrics["canary.dissatisfied_rate.canary"] == pytest.approx(40 / 60)
+    assert metrics["canary.dissatisfied_rate.champion"] == pytest.approx(3 / 60)
+    assert metrics["canary.dissatisfied_rate.worse_p"] <= 0.2
+    assert run.data.tags["canary.dissatisfied_rate.verdict"] == "WORSE"
+    saved = versions.download_artifacts(run.info.run_id, "canary/rollback.json", str(world.root))
+    assert json.loads(Path(saved).read_text())["canary"]["requests"] == 60
+    first = versions.get_run(versions.get_model_version(model_name(LINE), str(champion)).run_id)
+    assert first.data.tags["canary.decision"] == "promote"
+    assert first.data.tags["canary.reason"] == "by hand (promote)"
 
 
 def test_a_restarted_replica_gets_its_adapters_back(world: World) -> None:
