@@ -1,7 +1,9 @@
 """Eval review: the line's training runs in MLflow as a data scientist reads them.
 
 Per run: the gate's verdict and every reason, candidate and champion metrics
-side by side, the registered version with its aliases (champion, canary,
+side by side with the n and 95% interval of each share (a run the gate did not
+judge, on too few held-out pairs, shows "not judged: n=4 < 100" in place of its
+pair accuracies), the registered version with its aliases (champion, canary,
 previous, candidate) and rollback or promotion notes, the sample generations of
 both models (the ``eval/samples.json`` table the registry logs), and links to the
 run and version pages of the MLflow UI. Runs are read through one explicit
@@ -21,13 +23,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.reports import PAIR_METRICS
 from registry.names import experiment_name, model_name
 from registry.records import (
+    EVAL_PREFIX,
+    INTERVAL_SUFFIXES,
+    NOT_JUDGED,
+    PREFERENCE_DIFFERENCE,
     TAG_FORGOTTEN_USER_DATA,
     TAG_FORGOTTEN_USER_DATA_AT,
     TAG_GATE_DECISION,
     TAG_GATE_REASONS,
+    TAG_GATE_SUMMARY,
     TAG_REGISTERED_VERSION,
+    eval_metric,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +69,26 @@ class EvalSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Spread:
+    """A share's n and 95% interval, candidate and champion, and for preference accuracy
+    the paired difference (value, low, high); ``None`` where the run did not log it."""
+
+    n: int | None
+    candidate: tuple[float, float] | None
+    champion: tuple[float, float] | None
+    difference: tuple[float, float, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "n": self.n,
+            "candidate": list(self.candidate) if self.candidate else None,
+            "champion": list(self.champion) if self.champion else None,
+            "difference": list(self.difference) if self.difference else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EvalRun:
     """One training run with its offline evaluation and what became of it."""
 
@@ -76,6 +105,30 @@ class EvalRun:
     version: int | None
     aliases: tuple[str, ...]
     version_notes: tuple[str, ...]
+    gate_summary: str | None = None
+    spreads: tuple[tuple[str, Spread], ...] = ()
+
+    @property
+    def judged(self) -> bool:
+        """False when the gate had too few held-out pairs to compare the models."""
+        return self.gate != NOT_JUDGED
+
+    @property
+    def verdict(self) -> str | None:
+        """The gate's verdict as shown: ``promote``, ``reject``, ``not judged: n=4 < 100``."""
+        if not self.judged:
+            return self.gate_summary or NOT_JUDGED
+        return self.gate
+
+    @property
+    def compared_metrics(self) -> tuple[tuple[str, float | None, float | None], ...]:
+        """The metrics to draw side by side: without the pair metrics of a run the gate did
+        not judge (4 of 4 against 0 of 4 drawn as 100% against 0% says what it cannot)."""
+        return tuple(row for row in self.metrics if self.shows(row[0]))
+
+    def shows(self, name: str) -> bool:
+        """Whether the metric's numbers are shown: not a pair metric of a run not judged."""
+        return self.judged or name not in PAIR_METRICS
 
     def metric(self, name: str) -> tuple[float | None, float | None]:
         """(candidate, champion) values of one metric."""
@@ -83,6 +136,10 @@ class EvalRun:
             if metric == name:
                 return candidate, champion
         return None, None
+
+    def spread(self, name: str) -> Spread | None:
+        """One share's n and intervals, if the run logged them."""
+        return next((found for metric, found in self.spreads if metric == name), None)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -94,8 +151,11 @@ class EvalRun:
             "method": self.method,
             "dataset_hash": self.dataset_hash,
             "gate": self.gate,
+            "gate_summary": self.gate_summary,
+            "judged": self.judged,
             "reasons": list(self.reasons),
             "metrics": [{"metric": m, "candidate": a, "champion": b} for m, a, b in self.metrics],
+            "intervals": {name: found.as_dict() for name, found in self.spreads},
             "version": self.version,
             "aliases": list(self.aliases),
             "version_notes": list(self.version_notes),
@@ -103,19 +163,54 @@ class EvalRun:
 
 
 def metric_rows(metrics: dict[str, float]) -> tuple[tuple[str, float | None, float | None], ...]:
-    """``(metric, candidate, champion)`` from a run's ``candidate.*``/``champion.*`` metrics,
-    known metrics first (pure)."""
+    """``(metric, candidate, champion)`` from a run's ``eval.candidate.*``/``eval.champion.*``
+    metrics (``candidate.*``/``champion.*`` in runs logged before), known metrics first; a
+    share's n and interval bounds are :func:`metric_spreads`' (pure)."""
+    sides = ("candidate.", "champion.")
     names = {
-        key.split(".", 1)[1]
+        key.removeprefix(EVAL_PREFIX).split(".", 1)[1]
         for key in metrics
-        if key.startswith(("candidate.", "champion.")) and "." in key
+        if key.removeprefix(EVAL_PREFIX).startswith(sides)
+    }
+    names -= {
+        name
+        for name in names
+        for suffix in INTERVAL_SUFFIXES
+        if name.endswith(suffix) and name.removesuffix(suffix) in names
     }
     rank = {name: i for i, name in enumerate(METRIC_ORDER)}
     ordered = sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
     return tuple(
-        (name, metrics.get(f"candidate.{name}"), metrics.get(f"champion.{name}"))
+        (name, eval_metric(metrics, "candidate", name), eval_metric(metrics, "champion", name))
         for name in ordered
     )
+
+
+def metric_spreads(metrics: dict[str, float]) -> tuple[tuple[str, Spread], ...]:
+    """The n and 95% intervals a run logged (``eval.<side>.<metric>_n/_low/_high``, and the
+    paired difference of preference accuracy), by metric (pure)."""
+
+    def bounds(side: str, name: str) -> tuple[float, float] | None:
+        low = metrics.get(f"{EVAL_PREFIX}{side}.{name}_low")
+        high = metrics.get(f"{EVAL_PREFIX}{side}.{name}_high")
+        return None if low is None or high is None else (low, high)
+
+    found = []
+    for name, _, _ in metric_rows(metrics):
+        candidate, champion = bounds("candidate", name), bounds("champion", name)
+        if candidate is None and champion is None:
+            continue
+        n = metrics.get(f"{EVAL_PREFIX}candidate.{name}_n")
+        if n is None:
+            n = metrics.get(f"{EVAL_PREFIX}champion.{name}_n")
+        difference = None
+        key = f"{EVAL_PREFIX}{PREFERENCE_DIFFERENCE}"
+        if name == "preference_accuracy" and key in metrics:
+            low, high = metrics.get(f"{key}_low"), metrics.get(f"{key}_high")
+            if low is not None and high is not None:
+                difference = (metrics[key], low, high)
+        found.append((name, Spread(None if n is None else int(n), candidate, champion, difference)))
+    return tuple(found)
 
 
 def samples_of_table(table: dict[str, Any]) -> list[EvalSample]:
@@ -239,6 +334,8 @@ class EvalReview:
                     version=version,
                     aliases=tuple(sorted(aliases.get(version, []))) if version else (),
                     version_notes=tuple(notes),
+                    gate_summary=tags.get(TAG_GATE_SUMMARY),
+                    spreads=metric_spreads(dict(run.data.metrics)),
                 )
             )
         return result

@@ -3,6 +3,7 @@ comparison plot, sample generations side by side (scrubbed), links to the MLflow
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from composition.recipes import Recipe, recipe_hash, start_training_run
+from eval.gate import GatePolicy, decide_promotion
+from eval.paired import wilson_interval
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from registry.tracking import Registry
 from tests.dashboard_store import PageHome, build_page_home
@@ -74,6 +77,27 @@ def _train(registry: Registry, root: Path, content_hash: str, promote: bool) -> 
     return run_id, version
 
 
+def _train_on_four_pairs(registry: Registry, root: Path) -> str:
+    """The demo's night on customer service: 4 held-out pairs, the candidate right on all,
+    the base model on none, under a gate that needs 100 pairs."""
+    line = "customer_service"
+    recipe = Recipe(business_line=line, method="sft", max_steps=2)
+    manifest = root / "four-pairs" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"business_line": line, "content_hash": "d" * 64}))
+    run_id = start_training_run(registry, recipe, "d" * 64, manifest, "base", "abc1234")
+    candidate = dataclasses.replace(
+        _report("customer_service-sft-dddddddd", 1.0, "Sure."), pairs=4, pair_wins=(True,) * 4
+    )
+    champion = dataclasses.replace(
+        _report("base model", 0.0, "Hello."), pairs=4, pair_wins=(False,) * 4
+    )
+    decision = decide_promotion(candidate, champion, GatePolicy(min_eval_pairs=100))
+    registry.log_evaluation(run_id, candidate, champion, decision)
+    registry.finish_run(run_id)
+    return run_id
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PageHome, list[str]]]:
     root = tmp_path_factory.mktemp("evals")
@@ -82,6 +106,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PageHome, l
     first, v1 = _train(registry, root, "a" * 64, promote=True)
     registry.promote(LINE, v1, reason="first champion")
     rejected, _ = _train(registry, root, "b" * 64, promote=False)
+    _train_on_four_pairs(registry, root)
     yield built, [first, rejected]
     built.store.close()
 
@@ -132,10 +157,43 @@ def test_eval_review_lays_out_runs_for_a_data_scientist(
             "candidate": 0.8,
             "champion": 0.6,
         }
+        # n and 95% intervals beside the accuracies (12 pairs: 0.8 is 10 of them, rounded)
+        spread = api["runs"][1]["intervals"]["preference_accuracy"]
+        assert spread["n"] == 12
+        assert spread["candidate"] == pytest.approx(list(wilson_interval(10, 12)))
+        low, high = wilson_interval(10, 12)
+        assert f"0.8 ({low:.3f}–{high:.3f})" in html.unescape(chosen.text)
         assert PLANTED_EMAIL not in json.dumps(api)
 
         refused = client.get("/lines/customer_service/evals")
         assert refused.status_code == 403
+
+
+def test_a_run_the_gate_did_not_judge_says_why_instead_of_its_accuracies(
+    home: tuple[PageHome, list[str]],
+) -> None:
+    page_home, _ = home
+    with TestClient(
+        page_home.app(), client=("10.0.0.2", 1), headers=page_home.bearer("admin")
+    ) as client:
+        text = html.unescape(client.get("/lines/customer_service/evals").text)
+        api = client.get("/api/lines/customer_service/evals").json()
+
+    assert '<span class="gate not_judged">not judged: n=4 < 100</span>' in text
+    assert ": not judged: n=4 < 100</h2>" in text
+    assert "100.0%" not in text
+    # the runs table: 4 pairs, then no accuracies
+    assert "<td>4</td><td>–</td><td>–</td>" in "".join(text.split())
+    assert '<td colspan="3" class="not-judged">not judged: n=4 < 100</td>' in text
+    chart = text[text.index("<svg") : text.index("</svg>")]
+    assert "preference_accuracy" not in chart
+    assert "general_loss" in chart
+    assert "FAIL held_out_pairs: too few held-out pairs (4 < 100)" in text
+    (run,) = api["runs"]
+    assert run["gate"] == "not judged"
+    assert run["gate_summary"] == "not judged: n=4 < 100"
+    assert run["judged"] is False
+    assert run["intervals"]["preference_accuracy"]["n"] == 4
 
 
 def test_a_line_without_runs_says_so(home: tuple[PageHome, list[str]]) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dashboard.access import Viewer, check_line, is_loopback
 from dashboard.diffs import edit_diff, similarity, tokens
 from dashboard.errors import PageError
-from dashboard.evals import metric_rows, samples_of_table
+from dashboard.evals import metric_rows, metric_spreads, samples_of_table
 from dashboard.filters import BucketFilter, Cursor, parse_cursor, parse_filter
 from dashboard.lineage import drop_reasons, funnel_signals, funnel_steps
 from dashboard.plots import funnel_chart, line_chart, metric_bars
@@ -268,6 +268,29 @@ def test_metric_rows_pair_candidate_and_champion() -> None:
         {"candidate.general_loss": 2.0, "champion.general_loss": 2.1, "candidate.zeta": 1.0}
     )
     assert rows == (("general_loss", 2.0, 2.1), ("zeta", 1.0, None))
+    # eval.* names: a share's n and interval bounds are no rows of their own
+    logged = {
+        "eval.candidate.preference_accuracy": 1.0,
+        "eval.champion.preference_accuracy": 0.0,
+        "eval.candidate.preference_accuracy_n": 4.0,
+        "eval.candidate.preference_accuracy_low": 0.51,
+        "eval.candidate.preference_accuracy_high": 1.0,
+        "eval.champion.preference_accuracy_low": 0.0,
+        "eval.champion.preference_accuracy_high": 0.49,
+        "eval.preference_accuracy_difference": 1.0,
+        "eval.preference_accuracy_difference_low": 0.4,
+        "eval.preference_accuracy_difference_high": 1.0,
+        "eval.candidate.general_loss": 2.0,
+    }
+    assert metric_rows(logged) == (("preference_accuracy", 1.0, 0.0), ("general_loss", 2.0, None))
+    ((name, spread),) = metric_spreads(logged)
+    assert (name, spread.n, spread.candidate, spread.champion) == (
+        "preference_accuracy",
+        4,
+        (0.51, 1.0),
+        (0.0, 0.49),
+    )
+    assert spread.difference == (1.0, 0.4, 1.0)
 
 
 def test_samples_table_rows() -> None:
