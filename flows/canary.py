@@ -3,11 +3,12 @@
 Reads like the rollout's half of the design: the replicas brought to the plan,
 then per line the shadow stage, the canary and the freshly promoted champion
 judged on their users' online signals (``flows.rollout``; the decisions
-themselves are pure, in ``registry``).
+themselves are pure, in ``registry``). Every decision is also a line of the flow run's log.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -15,6 +16,45 @@ from prefect.artifacts import create_table_artifact
 
 from composition.clients import open_clients
 from flywheel.settings import current_settings
+
+# What a stage's action did, in the words of a log line.
+ACTION_WORDS = {
+    "promote": "promoted",
+    "step_up": "stepped up",
+    "rollback": "rolled back",
+    "revert": "reverted",
+    "wait": "waiting",
+    "watch": "watching",
+    "advance": "advanced to the canary",
+    "reject": "rejected",
+}
+
+
+def describe_decisions(result: dict[str, Any]) -> list[str]:
+    """A line's decisions of this run, one log line each (shadow, canary, champion watch):
+    e.g. "customer_service: canary: promoted: ..."; a line with nothing to judge says so."""
+    line = result["business_line"]
+    said = [
+        f"{line}: {stage}: {ACTION_WORDS.get(action, action)}: {result[reason]}"
+        for stage, action, reason in (
+            ("shadow", result["shadow"], "shadow_reason"),
+            ("canary", result["action"], "reason"),
+            ("champion watch", result["champion_watch"], "champion_watch_reason"),
+        )
+        if action != "none"
+    ]
+    return said or [f"{line}: nothing to judge (no shadow, no canary, no champion on watch)"]
+
+
+def describe_sync(replica: str, changes: dict[str, list[str]]) -> str:
+    """What reconciling one replica changed: e.g. "http://vllm:8000: loaded cs-v3; unloaded
+    cs-v1"."""
+    done = [
+        f"{what} {', '.join(changes[what])}"
+        for what in ("loaded", "unloaded", "failed")
+        if changes.get(what)
+    ]
+    return f"{replica}: {'; '.join(done)}"
 
 
 @flow(name="flywheel-canary")
@@ -35,12 +75,20 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
     with open_clients(settings) as clients:
         try:
             synced = sync_adapters(settings, clients, gateway.upstreams, in_flight=in_flight)
-        except Exception:  # one replica's trouble must not stop the decisions
-            get_run_logger().exception("reconciling the replicas failed")
+        except Exception as exc:  # one replica's trouble must not stop the decisions
+            get_run_logger().exception(
+                "reconciling the replicas failed (the decisions go on): %s: %s",
+                type(exc).__name__,
+                exc,
+            )
         else:
             for replica, changes in synced.items():
                 if changes["loaded"] or changes["unloaded"] or changes["failed"]:
-                    get_run_logger().info("reconciled %s: %s", replica, changes)
+                    get_run_logger().log(
+                        logging.WARNING if changes["failed"] else logging.INFO,
+                        "reconciled %s",
+                        describe_sync(replica, changes),
+                    )
         for line in chosen:
             shadow = judge_shadow_stage(
                 settings,
@@ -74,5 +122,7 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
                     "shadow_reason": shadow.reason,
                 }
             )
+            for said in describe_decisions(results[-1]):
+                get_run_logger().info("%s", said)
     create_table_artifact(key="canary-decisions", table=results, description="canary decisions")
     return results

@@ -231,20 +231,96 @@ def line_nightly(
                 started = time.monotonic()
                 report.retention = enforce_retention(settings, line)
                 report.seconds["retention"] = round(time.monotonic() - started, 2)
+                _run_logger().info("%s", describe_retention(line, report.retention))
         except LineBusyError as exc:
             report.status, report.reason = LineStatus.BUSY, str(exc)
+    _run_logger().info("%s", describe_line(report))
     _line_artifact(report)
     return asdict(report)
 
 
 def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The flow run's logger (shown in Prefect's UI), or this module's outside a run."""
+    """The logger of the run this code belongs to (its lines on that run's page in
+    Prefect's UI), or this module's outside a run.
+
+    A line's run is a subflow started inside the ``run_line`` task, where Prefect's
+    ``get_run_logger`` answers the enclosing task's logger: the line's lines would land on
+    the nightly's run. ``get_run_context`` tells the two apart.
+    """
+    from prefect.context import FlowRunContext, get_run_context
     from prefect.exceptions import MissingContextError
+    from prefect.logging.loggers import flow_run_logger
 
     try:
-        return get_run_logger()
+        context = get_run_context()
     except MissingContextError:
         return logger
+    if isinstance(context, FlowRunContext) and context.flow_run is not None:
+        return flow_run_logger(context.flow_run, context.flow)
+    return get_run_logger()
+
+
+def describe_examples(examples: dict[str, int]) -> str:
+    """E.g. "460 training examples (SFT 120, DPO 40, KTO 300)"."""
+    kinds = ", ".join(f"{kind.upper()} {count:,}" for kind, count in examples.items())
+    return f"{sum(examples.values()):,} training examples" + (f" ({kinds})" if kinds else "")
+
+
+def describe_datasets(line: str, datasets: dict[str, Any], seconds: float) -> str:
+    """The datasets stage in a line: the dataset, its training examples by kind and the
+    records they came from."""
+    pulled = sum(datasets.get("funnel", {}).get("steps", {}).get("pulled", {}).values())
+    source = f" from {pulled:,} records" if pulled else ""
+    if datasets["dataset"] is None:
+        return f"{line}: no new dataset: {describe_examples({})}{source} ({seconds:.1f} s)"
+    return (
+        f"{line}: dataset {str(datasets['dataset'])[:12]}, "
+        f"{describe_examples(datasets['train_examples'])}{source} ({seconds:.1f} s)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def describe_training(line: str, trained: TrainResult, seconds: float) -> str:
+    """The training stage in a line: trained (how long) or reused, and the gate's verdict
+    with its reason; or why nothing was trained."""
+    if trained.status is TrainingStatus.SKIPPED or trained.version is None:
+        return f"{line}: training skipped: {trained.reason}"
+    verdict = "passed" if trained.promote else "failed"
+    if trained.status is TrainingStatus.REUSED:
+        return f"{line}: reused v{trained.version}, gate {verdict}: {trained.reason}"
+    return (
+        f"{line}: trained v{trained.version} in {_duration(seconds)}; "
+        f"gate {verdict}: {trained.reason}"
+    )
+
+
+def describe_retention(line: str, retention: dict[str, Any]) -> str:
+    """What the retention stage did to the line's raw text older than its recipe allows."""
+    counts = {
+        name: int(retention.get(name, 0))
+        for name in ("interactions", "feedback_events", "shadow_outputs")
+    }
+    if not any(counts.values()):
+        return f"{line}: retention: no raw text older than {retention.get('cutoff', 'its limit')}"
+    done = "deleted" if retention.get("action") == "delete" else "scrubbed"
+    rows = ", ".join(f"{count:,} {name.replace('_', ' ')}" for name, count in counts.items())
+    return f"{line}: retention: {done} {rows} older than {retention.get('cutoff')}"
+
+
+def describe_line(report: LineReport) -> str:
+    """How a line's night ended, in a line: status, version and adapter, why, how long."""
+    what = [f"v{report.version}"] if report.version is not None else []
+    what += [report.adapter] if report.adapter else []
+    took = sum(seconds for stage, seconds in report.seconds.items() if "." not in stage)
+    return (
+        f"{report.business_line}: {report.status}"
+        + (f" ({', '.join(what)})" if what else "")
+        + (f": {report.reason}" if report.reason else "")
+        + (f" [{_duration(took)}]" if took else "")
+    )
 
 
 def _transient(exc: BaseException) -> bool:
@@ -304,9 +380,18 @@ def _run_line(
     report.window_until = window.until.isoformat()
     report.resumed = window.resumed
     timed("window", started)
+    log = _run_logger()
+    log.info(
+        "%s: window %s → %s%s",
+        line,
+        report.window_since or "the beginning",
+        report.window_until,
+        " (resumed after an unfinished run)" if window.resumed else "",
+    )
     live = _live_canary(settings, line)
     if live is not None:
         report.status, report.reason = LineStatus.CANARY_LIVE, live
+        log.info("%s: skipped tonight: %s", line, live)
         close_window(settings, window, f"skipped: {live}", consumed=False)
         return
     try:
@@ -315,12 +400,17 @@ def _run_line(
         if _transient(exc):
             report.status = LineStatus.FAILED
             report.reason = f"{type(exc).__name__}: {exc} (will retry)"
+            log.error("%s: failed: %s; its window stays open for the retry", line, report.reason)
             close_window(settings, window, f"failed, kept open: {report.reason}", consumed=False)
             raise
         # Deterministic: the same window would fail the same way every night. Close it as
         # failed so the next night starts clean (its data stays in the line's datasets).
         report.status, report.reason = LineStatus.FAILED, f"{type(exc).__name__}: {exc}"
-        _run_logger().exception("nightly run of %s failed; its window is closed as failed", line)
+        log.exception(
+            "%s: failed: %s; its window is closed as failed (the same data would fail again)",
+            line,
+            report.reason,
+        )
         close_window(settings, window, f"failed: {report.reason}", consumed=True)
 
 
@@ -340,6 +430,8 @@ def _train_and_deploy(
         datasets = build_datasets(settings, line, window)
     report.examples = datasets["train_examples"]
     timed("datasets", started)
+    log = _run_logger()
+    log.info("%s", describe_datasets(line, datasets, report.seconds["datasets"]))
     for step, seconds in datasets.get("seconds", {}).items():
         report.seconds[f"datasets.{step}"] = seconds
     if datasets["dataset"] is not None:
@@ -347,7 +439,7 @@ def _train_and_deploy(
         try:
             report.satisfaction_model = satisfaction_model(settings, line, datasets["dataset"])
         except Exception as exc:  # the night goes on without it
-            _run_logger().exception("satisfaction model of %s failed", line)
+            log.exception("%s: satisfaction model failed (the night goes on): %s", line, exc)
             report.satisfaction_model = {
                 "status": "failed",
                 "reason": f"{type(exc).__name__}: {exc}",
@@ -357,6 +449,7 @@ def _train_and_deploy(
     trained = train_and_gate(settings, line, datasets["dataset"])
     report.version, report.reason = trained.version, trained.reason
     timed("train_eval_gate_register", started)
+    log.info("%s", describe_training(line, trained, report.seconds["train_eval_gate_register"]))
     if trained.status is TrainingStatus.SKIPPED or trained.version is None:
         report.status = LineStatus.SKIPPED
         close_window(settings, window, f"skipped: {trained.reason}", consumed=False)
@@ -371,6 +464,14 @@ def _train_and_deploy(
     report.status = DEPLOY_STATUS.get(deployed["status"], LineStatus.FAILED)
     report.reason = deployed["reason"]
     timed("hot_load_probe_canary", started)
+    log.log(
+        logging.ERROR if report.status is LineStatus.FAILED else logging.INFO,
+        "%s: hot-load and canary of %s: %s: %s",
+        line,
+        report.adapter or f"v{trained.version}",
+        deployed["status"],
+        report.reason,
+    )
     close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
 
 
@@ -399,7 +500,7 @@ def run_line(line: str, workers: int | None, dask_address: str | None) -> dict[s
     try:
         return line_nightly(line, workers, dask_address)
     except Exception as exc:  # one line failing must not stop the others
-        _run_logger().exception("nightly run of %s failed", line)
+        _run_logger().exception("%s: failed: %s: %s", line, type(exc).__name__, exc)
         failed = LineReport(line, status=LineStatus.FAILED, reason=f"{type(exc).__name__}: {exc}")
         return asdict(failed)
 
@@ -420,6 +521,9 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
     with dask_cluster(workers, settings.dask_address) as address:
         futures = [run_line.submit(line, workers, address) for line in chosen]
         reports = [future.result() for future in futures]
+    _run_logger().info(
+        "nightly: %s", "; ".join(f"{r['business_line']} {r['status']}" for r in reports)
+    )
     create_table_artifact(
         key="nightly-summary",
         table=[

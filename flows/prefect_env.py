@@ -8,9 +8,11 @@ store window a line's run reopens (``feedback.watermarks``), the dataset's
 content hash, and the registered version found by dataset, recipe and base
 model (``registry.tracking.Registry.find_version``) — so a crashed night redoes
 nothing it finished, whoever reruns it, with or without Prefect's cache.
-Telemetry is off (these machines and many users' are offline); the ephemeral
-API server gets a start-up timeout that a busy 2-core machine can meet.
-Values already in the environment win.
+A flow run's logs are where a night is read: the run logger's lines and the
+project's own loggers' (:data:`RUN_LOGS`) go to Prefect's API at INFO, while the
+terminal stays at WARNING. Telemetry is off (these machines and many users' are
+offline); the ephemeral API server gets a start-up timeout that a busy 2-core machine
+can meet. Values already in the environment win.
 """
 
 from __future__ import annotations
@@ -21,18 +23,40 @@ import sys
 from flywheel.file_modes import private_home
 from flywheel.settings import Settings
 
+# Prefect's server sends usage telemetry, and its client analytics events, unless told not
+# to; offline, each attempt logs an error. Set wherever flywheel starts a Prefect server or
+# prints the command that starts one (flows.schedule).
+TELEMETRY_OFF = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+
+# The packages a flow run calls into: what their loggers say shows in the run's logs.
+PROJECT_LOGGERS = ("flows", "feedback", "registry", "eval", "training", "composition", "flywheel")
+
+# A flow run's INFO lines go to Prefect's API (the run's page): the run logger's, and the
+# project's loggers' through Prefect's API handler (PREFECT_LOGGING_EXTRA_LOGGERS). Prefect
+# gives those loggers a handler but no level, so the root level lets their INFO through: no
+# other setting reaches a logger Prefect's logging config does not name, and a flow run
+# started by a worker or `flywheel schedule` reads only its environment. The terminal stays
+# at WARNING (the CLI prints its own progress); outside a run the loggers send nothing.
+RUN_LOGS = {
+    "PREFECT_LOGGING_LEVEL": "INFO",
+    "PREFECT_LOGGING_ROOT_LEVEL": "INFO",
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": ",".join(PROJECT_LOGGERS),
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+}
+
 DEFAULTS = {
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    **TELEMETRY_OFF,
+    **RUN_LOGS,
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_UI_ENABLED": "false",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
     "DASK_LOGGING__DISTRIBUTED": "warning",
 }
 
 
 def configure_prefect(settings: Settings) -> None:
-    """Point Prefect at ``FLYWHEEL_HOME/prefect`` and quiet it; call before importing flows."""
+    """Point Prefect at ``FLYWHEEL_HOME/prefect``, its run logs at INFO and its terminal at
+    WARNING; call before importing flows."""
     if "prefect" in sys.modules and "PREFECT_HOME" not in os.environ:
         # Too late to move its home; say so instead of silently using ~/.prefect.
         raise RuntimeError("configure_prefect() must run before prefect is imported")
