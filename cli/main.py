@@ -40,6 +40,7 @@ from cli.commands.serving import (
     serve_dashboard,
     serve_gateway,
 )
+from flows.deployments import CANARY_EVERY_S, NIGHTLY_CRON, SCHEDULE_TIMEZONE, TRAIN_LINE
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.file_modes import private_home
 from flywheel.settings import Settings, load_settings
@@ -605,8 +606,8 @@ def train(
 def deploy_training_command(
     pool: Annotated[
         str, typer.Option(help="Prefect work pool whose workers train (created if missing).")
-    ] = "flywheel-training",
-    name: Annotated[str, typer.Option(help="Deployment name.")] = "train-line",
+    ] = TRAIN_LINE.work_pool,
+    name: Annotated[str, typer.Option(help="Deployment name.")] = TRAIN_LINE.name,
 ) -> None:
     """Register the training flow as a Prefect deployment on a work pool (the server at
     PREFECT_API_URL), so nightly lines train in parallel on that pool's workers."""
@@ -748,14 +749,15 @@ def nightly(
 
 @app.command()
 def schedule(
-    cron: Annotated[str, typer.Option(help="When the nightly flow runs (cron).")] = "0 2 * * *",
-    timezone: Annotated[str, typer.Option(help="Time zone of the cron.")] = "UTC",
+    cron: Annotated[str, typer.Option(help="When the nightly flow runs (cron).")] = NIGHTLY_CRON,
+    timezone: Annotated[str, typer.Option(help="Time zone of the cron.")] = SCHEDULE_TIMEZONE,
     canary_minutes: Annotated[
         float, typer.Option(min=0.1, help="How often the canary flow runs.")
-    ] = 10.0,
+    ] = CANARY_EVERY_S / 60,
     port: Annotated[int, typer.Option(min=1, max=65_535, help="Prefect server port.")] = 4200,
 ) -> None:
-    """Start a local Prefect server and serve the nightly and canary schedules (Ctrl-C stops)."""
+    """Start a local Prefect server and serve the nightly and canary schedules (Ctrl-C stops);
+    the deployments are flows/deployments.py's, as prefect.yaml declares them."""
     from flows.prefect_env import configure_prefect
 
     settings = _settings()
@@ -913,9 +915,11 @@ def demo(
     out.print(f"  canary decisions: flywheel canary status {train_line_name}")
     out.print(f"  datasets: {settings.datasets_dir}")
     out.print(f"  MLflow: .venv/bin/mlflow ui --backend-store-uri {tracking} (flywheel runs)")
+    from flows.schedule import prefect_server_command
+
     out.print(
-        f"  Prefect: PREFECT_HOME={settings.home / 'prefect'} .venv/bin/prefect server start "
-        "(flow runs and their artifacts)"
+        f"  Prefect: {prefect_server_command(settings.home / 'prefect')}, then "
+        "http://127.0.0.1:4200 (each flow run's logs and artifacts)"
     )
     out.print(
         f"  feedback page: FLYWHEEL_HOME={settings.home} .venv/bin/flywheel serve dashboard, "

@@ -24,12 +24,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from composition.clients import open_clients
+from flows.deployments import TRAIN_LINE
 from flows.stages import TrainingOutcome, TrainingStatus, train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, current_settings
 
 TRAIN_FLOW = "flywheel-train-line"
-TRAIN_DEPLOYMENT = "train-line"
+TRAIN_DEPLOYMENT = TRAIN_LINE.name
 
 
 class TrainingRunError(FlywheelError):
@@ -197,6 +198,6 @@ def deploy_training(work_pool: str, *, name: str = TRAIN_DEPLOYMENT) -> str:
         push=False,
         entrypoint_type=EntrypointType.MODULE_PATH,
         print_next_steps=False,
-        description="Train, evaluate, gate and register one business line's adapter.",
+        description=TRAIN_LINE.description,
     )
     return f"{TRAIN_FLOW}/{name}"
