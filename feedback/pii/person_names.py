@@ -30,6 +30,8 @@ def _words(text: str) -> frozenset[str]:
 _NAME_TOKEN = re.compile(r"[^\W\d_][^\W\d_'’-]*(?:['’-][^\W\d_]+)*")
 _TITLES = frozenset(
     {"mr", "mrs", "ms", "miss", "mx", "dr", "prof", "sir", "madam", "mme", "mlle", "herr", "frau"}
+    # Stage names: "DJ Switch", "Lil Sly", "MC Hammer".
+    | {"dj", "mc", "lil"}
 )
 _CUES = re.compile(
     r"(?:\bmy name is|\bname is|\bi am|\bi'm|\bim|\bcall me|\bcalled|\bnamed|\bname:|"
@@ -93,7 +95,9 @@ _INFORMAL_WORDS = _words(
     "smth sth gr8 m8 pov fomo yolo bestie sis lil ima imma finna tryna boi gurl cutie hun "
     "youtube youtuber youtubers iphone ipad ipod app apps emoji emojis online offline wifi "
     "hashtag retweet tweet tweets chatbot chatbots bot bots ai llm llms gpu gpus cpu api apis "
-    "faq faqs login logout signup username usernames admin admins smartphone smartphones"
+    "faq faqs login logout signup username usernames admin admins smartphone smartphones "
+    "def elif const var func println printf init args kwargs str int bool len async await "
+    "struct enum impl fn npm sudo repo json yaml html css sql regex config localhost"
 )
 """Everyday chat words that the English lexicon lacks; never a name on their own."""
 _AUXILIARIES = _words(
@@ -579,7 +583,10 @@ class PersonNameFinder:
                 not word
                 or any(ch.isdigit() or ch == "@" for ch in word)
                 or self.gazetteer.is_function_word(word)
-                or (word.islower() and self.gazetteer.is_common(word))
+                or (
+                    self.gazetteer.is_common(word)
+                    and (word.islower() or not self.gazetteer.is_listed_name(word))
+                )
                 or self.gazetteer.is_informal_word(word)
             )
 
@@ -615,6 +622,7 @@ class PersonNameFinder:
             else:
                 index += 1
         results.extend(self._speakers(text))
+        results.extend(self._handles(text))
         results.extend(self._lists(text, words))
         results.extend(self._informal_names(text, words))
         return results
@@ -793,7 +801,41 @@ class PersonNameFinder:
             for m in _SPEAKER.finditer(text)
             if m.group(1).casefold() not in _NOT_SPEAKERS
             and not self.gazetteer.is_common(m.group(1))
+            # "Urgent:", "Update:", "Warning:" head a line as names do; a word is no speaker.
+            and (
+                self.gazetteer.is_given_name(m.group(1))
+                or not self.gazetteer.is_english_word(m.group(1))
+            )
         ]
+
+    def _handles(self, text: str) -> list[RecognizerResult]:
+        """``@jenny_lee``, ``@MarkTwain42``: a user's handle names them as a name does.
+
+        Not an e-mail address (a word before the @), a code decorator (``@property``,
+        ``@app.get(``) or a handle that is an English word (``@support``, ``@everyone``).
+        """
+        if "@" not in text:
+            return []
+        results = []
+        for match in _HANDLE.finditer(text):
+            handle = match.group(1)
+            line_start = text[: match.start()].rsplit("\n", 1)[-1].strip() == ""
+            if _CALLED.match(text, match.end()) or (
+                line_start and _LINE_END.match(text, match.end())
+            ):
+                continue
+            if (
+                handle.isalpha()
+                and (
+                    self.gazetteer.is_english_word(handle)
+                    or self.gazetteer.is_common(handle)
+                    or self.gazetteer.is_informal_word(handle)
+                )
+                and not self.gazetteer.is_given_name(handle)
+            ):
+                continue
+            results.append(RecognizerResult(self.ENTITY, match.start(1), match.end(1), 0.5))
+        return results
 
     def _lists(self, text: str, words: list[_Word]) -> list[RecognizerResult]:
         """In "Hleb, Sheila, Donna and Shane", once two items are names, all of them are."""
@@ -913,6 +955,10 @@ class PersonNameFinder:
 
 
 _MISSPELLING_CACHE = 100_000
+_HANDLE = re.compile(r"(?<![\w.@/])@([A-Za-z][A-Za-z0-9_]{1,29})(?![\w@])")
+_CALLED = re.compile(r"\(|\.[A-Za-z]")
+"""After a handle, a call or an attribute make it code (``@app.get(``)."""
+_LINE_END = re.compile(r"[ \t]*(?:\n|$)")
 _CONTRACTION = re.compile(r"['’](?:t|re|ve|ll|d|m)$", re.IGNORECASE)
 """can't, you're, we'll: never a name (O'Brien and D'Angelo are)."""
 _BEFORE_THINGS = _words(

@@ -241,6 +241,25 @@ _LATIN_BEFORE_TITLE = re.compile(
 """A name in Latin letters before a title; capitalised or all lower case, as chats write it."""
 _FAMILIAR_PREFIXES = frozenset("小老阿")
 _SPEECH_VERBS = ("说", "表示", "透露", "称", "指出", "认为", "告诉", "介绍", "回忆", "坦言")
+_NEWS_VERBS = (
+    *_SPEECH_VERBS, "强调", "宣布", "会见", "会晤", "出席", "访问", "拟", "涉嫌", "当选", "担任",
+    "出任", "获得", "荣获", "回应", "证实", "承认", "否认", "呼吁", "发表", "接受", "率领", "辞职",
+    "去世", "逝世", "称赞", "批评", "指责", "主演", "执导", "演唱", "夺得", "获",
+)  # fmt: skip
+"""Verbs that follow a person's full name in news and reports (李明宣布, 王芳当选)."""
+_ROLES_BEFORE_NAMES = (
+    "国家主席", "总书记", "委员长", "副总理", "总理", "总统", "主席", "首相",
+    "部长", "省长", "市长", "县长", "区长", "镇长", "村长", "书记", "记者",
+    "通讯员", "编辑", "委员", "议员", "大使", "发言人", "秘书长", "司令", "将军",
+    "董事长", "总经理", "总裁", "经理", "主任", "局长", "院长", "校长", "厅长",
+    "处长", "科长", "教练", "主教练", "导演", "演员", "歌手", "作家", "教授",
+    "博士", "院士", "法官", "检察官", "律师", "医生", "警官", "民警", "队长",
+    "选手", "球员", "主持人", "创始人", "嫌疑人", "患者", "村民", "市民", "网友",
+    "同学", "老师", "作者", "摄影",
+)  # fmt: skip
+"""Roles written right before a full name in news (总理李克强, 记者王小明, 网友张三)."""
+_CONNECTORS = ("和", "与", "、", "&", "＆", "及", "跟", "同")
+"""Between two names of a list: 张三和李四, 炎亞綸＆郭雪芙."""
 _NAMING_CUES = ("叫做", "名叫", "叫", "姓名", "名字是")
 _NAMING_CUE = re.compile(r"(?:叫做|名叫|叫|名字是|名字叫|姓名)[:：]?\s*")
 _FUNCTION_CHARS = frozenset(
@@ -407,6 +426,9 @@ class ChineseNameRecognizer(EntityRecognizer):
                 self._after_thanks(text, tokens, index, found)
         self._surnames_before_pet_names(text, found)
         self._before_speech(text, found)
+        self._after_roles(text, found)
+        self._before_news_verbs(text, found)
+        self._coordinated(text, found)
         self._repeated_single_names(text, tokens, found)
         self._forms_of_address(text, found)
         self._other_mentions(text, found)
@@ -428,6 +450,114 @@ class ChineseNameRecognizer(EntityRecognizer):
                 and text.startswith(_SPEECH_VERBS, end + 1)
             ):
                 found.add(start, end + 1, score)
+
+    def _full_name_at(
+        self, text: str, start: int, lengths: tuple[int, ...] = (3, 2), *, cued: bool = False
+    ) -> int:
+        """End of a full name starting at ``start`` (a surname, then one or two given-name
+        characters), trying ``lengths`` in order; ``start`` when there is none.
+
+        The given name holds no particle, pronoun or numeral, nor is it a common noun
+        (母狮子); the name is no common word of the dictionary, nor does it start with one
+        (黄金, 方面, 高度).
+        """
+        surname = 2 if text[start : start + 2] in COMPOUND_SURNAMES else 1
+        if surname == 1 and text[start : start + 1] not in SINGLE_SURNAMES:
+            return start
+        first_two = text[start : start + 2]
+        if surname == 1 and (
+            self.segmenter.is_common_word(first_two)
+            or self.segmenter.flag(first_two) in {"ns", "nt", "nz"}
+        ):
+            return start
+        # A surname that is more often a word (温, 和) needs given-name characters, unless a
+        # role just before makes the person plain (总理温家宝).
+        ambiguous = not cued and surname == 1 and text[start] in _AMBIGUOUS_SURNAMES
+        for length in lengths:
+            end = start + surname + length - 1
+            name, given = text[start:end], text[start + surname : end]
+            if (
+                len(name) == end - start
+                and _is_han(name)
+                and not any(ch in _NOT_GIVEN_NAME or ch in _FUNCTION_CHARS for ch in given)
+                and (not ambiguous or all(ch in GIVEN_NAME_CHARS for ch in given))
+                and (
+                    self.segmenter.frequency(name) < _COMMON_WORD
+                    or self.segmenter.flag(name) in {"nr", "nrfg"}
+                )
+                and self.segmenter.flag(name) not in {"ns", "nt", "nz"}
+                and not (self.segmenter.is_common_word(given) and self.segmenter.flag(given) == "n")
+                and self._name_ends_at(text, end)
+            ):
+                return end
+        return start
+
+    def _name_ends_at(self, text: str, end: int) -> bool:
+        """A name can end at ``end``: a verb of the news follows; or the name's last
+        character makes no word with the next one (邬童获得: 获得) and what follows is no
+        Han character, a particle, or a word of its own (报道, 今天)."""
+        following = text[end : end + 1]
+        if text.startswith(_NEWS_VERBS, end):
+            return True
+        if self.segmenter.is_common_word(text[end - 1 : end + 1]):
+            return False
+        return (
+            not _is_han(following)
+            or following in _NOT_GIVEN_NAME
+            or following in _FUNCTION_CHARS
+            or self.segmenter.is_common_word(text[end : end + 2])
+        )
+
+    def _after_roles(self, text: str, found: _NameSpans) -> None:
+        """总理李克强, 记者王小明报道: a full name right after a role, as news write it."""
+        for role in _ROLES_BEFORE_NAMES:
+            position = text.find(role)
+            while position >= 0:
+                start = position + len(role)
+                end = self._full_name_at(text, start, cued=True)
+                if end > start:
+                    found.add(start, end, 0.5)
+                position = text.find(role, position + 1)
+
+    def _before_news_verbs(self, text: str, found: _NameSpans) -> None:
+        """陈光标拟筹, 王芳当选: a full name of three characters right before a verb that news
+        write after a person, where a clause starts (the text's start, punctuation, a
+        bracket, a space)."""
+        for verb in _NEWS_VERBS:
+            position = text.find(verb, 3)
+            while position >= 0:
+                start = position - 3
+                before = text[start - 1 : start]
+                if (start == 0 or not _is_han(before)) and (
+                    self._full_name_at(text, start, (3,)) == position
+                ):
+                    found.add(start, position, 0.5)
+                position = text.find(verb, position + 1)
+
+    def _coordinated(self, text: str, found: _NameSpans) -> None:
+        """张三和李四, 炎亞綸＆郭雪芙: a full name joined to a name already found.
+
+        Lists name alike: the other name is taken at the found one's length first.
+        """
+        for (start, end), score in list(found.items()):
+            length = end - start
+            if not 2 <= length <= 3 or not _is_han(text[start:end]):
+                continue
+            lengths = (length, 5 - length)
+            for connector in _CONNECTORS:
+                if text.startswith(connector, end):
+                    other = end + len(connector)
+                    other_end = self._full_name_at(text, other, lengths)
+                    if other_end > other:
+                        found.add(other, other_end, min(score, 0.5))
+                if text[:start].endswith(connector):
+                    for size in lengths:
+                        other = start - len(connector) - size
+                        if other >= 0 and self._full_name_at(text, other, (size,)) == (
+                            start - len(connector)
+                        ):
+                            found.add(other, start - len(connector), min(score, 0.5))
+                            break
 
     def _other_mentions(self, text: str, found: _NameSpans) -> None:
         """嘉欣就系嘉欣: a name found once is the same name wherever else it is written.

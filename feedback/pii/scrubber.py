@@ -69,6 +69,11 @@ _CJK = re.compile(r"[\u3400-\u9fff]")
 _SPACES = re.compile(" +")
 _CJK_NAME = re.compile(r"[\u3400-\u9fff]{2}")
 _CJK_RUN = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+")
+_SHOUTED_WORD = re.compile(r"\b[A-Z][A-Z'’]+\b")
+_SHOUTED_RUN = re.compile(
+    r"(?:^|(?<=\s))(?:[A-Z][A-Z'’]*[\s,.!?:;]+){2,}[A-Z][A-Z'’]*\b|^[A-Z'’]{2,}(?: [A-Z'’]{2,})+$"
+)
+"""Three words in capitals in a row, or a text of two or more such words alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,13 +434,28 @@ def _chinese_given_name(name: str) -> str | None:
 
 
 def _latin_view(text: str, language: TextLanguage) -> str:
-    """For mixed text, CJK runs blanked out (same length, so offsets hold).
+    """What the English rules and NER read: shouted text in title case, and for mixed
+    text, CJK runs blanked out (same length, so offsets hold).
 
     spaCy's English tokenizer does not split "Smith见面", so it would miss the name.
     """
+    text = _unshouted(text)
     if language is not TextLanguage.MIXED:
         return text
     return _CJK_RUN.sub(lambda m: " " * len(m.group()), text)
+
+
+def _unshouted(text: str) -> str:
+    """Words written in capitals in a row ("I LIVE FOR YOUR VLOGS ESTEE", "TANNER FOXX")
+    in title case, as names are written in ordinary text, so that the casing rules and
+    NER can tell them from words; lone capitals (an acronym, "NASA") stay. Same length,
+    so offsets hold."""
+    if not _SHOUTED_RUN.search(text):
+        return text
+    return _SHOUTED_RUN.sub(
+        lambda run: _SHOUTED_WORD.sub(lambda m: m.group()[0] + m.group()[1:].lower(), run.group()),
+        text,
+    )
 
 
 def _whole_word_occurrences(text: str, part: str) -> Iterator[int]:
