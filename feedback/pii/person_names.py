@@ -633,7 +633,10 @@ class PersonNameFinder:
         See :meth:`_informal_name` for the rules; a name found so also makes the
         unknown word it is coordinated with a name ("emma and kaite").
         """
-        found = [self._informal_name(text, words, index) for index in range(len(words))]
+        found = [
+            self._informal_name(text, words, index) or self._has_kin(text, words, index)
+            for index in range(len(words))
+        ]
         for index in [i for i, is_name in enumerate(found) if is_name]:
             for other in (index - 2, index - 1, index + 1, index + 2):
                 if (
@@ -693,6 +696,28 @@ class PersonNameFinder:
         if base.isupper():
             return base.casefold() in gazetteer.given_names and not gazetteer.is_english_word(base)
         return base.islower() and self._lower_case_name(text, words, index, base)
+
+    def _has_kin(self, text: str, words: list[_Word], index: int) -> bool:
+        """ "Beauty's mother", "kapil's wife": whose family member is named is a person, even
+        a word ("Hope", "Beauty"), if capitalised; a lower-case one must be no English word."""
+        word = words[index]
+        base = _POSSESSIVE.sub("", word.text)
+        if base == word.text:
+            possessive = _SPLIT_POSSESSIVE.match(text, word.end)
+            after = possessive.end() if possessive else -1
+        else:
+            after = word.end
+        if after < 0 or len(base) < 3 or not _KIN.match(text, after):
+            return False
+        gazetteer = self.gazetteer
+        if (
+            gazetteer.is_function_word(base)
+            or gazetteer.is_informal_word(base)
+            or gazetteer.is_place(base)
+            or (index and words[index - 1].text.casefold() in _BEFORE_THINGS)
+        ):
+            return False
+        return word.capitalised or (base.islower() and not gazetteer.is_english_word(base))
 
     @staticmethod
     def _after_thing_word(text: str, words: list[_Word], index: int) -> bool:
@@ -966,6 +991,13 @@ _BEFORE_THINGS = _words(
     "using use used uses install installed installs installing run runs ran running"
 )
 _POSSESSIVE = re.compile(r"['’]s$")
+_KIN = re.compile(
+    r"\s+(?:mother|mom|mum|mama|father|dad|papa|sister|brother|sis|bro|wife|husband|son|"
+    r"daughter|girlfriend|boyfriend|gf|bf|fianc[eé]e?|parents|grandma|grandpa|"
+    r"grandmother|grandfather|aunt|uncle|cousin|niece|nephew)\b",
+    re.IGNORECASE,
+)
+"""A family member after a possessive: the possessor is a person."""
 _SPLIT_POSSESSIVE = re.compile(r" ['’] ?s\b")
 """The possessive as a tokeniser leaves it ("Trump ' s"), detached from its word."""
 _ADDRESS_CUES = _words("thanks thank thx hey hi hello bye yo dear love miss than like with")

@@ -51,6 +51,8 @@ def test_chinese_names_in_news(scrubber: Scrubber, text: str, name: str) -> None
         ("cc @dlopez42 and @mkim", "mkim"),
         # a stage name
         ("we danced to DJ Lantern all night", "Lantern"),
+        # whose family member is named is a person, even a word
+        ("Hope's husband called about the refund", "Hope"),
     ],
 )
 def test_english_names_as_people_type_them(scrubber: Scrubber, text: str, name: str) -> None:
@@ -74,6 +76,7 @@ def test_english_names_as_people_type_them(scrubber: Scrubber, text: str, name: 
         "@property\ndef name(self):\n    return self._name",
         "use @app.get('/items') for the route",
         "the MC was great",
+        "my friend's mom is nice, and Apple's family plan is cheap",
         "mail me at bob@example.com",
     ],
 )
