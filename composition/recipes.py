@@ -94,6 +94,8 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "dpo_loss": "sigmoid",
     "continue_learning_rate": None,
     "gate.max_general_loss_drift": None,
+    "gate.predicted_satisfaction_margin": None,
+    "gate.min_predicted_prompts": 8,
     "canary.satisfaction": None,
     "canary.max_answers_per_user": DEFAULT_ANSWERS_PER_USER,
     "canary.max_key_share": DEFAULT_KEY_SHARE,

@@ -67,6 +67,19 @@ class GatePolicy(BaseModel):
     max_general_loss_increase: float = Field(
         default=0.10, ge=0, le=10, description="Relative increase of loss on the fixed general set."
     )
+    predicted_satisfaction_margin: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="When the held-out pairs are too few to judge (min_eval_pairs), decide on "
+        "the line's accepted satisfaction model instead: its predicted satisfaction of the "
+        "candidate's answers minus the champion's on the same held-out prompts, whose paired "
+        "95% interval must lie above -margin (at least min_predicted_prompts prompts). None: "
+        "too few pairs is not judged. The canary's reviews remain the test that counts.",
+    )
+    min_predicted_prompts: int = Field(
+        default=8, ge=2, le=100_000, description="Held-out prompts the fallback needs."
+    )
     max_general_loss_drift: float | None = Field(
         default=None,
         ge=0,

@@ -278,12 +278,12 @@ class PredictedSatisfaction:
         """Candidate minus champion."""
         return self.candidate - self.champion
 
-    def describe(self, model: str) -> str:
+    def describe(self, model: str, role: str = "information, not a criterion") -> str:
         """One line for the gate's record."""
         return (
             f"candidate {self.candidate:.3f} vs champion {self.champion:.3f}, difference "
             f"{self.difference:+.3f} (95% {self.low:+.3f} to {self.high:+.3f}) on "
-            f"{self.prompts} held-out prompts, scored by {model}; information, not a criterion"
+            f"{self.prompts} held-out prompts, scored by {model}; {role}"
         )
 
 

@@ -73,6 +73,9 @@ class LoopPlan:
     reviews_per_round: int = 0
     review_noise: float = 0.1
     canary_traffic: CanaryTraffic = "share"
+    # With share: a first day of users before the first night (False: the store already holds
+    # the line's traffic, e.g. when a run is resumed on its own store).
+    first_day: bool = True
 
     def pool(self) -> int:
         """Distinct users per night (returning users, so sticky routing matters)."""
@@ -228,7 +231,7 @@ def run_loop(
         )
     day = _Day(plan, users, services, traffic, reviewers, progress)
     nights: list[NightRecord] = []
-    if plan.canary_traffic == "share":
+    if plan.canary_traffic == "share" and plan.first_day:
         first = day.share(0, None)
         nights.append(first)
         if on_night is not None:

@@ -58,6 +58,14 @@ def loop(
     canary_users: Annotated[
         int, typer.Option(min=1, help="With --canary-traffic picked: users per arm per round.")
     ] = 30,
+    first_day: Annotated[
+        bool,
+        typer.Option(
+            "--first-day/--no-first-day",
+            help="With --canary-traffic share: a first day of users before the first night; "
+            "--no-first-day when FLYWHEEL_HOME's store already holds the line's traffic.",
+        ),
+    ] = True,
     concurrency: Annotated[
         int,
         typer.Option(
@@ -133,6 +141,7 @@ def loop(
         seed=seed,
         canary_users=canary_users,
         canary_traffic=canary_traffic,
+        first_day=first_day,
         concurrency=concurrency,
         bad_canary=bad_canary,
         reviewers=reviewers,
@@ -206,6 +215,7 @@ def run_loop_command(
     canary_users: int,
     bad_canary: bool,
     canary_traffic: str = "share",
+    first_day: bool = True,
     concurrency: int = 16,
     reviewers: int = 0,
     reviews_per_round: int = 40,
@@ -228,6 +238,7 @@ def run_loop_command(
         canary_users=canary_users,
         champion_users=canary_users,
         canary_traffic="picked" if canary_traffic == "picked" else "share",
+        first_day=first_day,
         concurrency=concurrency,
         reviews_per_round=reviews_per_round if reviewers else 0,
         review_noise=review_noise,
@@ -235,7 +246,8 @@ def run_loop_command(
     )
     if plan.canary_traffic == "share":
         days = (
-            f"a first day and {nights} nights, each followed by a day of {requests} requests; "
+            f"{'a first day and ' if first_day else ''}{nights} nights, each followed by a day "
+            f"of {requests} requests; "
             f"the canary sees its true share of each day, the canary flow looking "
             f"{plan.canary_rounds} times a day"
         )

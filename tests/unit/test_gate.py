@@ -436,3 +436,44 @@ def test_of_two_models_at_most_one_is_superior_to_the_other(
         return check.passed
 
     assert not (superior(first, second) and superior(second, first))
+
+
+def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_so() -> None:
+    """At real feedback rates a night holds two or three held-out pairs: a gate with
+    ``predicted_satisfaction_margin`` decides on the satisfaction model's paired comparison
+    of both models' answers to the held-out prompts instead of refusing to judge."""
+    from eval.reports import GateCheck, GateDecision
+    from eval.satisfaction import predicted_satisfaction
+    from flows.stages import with_predicted_satisfaction
+
+    not_judged = GateDecision(
+        promote=False,
+        checks=(
+            GateCheck("held_out_pairs", False, "too few held-out pairs (2 < 3)"),
+            GateCheck("refusal_rate", True, "0.00 vs 0.00"),
+        ),
+        not_judged="n=2 < 3",
+    )
+    better = predicted_satisfaction([0.6, 0.7, 0.65, 0.8] * 2, [0.3, 0.35, 0.3, 0.4] * 2)
+    worse = predicted_satisfaction([0.2, 0.1, 0.15, 0.3] * 2, [0.6, 0.7, 0.65, 0.8] * 2)
+    assert better is not None
+    assert worse is not None
+    policy = GatePolicy(predicted_satisfaction_margin=0.05)
+    passed = with_predicted_satisfaction(not_judged, better, "cs-satisfaction-v1", policy)
+    assert passed.verdict == "promote"
+    assert "decides, the pairs being too few (n=2 < 3)" in passed.checks[-1].detail
+    failed = with_predicted_satisfaction(not_judged, worse, "cs-satisfaction-v1", policy)
+    assert failed.verdict == "reject"
+    # Another check failing still refuses it.
+    refusing = GateDecision(
+        promote=False,
+        checks=(*not_judged.checks, GateCheck("general_loss", False, "+40%")),
+        not_judged="n=2 < 3",
+    )
+    assert with_predicted_satisfaction(refusing, better, "m", policy).verdict == "reject"
+    # Without the recipe's margin, or on too few prompts, the comparison is information only.
+    info = with_predicted_satisfaction(not_judged, better, "m", GatePolicy())
+    assert info.verdict == "not judged"
+    few = predicted_satisfaction([0.9, 0.8, 0.9], [0.1, 0.2, 0.1])
+    assert few is not None
+    assert with_predicted_satisfaction(not_judged, few, "m", policy).verdict == "not judged"

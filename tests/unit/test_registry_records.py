@@ -96,6 +96,8 @@ def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
     dumped.pop("dpo_loss")
     dumped.pop("continue_learning_rate")
     dumped["gate"].pop("max_general_loss_drift")
+    dumped["gate"].pop("predicted_satisfaction_margin")
+    dumped["gate"].pop("min_predicted_prompts")
     dumped["canary"].pop("satisfaction")
     dumped["canary"].pop("max_answers_per_user")
     dumped["canary"].pop("max_key_share")
