@@ -5,17 +5,18 @@ Run from the repository root::
     .venv/bin/python bench/pii_bench.py [--json results.json] [--synth-n N] [--wnut-n N]
 
 Data comes from ``<repo>/../shared/data`` (presidio-research synth_dataset_v2,
-weibo-ner dev and train pooled, wnut17 dev); the run stops with a clear message when it
-is absent. Every data set is cut in two halves by :func:`half_of` (the SHA-256 of a
-document's text, so a document keeps its half whatever the file's order): the rules may
-be tuned on the ``tune`` half only; the ``heldout`` half is for measuring. Each figure
-is printed for both halves, ours and vanilla Presidio (default recognizers, the same
-spaCy model) side by side, with the difference and ratio, then the goals checked on the
-held-out halves. Definitions:
+weibo-ner dev and train pooled, wnut17 dev), and Chinese customer-service sentences are
+generated from written templates and Faker's zh_CN values (``zh_synth``); the run stops
+with a clear message when the shared data is absent. Every data set is cut in two halves
+by :func:`half_of` (the SHA-256 of a document's text, so a document keeps its half
+whatever the file's order): the rules may be tuned on the ``tune`` half only; the
+``heldout`` half is for measuring. Each figure is printed for both halves, ours and
+vanilla Presidio (default recognizers, the same spaCy model) side by side, with the
+difference and ratio, then the goals checked on the held-out halves. Definitions:
 
 * leak: share of gold values that still appear verbatim in the output;
-* high-risk leak: leak over e-mail addresses, phone numbers, cards, US SSNs, IBANs
-  and IP addresses (synth);
+* high-risk leak: leak over e-mail addresses, phone numbers, cards, US SSNs, IBANs,
+  IP addresses and Chinese resident IDs (synth, zh_synth);
 * recall: share of the gold entities' non-space characters that were replaced
   (any placeholder counts: a name replaced as an address is still gone);
 * full: share of gold entities replaced entirely; hit: share with any character replaced;
@@ -70,6 +71,7 @@ HIGH_RISK_TYPES = (
     "US_SSN",
     "IBAN_CODE",
     "IP_ADDRESS",
+    "CN_RESIDENT_ID",
 )
 Half = Literal["tune", "heldout"]
 HALVES: tuple[Half, ...] = ("tune", "heldout")
@@ -299,6 +301,66 @@ def load_wnut(limit: int | None) -> list[Example]:
     return examples[:limit] if limit else examples
 
 
+ZH_TEMPLATES = (
+    "您好，我是{name}，手机号{phone}，请帮我查一下订单。",
+    "我的身份证号是{id}，银行卡号{card}，麻烦核实一下。",
+    "请把发票发到{email}，联系人{name}，电话{phone}。",
+    "{name}的银行卡{card}被扣了两次款，怎么办？",
+    "客户{name}（身份证{id}）来电反映问题，请回拨{phone}。",
+    "退款请打到卡号{card}，户名{name}，谢谢。",
+    "我叫{name}，邮箱是{email}，有消息请通知我。",
+    "联系电话：{phone}，身份证：{id}。",
+    "昨天{name}打电话给我，说快递一直没到。",
+    "麻烦转告{name}，明天下午三点开会。",
+)
+"""Customer-service sentences in Chinese, filled by Faker's zh_CN provider (see
+:func:`load_zh_synth`): names, mobile numbers, resident IDs, bank cards, e-mail addresses."""
+
+
+def _grouped(digits: str, rng: random.Random, sizes: tuple[int, ...]) -> str:
+    """``digits`` as people write them: whole, or in groups split by spaces or hyphens."""
+    if rng.random() < 0.5:
+        return digits
+    separator = rng.choice((" ", "-"))
+    parts, position = [], 0
+    for size in sizes:
+        parts.append(digits[position : position + size])
+        position += size
+    parts.append(digits[position:])
+    return separator.join(part for part in parts if part)
+
+
+def load_zh_synth(n: int, seed: int = 7) -> list[Example]:
+    """``n`` Chinese sentences from :data:`ZH_TEMPLATES` with Faker zh_CN values, the same
+    for the same seed; gold spans where each value was put."""
+    from faker import Faker
+
+    fake = Faker("zh_CN")
+    fake.seed_instance(seed)
+    rng = random.Random(seed)
+    slots = {
+        "name": ("PERSON", fake.name),
+        "phone": ("PHONE_NUMBER", lambda: _grouped(fake.phone_number(), rng, (3, 4))),
+        "id": ("CN_RESIDENT_ID", fake.ssn),
+        "card": ("CREDIT_CARD", lambda: _grouped(fake.credit_card_number(), rng, (4, 4, 4))),
+        "email": ("EMAIL_ADDRESS", fake.email),
+    }
+    examples = []
+    for index in range(n):
+        template = ZH_TEMPLATES[index % len(ZH_TEMPLATES)]
+        text, gold, position = "", [], 0
+        for match in re.finditer(r"\{(\w+)\}", template):
+            text += template[position : match.start()]
+            entity_type, make = slots[match.group(1)]
+            value = make()
+            gold.append(GoldSpan(entity_type, len(text), len(text) + len(value), value))
+            text += value
+            position = match.end()
+        text += template[position:]
+        examples.append(Example(text, tuple(gold)))
+    return examples
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -422,7 +484,7 @@ def measure(data: DataSet, scored: Sequence[Scored], positions: Sequence[int]) -
         figures["per_type"] = {
             t: evaluation.by_type.get(t, TypeScore()).as_dict() for t in TARGET_TYPES
         }
-        figures["overall"] = evaluation.overall(TARGET_TYPES).as_dict()
+        figures["overall"] = evaluation.overall((*TARGET_TYPES, "CN_RESIDENT_ID")).as_dict()
     return figures
 
 
@@ -441,7 +503,9 @@ GOALS = (
     Goal("English person names leaked (wnut17)", "wnut17", ("person", "leak"), 0.15, True),
     Goal("Chinese person names leaked (weibo)", "weibo", ("person", "leak"), 0.15, True),
     Goal("high-risk values leaked (synth)", "synth", ("high_risk", "leak"), 0.02, True),
+    Goal("high-risk values leaked (zh_synth)", "zh_synth", ("high_risk", "leak"), 0.02, True),
     Goal("non-PII tokens kept (synth)", "synth", ("non_pii_kept",), 0.90, False),
+    Goal("non-PII characters kept (zh_synth)", "zh_synth", ("non_pii_kept",), 0.90, False),
     Goal("non-PII tokens kept (wnut17)", "wnut17", ("non_pii_kept",), 0.90, False),
     Goal("non-PII characters kept (weibo)", "weibo", ("non_pii_kept",), 0.90, False),
 )
@@ -506,6 +570,13 @@ def _load_sets(args: argparse.Namespace) -> list[DataSet]:
             ("person",),
         ),
         DataSet(
+            "zh_synth",
+            "Chinese customer-service sentences with Faker zh_CN values (written templates)",
+            load_zh_synth(args.zh_synth_n, args.seed),
+            "PERSON",
+            high_risk=True,
+        ),
+        DataSet(
             "weibo",
             "weibo-ner train + dev (Weibo posts): PER.NAM",
             weibo[: args.weibo_n] if args.weibo_n else weibo,
@@ -521,6 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--synth-n", type=int, default=0, help="synth sentences (0 = all 1,500)")
     parser.add_argument("--wnut-n", type=int, default=0, help="wnut17 posts (0 = all 1,009)")
     parser.add_argument("--weibo-n", type=int, default=0, help="weibo posts (0 = all 1,620)")
+    parser.add_argument(
+        "--zh-synth-n", type=int, default=400, help="generated Chinese sentences (default 400)"
+    )
     parser.add_argument(
         "--speed-n",
         type=int,
@@ -611,7 +685,7 @@ _ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("person names replaced whole", ("person", "full")),
     ("person characters replaced (recall)", ("person", "recall")),
     ("high-risk values leaked", ("high_risk", "leak")),
-    ("all 8 types leaked", ("overall", "leak")),
+    ("all scrubbed types leaked", ("overall", "leak")),
     ("non-PII kept", ("non_pii_kept",)),
     ("over-replacement", ("over_replacement",)),
 )

@@ -111,3 +111,16 @@ def test_goals_are_read_from_the_held_out_half(bench: ModuleType) -> None:
 def test_compare_gives_difference_and_ratio(bench: ModuleType) -> None:
     assert bench.compare(0.1, 0.4) == {"difference": -0.3, "ratio": 0.25}
     assert bench.compare(0.1, 0.0)["ratio"] is None
+
+
+def test_generated_chinese_sentences_have_their_values_at_the_gold_spans(
+    bench: ModuleType,
+) -> None:
+    examples = bench.load_zh_synth(30, seed=3)
+    assert examples == bench.load_zh_synth(30, seed=3)  # the same for the same seed
+    types = set()
+    for example in examples:
+        for span in example.gold:
+            assert example.text[span.start : span.end] == span.value
+            types.add(span.entity_type)
+    assert types == {"PERSON", "PHONE_NUMBER", "CN_RESIDENT_ID", "CREDIT_CARD", "EMAIL_ADDRESS"}
