@@ -126,7 +126,9 @@ def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] =
 
     settings = _settings()
     private_home(settings.home)
-    engine = create_store_engine(settings.resolved_database_url)
+    engine = create_store_engine(
+        settings.resolved_database_url, connect_timeout_s=settings.store.connect_timeout_s
+    )
     try:
         upgrade_schema(engine, revision)
         out.print(f"store at revision {current_revision(engine)}")
@@ -141,7 +143,9 @@ def db_current() -> None:
 
     settings = _settings()
     private_home(settings.home)
-    engine = create_store_engine(settings.resolved_database_url)
+    engine = create_store_engine(
+        settings.resolved_database_url, connect_timeout_s=settings.store.connect_timeout_s
+    )
     try:
         out.print(f"current: {current_revision(engine) or '(empty)'}  head: {head_revision()}")
     finally:
@@ -761,7 +765,8 @@ def schedule(
     from flows.prefect_env import configure_prefect
 
     settings = _settings()
-    configure_prefect(settings)
+    # The server is its own, started below: a PREFECT_API_URL set for another one is not asked.
+    configure_prefect(settings, check_api=False)
     from flows.schedule import prefect_server, serve_schedules
 
     with prefect_server(settings.home / "prefect", port) as api:

@@ -6,6 +6,11 @@ PII scrubber and Redis, each from :class:`~flywheel.settings.Settings`. Nothing 
 the product constructs them (``tests/unit/test_clients_built_once.py`` reads the code for
 it); the layers below take them as arguments.
 
+Each is built to fail fast: a service that does not answer within its connection timeout
+is its own :class:`~flywheel.errors.ServiceUnavailableError` (exit code, URL with the
+password hidden, the setting to change; :mod:`flywheel.reachability`), not minutes of a
+library's retries. An MLflow server is asked once before MLflow is even imported.
+
 A :class:`Clients` set builds each client on first use, so a command that never scrubs
 never loads spaCy and one that never trains never imports MLflow, and closes what it
 built together (it is a context manager). Tests build a set of the same class from other
@@ -18,6 +23,7 @@ app's shutdown.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from flywheel.errors import StoreUnavailableError
 from flywheel.file_modes import private_home
+from flywheel.reachability import MLFLOW, REDIS, check_http, shown_url, unavailable
 from flywheel.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,6 +45,16 @@ if TYPE_CHECKING:
     from registry.vllm_admin import VllmAdminClient
 
 _LAZY = ("store", "routes", "registry", "scrubber", "redis")
+
+# MLflow's own HTTP settings where the user set none: its defaults (120 s a request, 7
+# retries with a backoff factor of 2) hold a command about four minutes on a server that
+# went away. A server that is down from the start is caught sooner, by the check before
+# MLflow's first request (FLYWHEEL_MLFLOW_TIMEOUT_S).
+MLFLOW_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 
 
 class Clients:
@@ -149,8 +166,9 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
     """The real clients for ``settings``: the configured store (brought to the newest schema
     unless ``migrate`` is False; unreachable: :class:`StoreUnavailableError` with its URL,
     password hidden), the routing tables in it, the MLflow registry of ``settings.home``
-    (``FLYWHEEL_MLFLOW_TRACKING_URI``), the scrubber of ``settings.scrubber``, vLLM admin
-    clients, and Redis when ``FLYWHEEL_REDIS_URL`` is set (with the gateway's timeouts)."""
+    (``FLYWHEEL_MLFLOW_TRACKING_URI``; a server checked first, :func:`check_mlflow`), the
+    scrubber of ``settings.scrubber``, vLLM admin clients (the gateway's connect timeout),
+    and Redis when ``FLYWHEEL_REDIS_URL`` is set (with the gateway's timeouts)."""
 
     def store() -> FeedbackStore:
         from sqlalchemy.exc import OperationalError
@@ -173,6 +191,10 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
         private_home(settings.home)
         return Registry.for_home(settings.home, settings.mlflow_tracking_uri)
 
+    def checked_registry() -> Registry:
+        check_mlflow(settings)
+        return registry()
+
     def scrubber() -> Scrubber:
         from feedback.pii import build_scrubber
         from feedback.pii.product_names import deployment_names
@@ -182,7 +204,12 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
     def vllm_admin(url: str) -> VllmAdminClient:
         from registry.vllm_admin import VllmAdminClient
 
-        return VllmAdminClient(url)
+        return VllmAdminClient(
+            url,
+            connect_timeout=settings.gateway.connect_timeout_s,
+            url_setting="FLYWHEEL_GATEWAY_UPSTREAMS",
+            connect_timeout_setting="FLYWHEEL_GATEWAY_CONNECT_TIMEOUT_S",
+        )
 
     def redis() -> Any:
         if settings.redis_url is None or not settings.redis_url.get_secret_value():
@@ -203,11 +230,49 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
         settings,
         store=store,
         routes=routes,
-        registry=registry,
+        registry=checked_registry,
         scrubber=scrubber,
         vllm_admin=vllm_admin,
         redis=redis,
     )
+
+
+def check_mlflow(settings: Settings) -> None:
+    """Before MLflow's first request to a tracking server: give MLflow's HTTP client
+    timeouts and retries of a few seconds (:data:`MLFLOW_HTTP_DEFAULTS`; a value the user
+    set wins), and raise :class:`~flywheel.errors.MlflowUnavailableError` (exit 4) unless
+    the server answers within ``FLYWHEEL_MLFLOW_TIMEOUT_S``. A local store needs neither."""
+    uri = settings.mlflow_tracking_uri
+    if not uri or not uri.startswith(("http://", "https://")):
+        return
+    for name, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    check_http(MLFLOW, uri, settings.mlflow_timeout_s)
+
+
+def check_redis_url(settings: Settings) -> None:
+    """Raise :class:`~flywheel.errors.RedisUnavailableError` (exit 6) unless the Redis of
+    ``FLYWHEEL_REDIS_URL``, when set, answers within the gateway's Redis timeout: a server
+    that starts on a wrong URL would count its rate limits alone without a word."""
+    if settings.redis_url is None or not settings.redis_url.get_secret_value():
+        return
+    import redis
+    import redis.exceptions
+
+    url = settings.redis_url.get_secret_value()
+    timeout_s = settings.gateway.redis_timeout_s
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    except (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError) as exc:
+        # It answered: the URL's password or database number is what to change.
+        raise REDIS.error(
+            f"Redis at {shown_url(url)} refused flywheel: {exc} ({REDIS.url_setting})"
+        ) from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        raise unavailable(REDIS, url, exc, timeout_s) from None
+    finally:
+        client.close()
 
 
 _IN_USE: ContextVar[Clients | None] = ContextVar("flywheel_clients", default=None)
@@ -240,7 +305,10 @@ def open_clients(settings: Settings, *, migrate: bool = True) -> Iterator[Client
 def store_error(settings: Settings, exc: Exception) -> str:
     """Why the store could not be reached, with its URL (password hidden)."""
     reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    return f"cannot reach the feedback store at {shown_store_url(settings)}: {reason}"
+    return (
+        f"cannot reach the feedback store at {shown_store_url(settings)} "
+        f"(FLYWHEEL_DATABASE_URL): {reason}"
+    )
 
 
 def shown_store_url(settings: Settings) -> str:

@@ -88,8 +88,11 @@ def private_sqlite_file(database: Path) -> None:
         restrict(database.with_name(database.name + companion))
 
 
-def create_store_engine(url: str) -> Engine:
-    """An engine for the store URL, tuned per backend (SQLite: WAL, foreign keys on)."""
+def create_store_engine(url: str, *, connect_timeout_s: int = 10) -> Engine:
+    """An engine for the store URL, tuned per backend (SQLite: WAL, foreign keys on;
+    PostgreSQL: a server that does not accept a connection within ``connect_timeout_s`` is
+    an error, unless the URL sets its own ``connect_timeout``, instead of the minutes of the
+    system's TCP retries)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -110,11 +113,18 @@ def create_store_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
+    libpq = parsed.get_driver_name() in {"psycopg", "psycopg2"}
+    connect_args = (
+        {"connect_timeout": connect_timeout_s}
+        if libpq and "connect_timeout" not in parsed.query
+        else {}
+    )
     return create_engine(
         url,
         json_serializer=_json_dumps,
         json_deserializer=orjson.loads,
         pool_pre_ping=True,
+        connect_args=connect_args,
     )
 
 
@@ -540,7 +550,9 @@ class FeedbackStore:
     def open(cls, settings: Settings, *, migrate: bool = True) -> FeedbackStore:
         """Open the configured store, bringing its schema to the newest revision."""
         private_home(settings.home)
-        engine = create_store_engine(settings.resolved_database_url)
+        engine = create_store_engine(
+            settings.resolved_database_url, connect_timeout_s=settings.store.connect_timeout_s
+        )
         if migrate and current_revision(engine) != head_revision():
             upgrade_schema(engine)
         return cls(engine, settings.store)

@@ -21,6 +21,7 @@ import os
 import sys
 
 from flywheel.file_modes import private_home
+from flywheel.reachability import check_prefect_api
 from flywheel.settings import Settings
 
 # Prefect's server sends usage telemetry, and its client analytics events, unless told not
@@ -54,9 +55,11 @@ DEFAULTS = {
 }
 
 
-def configure_prefect(settings: Settings) -> None:
+def configure_prefect(settings: Settings, *, check_api: bool = True) -> None:
     """Point Prefect at ``FLYWHEEL_HOME/prefect``, its run logs at INFO and its terminal at
-    WARNING; call before importing flows."""
+    WARNING; call before importing flows. A Prefect server it is pointed at
+    (``PREFECT_API_URL``) must answer within ``FLYWHEEL_PREFECT_TIMEOUT_S`` (exit 5), unless
+    ``check_api`` is False."""
     if "prefect" in sys.modules and "PREFECT_HOME" not in os.environ:
         # Too late to move its home; say so instead of silently using ~/.prefect.
         raise RuntimeError("configure_prefect() must run before prefect is imported")
@@ -65,3 +68,5 @@ def configure_prefect(settings: Settings) -> None:
     os.environ.setdefault("PREFECT_HOME", str(home))
     for name, value in DEFAULTS.items():
         os.environ.setdefault(name, value)
+    if check_api:
+        check_prefect_api(settings.prefect_timeout_s)

@@ -1,4 +1,10 @@
-"""Errors a user can act on; the CLI turns them into a message and an exit code."""
+"""Errors a user can act on; the CLI turns them into a message and an exit code.
+
+Exit codes: 1 a failure of the work itself, 2 bad arguments, input files or settings, and
+one code per service that does not answer, so a script can tell which one to look at:
+3 the feedback store, 4 MLflow, 5 Prefect's API, 6 Redis, 7 a vLLM replica
+(:class:`registry.vllm_admin.VllmUnavailableError`); 70 a bug (an internal error).
+"""
 
 from __future__ import annotations
 
@@ -20,10 +26,35 @@ class UsageError(FlywheelError):
     exit_code = 2
 
 
-class StoreUnavailableError(FlywheelError):
+class ServiceUnavailableError(FlywheelError):
+    """A service flywheel needs did not answer; the message names its URL (password hidden)
+    and the setting to change. Each service has its own subclass and exit code."""
+
+    exit_code = 69  # EX_UNAVAILABLE, for a service without a code of its own
+
+
+class StoreUnavailableError(ServiceUnavailableError):
     """The feedback store cannot be reached."""
 
     exit_code = 3
+
+
+class MlflowUnavailableError(ServiceUnavailableError):
+    """The MLflow tracking server cannot be reached."""
+
+    exit_code = 4
+
+
+class PrefectUnavailableError(ServiceUnavailableError):
+    """Prefect's API server (``PREFECT_API_URL``) cannot be reached."""
+
+    exit_code = 5
+
+
+class RedisUnavailableError(ServiceUnavailableError):
+    """The Redis server (``FLYWHEEL_REDIS_URL``) cannot be reached."""
+
+    exit_code = 6
 
 
 class InputFileError(UsageError):

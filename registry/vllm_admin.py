@@ -27,7 +27,8 @@ from typing import Any, Self
 
 import httpx
 
-from flywheel.errors import FlywheelError
+from flywheel.errors import FlywheelError, ServiceUnavailableError
+from flywheel.reachability import what_happened
 from registry.names import ADAPTER_NAME, adapter_name
 
 __all__ = [
@@ -59,6 +60,8 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
+# A replica that does not accept a connection this soon is down (the gateway's default).
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
 DEFAULT_PROBE_PROMPTS = (
     "What is the capital of France?",
     "Give me one tip for writing a clear email.",
@@ -77,10 +80,10 @@ class VllmAdminError(FlywheelError):
         self.error_type = error_type
 
 
-class VllmUnavailableError(VllmAdminError):
+class VllmUnavailableError(VllmAdminError, ServiceUnavailableError):
     """vLLM could not be reached (connection refused, timeout, broken connection)."""
 
-    exit_code = 3
+    exit_code = 7
 
 
 class VllmRequestError(VllmAdminError):
@@ -212,20 +215,31 @@ def _error_body(response: httpx.Response) -> tuple[str, str | None, bool]:
 
 
 class VllmAdminClient:
-    """Admin calls to one vLLM replica over its OpenAI-compatible HTTP API."""
+    """Admin calls to one vLLM replica over its OpenAI-compatible HTTP API.
+
+    ``timeout`` bounds each answer (loading an adapter, a probe's generations);
+    ``connect_timeout`` the connection, so a replica that is down fails in seconds.
+    ``url_setting`` and ``connect_timeout_setting`` name the settings behind the URL and
+    the connect timeout, for the messages.
+    """
 
     def __init__(
         self,
         base_url: str,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         api_key: str | None = None,
+        url_setting: str | None = None,
+        connect_timeout_setting: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
+        self._settings = (url_setting, connect_timeout_setting)
         self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
+            base_url=self.base_url, timeout=self._timeout, transport=transport, headers=headers
         )
 
     def __repr__(self) -> str:
@@ -252,10 +266,20 @@ class VllmAdminClient:
         try:
             return self._http.request(method, path, json=payload)
         except httpx.TransportError as exc:
-            raise VllmUnavailableError(
-                f"vLLM at {self.base_url} is unreachable ({type(exc).__name__}: {exc}); "
-                "is the server running?"
-            ) from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: httpx.TransportError) -> VllmUnavailableError:
+        connecting = isinstance(exc, httpx.ConnectTimeout)
+        waited = self._timeout.connect if connecting else self._timeout.read
+        url_setting, timeout_setting = self._settings
+        named = [url_setting] if url_setting else []
+        if connecting and timeout_setting:
+            named.append(f"{timeout_setting} sets the wait")
+        return VllmUnavailableError(
+            f"vLLM at {self.base_url} is unreachable: it {what_happened(exc, waited or 0.0)}"
+            + (f" ({'; '.join(named)})" if named else "")
+            + "; is the server running?"
+        )
 
     def _disabled(self, response: httpx.Response) -> RuntimeLoraDisabledError:
         return RuntimeLoraDisabledError(

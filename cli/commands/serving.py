@@ -53,7 +53,7 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
     """Refuse to route users to an adapter some vLLM replica the line is placed on (every
     replica, for a line without a placement) does not serve."""
     from registry.placement import placed
-    from registry.vllm_admin import VllmAdminError
+    from registry.vllm_admin import VllmAdminError, VllmUnavailableError
 
     command = clients(settings)
     table = command.routes.table(business_line)
@@ -61,6 +61,8 @@ def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
         try:
             with command.vllm_admin(upstream) as client:
                 served = client.served_adapter(adapter)
+        except VllmUnavailableError:
+            raise  # a replica that is down is not a usage error: its own exit code
         except VllmAdminError as exc:
             raise UsageError(
                 f"cannot check {adapter} on {upstream}: {exc} (--no-check skips the check)"
@@ -289,9 +291,13 @@ def serve_gateway(
     """Run the gateway (OpenAI-compatible, per-line keys, sticky canary) with uvicorn."""
     import os
 
-    settings = load_settings()
+    from composition.clients import check_redis_url
+
+    # Before the settings are read: the workers read the same variable, and so does the
+    # start-up line below.
     if upstream:
         os.environ["FLYWHEEL_GATEWAY_UPSTREAMS"] = ",".join(upstream)
+    settings = load_settings()
     gateway = settings.gateway
     keys = gateway.resolved_keys_file(settings.home)
     if not keys.exists():
@@ -302,6 +308,7 @@ def serve_gateway(
             )
         )
     open_store(settings).close()
+    check_redis_url(settings)
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Every worker's metrics in one /metrics: prometheus_client's multiprocess mode,
         # a fresh folder per run (the workers read the variable when they start).

@@ -41,6 +41,13 @@ class StoreSettings(BaseSettings):
     )
 
     batch_size: int = Field(default=2_000, ge=1, le=100_000)
+    connect_timeout_s: int = Field(
+        default=10,
+        ge=2,
+        le=300,
+        description="How long to wait for a PostgreSQL store to accept a connection (libpq's "
+        "connect_timeout, whole seconds, at least 2; a connect_timeout in the URL wins).",
+    )
     max_text_chars: int = Field(default=200_000, ge=1_000, le=10_000_000)
     max_messages: int = Field(default=512, ge=1, le=100_000)
 
@@ -78,6 +85,21 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str | None = Field(
         default=None,
         description="MLflow tracking server; a local SQLite store in FLYWHEEL_HOME when unset.",
+    )
+    mlflow_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How long a command waits for the MLflow server to connect and answer "
+        "its first request before it stops with exit 4 (MLflow's own requests after that: "
+        "MLFLOW_HTTP_REQUEST_TIMEOUT, 60 s unless set).",
+    )
+    prefect_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How long a command waits for Prefect's API (PREFECT_API_URL, when set) to "
+        "connect and answer before it stops with exit 5.",
     )
     redis_url: SecretStr | None = Field(
         default=None,

@@ -101,7 +101,13 @@ class GatewaySettings(BaseSettings):
         "did not ask for it) and stream plain answers it can rebuild exactly, so TTFT and "
         "TPOT are measured for every request the canary judges.",
     )
-    connect_timeout_s: float = Field(default=2.0, gt=0)
+    connect_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How long to wait for a vLLM replica to accept a connection: the gateway's "
+        "requests (a replica that does not is skipped) and flywheel's admin calls (exit 7).",
+    )
     read_timeout_s: float = Field(default=600.0, gt=0)
     log_batch_size: int = Field(default=500, ge=1, le=50_000)
     log_flush_s: float = Field(default=0.2, gt=0, le=60)
