@@ -69,7 +69,7 @@ _CJK = re.compile(r"[\u3400-\u9fff]")
 _SPACES = re.compile(" +")
 _CJK_NAME = re.compile(r"[\u3400-\u9fff]{2}")
 _CJK_RUN = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]+")
-_SHOUTED_WORD = re.compile(r"\b[A-Z][A-Z'’]+\b")
+_SHOUTED_WORD = re.compile(r"\b[A-Z][A-Z'’]{3,}\b")
 _SHOUTED_RUN = re.compile(
     r"(?:^|(?<=\s))(?:[A-Z][A-Z'’]*[\s,.!?:;]+){2,}[A-Z][A-Z'’]*\b|^[A-Z'’]{2,}(?: [A-Z'’]{2,})+$"
 )
@@ -448,8 +448,8 @@ def _latin_view(text: str, language: TextLanguage) -> str:
 def _unshouted(text: str) -> str:
     """Words written in capitals in a row ("I LIVE FOR YOUR VLOGS ESTEE", "TANNER FOXX")
     in title case, as names are written in ordinary text, so that the casing rules and
-    NER can tell them from words; lone capitals (an acronym, "NASA") stay. Same length,
-    so offsets hold."""
+    NER can tell them from words. Lone capitals ("NASA") and short words ("IRS", "ATM":
+    acronyms more often than names) stay. Same length, so offsets hold."""
     if not _SHOUTED_RUN.search(text):
         return text
     return _SHOUTED_RUN.sub(

@@ -70,6 +70,7 @@ def test_english_names_as_people_type_them(scrubber: Scrubber, text: str, name: 
         "市长热线接到市民反映的问题后，记者昨日前往现场。",
         "总经理办公室的通知已经发给各部门。",
         "PLEASE HELP, MY ORDER NEVER ARRIVED AND NASA CALLED",
+        "CALL THE IRS NOW AND GO TO THE ATM",
         "Urgent: refund my order",
         "Update: still broken after the reset",
         "ping @support about it, or @everyone",
