@@ -305,6 +305,11 @@ def open_clients(settings: Settings, *, migrate: bool = True) -> Iterator[Client
 def store_error(settings: Settings, exc: Exception) -> str:
     """Why the store could not be reached, with its URL (password hidden)."""
     reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    if "timeout" in reason:  # libpq's "connection timeout expired"
+        reason += (
+            f" after {settings.store.connect_timeout_s} s "
+            "(FLYWHEEL_STORE_CONNECT_TIMEOUT_S sets how long to wait)"
+        )
     return (
         f"cannot reach the feedback store at {shown_store_url(settings)} "
         f"(FLYWHEEL_DATABASE_URL): {reason}"

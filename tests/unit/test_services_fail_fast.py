@@ -281,6 +281,7 @@ def test_a_blackholed_postgresql_store_stops_after_its_timeout(tmp_path: Path) -
         3,
         f"cannot reach the feedback store at postgresql+psycopg://fw:***@127.0.0.1:{port}/fw "
         "(FLYWHEEL_DATABASE_URL)",
+        "after 3 s (FLYWHEEL_STORE_CONNECT_TIMEOUT_S sets how long to wait)",
     )
     assert "s3cret" not in result.stderr
 
