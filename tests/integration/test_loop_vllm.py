@@ -12,7 +12,8 @@ less those keeping a name the model made up. 60 requests gave 2 to 4, and one CI
 run skipped the night at 2 of the 3 the recipe asked for; 100 requests and a
 minimum of 1 keep the path from hanging on a draw.
 Answers of at most 48 tokens (the loop's default is 96) halve the time vLLM spends
-answering them on the CPU.
+answering them on the CPU, and the canary meets users picked per arm (``--canary-traffic
+picked``): at its true 5% share a day of 100 requests would give it five.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def test_one_night_of_the_loop_on_vllm(
     done = subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main()", "loop",
          "--line", "customer_service", "--nights", "1", "--requests", "100",
-         "--eval-prompts", "12", "--canary-users", "12", "--max-tokens", "48",
+         "--eval-prompts", "12", "--canary-traffic", "picked", "--canary-users", "12",
+         "--max-tokens", "48",
          "--feedback", "dense", "--json", str(summary)],
         env=env, capture_output=True, text=True, timeout=1_500, check=False,
     )  # fmt: skip
