@@ -430,9 +430,10 @@ def _print_buckets(counts: dict[str, Any]) -> None:
     signals = list(counts["events"])
     table = Table(title="feedback by business line")
     table.add_column("line", no_wrap=True)
-    table.add_column("requests", justify="right")
+    # Numbers fold onto a second line when the table is too wide; never cut to "10…".
+    table.add_column("requests", justify="right", overflow="fold")
     for signal in signals:
-        table.add_column(SHORT_NAMES.get(signal, signal), justify="right")
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", overflow="fold")
     for name, entry in counts["business_lines"].items():
         row = [name, str(entry["interactions"])]
         row += [str(entry["events"].get(s, 0)) for s in signals]
@@ -584,8 +585,8 @@ def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
     table = Table(title=f"{line}: records by signal after each cleaning step")
     table.add_column("step", no_wrap=True)
     for signal in signals:
-        table.add_column(SHORT_NAMES.get(signal, signal), justify="right")
-    table.add_column("total", justify="right")
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", overflow="fold")
+    table.add_column("total", justify="right", overflow="fold")
     for step, counts in steps.items():
         table.add_row(step, *[str(counts.get(s, 0)) for s in signals], str(sum(counts.values())))
     out.print(table)

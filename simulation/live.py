@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from flywheel.processes import service_process
 from flywheel.settings import Settings
+from flywheel.wording import in_words
 from simulation.loop import CanaryResult, LoopServices, NightlyResult
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def live_services(
             **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
         )
         synced = sync_adapters(settings, clients, [llm.base_url])
-        report(f"adapters the routing tables name, loaded and probed: {synced or 'none'}")
+        report(f"adapters the routing tables name, loaded and probed: {in_words(synced)}")
         configure_prefect(settings)
         yield LoopServices(
             gateway_url=url,

@@ -99,9 +99,10 @@ def _print_line(entry: dict[str, Any]) -> None:
         padding=(0, 1),
     )
     table.add_column("adapter", no_wrap=True)
-    table.add_column("req", justify="right", no_wrap=True)
+    # Numbers fold onto a second line when the table is too wide; never cut to "10…".
+    table.add_column("req", justify="right", overflow="fold")
     for signal in RATE_SIGNALS:
-        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", no_wrap=True)
+        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", overflow="fold")
     for row in entry["totals"]:
         cells = [row["adapter"], f"{row['requests']:,}"]
         for signal in RATE_SIGNALS:

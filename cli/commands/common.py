@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from flywheel.settings import Settings
 
@@ -16,9 +16,32 @@ if TYPE_CHECKING:
     from composition.clients import Clients
     from feedback.store import FeedbackStore
 
+# Off a terminal (a pipe, a CI log) rich lays tables out in 80 columns and cuts what does
+# not fit ("10…" for a total); there nothing needs the lines short.
+PIPE_WIDTH = 200
+
+
+class ReadableConsole(Console):
+    """A console as wide as its terminal; off a terminal as wide as ``COLUMNS`` says, else
+    :data:`PIPE_WIDTH`, so tables in logs keep every number whole."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        """The terminal's size, or :data:`PIPE_WIDTH` wide when printing to a pipe or file."""
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        chosen = self._width is not None or self._environ.get("COLUMNS", "").isdigit()
+        if chosen or self.is_terminal:
+            return size  # type: ignore[no-any-return]
+        return ConsoleDimensions(PIPE_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
 # Without markup: what is printed holds users' text (records, reasons quoting them, file
 # names, messages); a style is given as a rich.text.Text.
-out = Console(soft_wrap=True, markup=False)
+out = ReadableConsole(soft_wrap=True, markup=False)
 # Column headers of signals in terminal tables.
 SHORT_NAMES = {
     "errors": "err",
@@ -30,7 +53,7 @@ SHORT_NAMES = {
     "task_failure": "failed",
     "task_outcome": "outcome",
 }
-err = Console(stderr=True, soft_wrap=True, markup=False)
+err = ReadableConsole(stderr=True, soft_wrap=True, markup=False)
 
 
 def clients(settings: Settings) -> Clients:

@@ -21,6 +21,7 @@ from rich.text import Text
 from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
+from flywheel.wording import in_words
 
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
@@ -325,7 +326,8 @@ def _print_night(record: Any) -> None:
         out.print(f"  canary flow: {decision['action']}: {decision['reason']}")
     out.print(
         f"  champion now {record.champion or 'base model'}; decision: {record.decision}; "
-        f"reactions {record.reactions}" + (f"; reviews {record.reviews}" if record.reviews else "")
+        f"reactions: {in_words(record.reactions)}"
+        + (f"; reviews: {in_words(record.reviews)}" if record.reviews else "")
     )
 
 

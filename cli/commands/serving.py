@@ -397,7 +397,9 @@ def canary_status(
         + (f"canary {table.canary} on {table.canary_fraction:.1%}" if table.canary else "no canary")
         + (f", previous {table.previous}" if table.previous else "")
     )
-    shown = Table("when (UTC)", "adapter", "share", "look", "action", "requests c/h", "why")
+    shown = Table("when (UTC)", "adapter", "share", "look", "action", "requests c/h")
+    # The reason is the decision's numbers in words: shown whole, wrapped, never cut.
+    shown.add_column("why", overflow="fold", ratio=1, min_width=30)
     for decision in decisions:
         numbers = decision["numbers"]
         shown.add_row(
@@ -407,7 +409,7 @@ def canary_status(
             str(decision["look"]),
             decision["action"],
             _requests(numbers),
-            decision["reasons"][:120],
+            decision["reasons"],
         )
     out.print(shown)
 

@@ -1,0 +1,133 @@
+"""What a person reads in the CLI's output: plain words, whole numbers, whole reasons, no
+library noise (issue 34, quiet and readable progress)."""
+
+from __future__ import annotations
+
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flywheel.settings import Settings
+from flywheel.wording import in_words
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_mapping_reads_as_words() -> None:
+    assert in_words({"regenerate": 35, "thumbs_up": 2}) == "regenerate: 35, thumbs up: 2"
+    synced = {"http://127.0.0.1:8001": {"loaded": [], "kept": ["cs-v1", "cs-v2"]}}
+    assert in_words(synced) == "http://127.0.0.1:8001: (loaded: none, kept: cs-v1, cs-v2)"
+    assert in_words({}) == "none"
+
+
+def test_the_loops_night_prints_reactions_without_braces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.commands.loop import _print_night
+    from simulation.loop import NightRecord
+
+    record = NightRecord(
+        night=1,
+        champion=None,
+        canary="customer_service-v1",
+        decision="canary",
+        satisfied={"base": 0.3},
+        served={"base": 190},
+        nightly={"status": "deployed", "reason": "on the canary"},
+        canary_decisions=[],
+        reactions={"regenerate": 35, "thumbs_up": 4},
+        minutes=2.0,
+        reviews={"passed": 3},
+    )
+    _print_night(record)
+    printed = capsys.readouterr().out
+    assert "reactions: regenerate: 35, thumbs up: 4" in printed
+    assert "reviews: passed: 3" in printed
+    assert "{" not in printed
+    assert "'" not in printed
+
+
+def _counts(big: int) -> dict[str, object]:
+    signals = ["errors", "thumbs_up", "thumbs_down", "regenerate", "abandon", "edit"]
+    signals += ["task_success", "task_failure", "task_outcome", "comment", "copy"]
+    lines = {
+        name: {"interactions": big + n, "events": dict.fromkeys(signals, big + n)}
+        for n, name in enumerate(["legal", "customer_service"])
+    }
+    return {
+        "events": dict.fromkeys(signals, 2 * big),
+        "business_lines": lines,
+        "interactions": 2 * big,
+    }
+
+
+def test_a_table_off_a_terminal_keeps_long_numbers_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli.main import _print_buckets
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    _print_buckets(_counts(1_000_000_000))
+    printed = capsys.readouterr().out
+    assert "…" not in printed
+    for number in ("1000000000", "1000000001", "2000000000"):
+        assert number in printed
+
+
+def test_a_table_at_80_columns_folds_numbers_instead_of_cutting_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli.main import _print_buckets
+
+    monkeypatch.setenv("COLUMNS", "80")
+    _print_buckets(_counts(1_000_000_000))
+    printed = capsys.readouterr().out
+    assert "…" not in printed
+    assert max(len(line) for line in printed.splitlines()) <= 80
+
+
+def _alnum(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum())
+
+
+def test_canary_status_prints_a_long_reason_whole(settings: Settings) -> None:
+    from cli.main import app
+    from feedback.store import FeedbackStore
+    from registry.decisions import record_decision
+
+    store = FeedbackStore.open(settings)
+    words = " ".join(f"look{n} canary satisfies 0.41 of 65 users" for n in range(8))
+    reason = f"{words}; promoted (p 0.089 <= 0.2) END"
+    assert len(reason) > 300
+    record_decision(
+        store.engine,
+        business_line="customer_service",
+        adapter="customer_service-v1",
+        fraction=0.05,
+        look=1,
+        action="promote",
+        reasons=reason,
+        numbers={},
+        actor="canary flow",
+        when=datetime(2026, 12, 4, 9, 0, tzinfo=UTC),
+    )
+    result = CliRunner().invoke(app, ["canary", "status", "customer_service"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    assert _alnum(reason) in _alnum(result.stdout)
+
+
+def test_the_package_metadata_has_no_deprecated_licence_table() -> None:
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        distribution = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    licence_warnings = [w for w in caught if "license" in str(w.message).lower()]
+    assert licence_warnings == []
+    assert distribution.metadata.license_expression == "Apache-2.0"
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
