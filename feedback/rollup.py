@@ -9,7 +9,10 @@ source table), so a read costs in proportion to what arrived since the last fold
 ``requests`` and ``errors`` count interactions; every other signal counts feedback
 events, filed under the hour and adapter of the interaction they are about (a
 task outcome that arrives days later still counts for the answer that earned it),
-so a rate is "share of the requests served in that hour that drew the signal".
+so a rate is "share of the requests served in that hour that drew the signal". A
+request counts once per signal however many events of it arrive (an imported
+OpenAssistant reply carries every annotator's vote): only the first event of a signal
+about a request is counted, so a rate never exceeds 100%.
 
 Why a grace period: ids are handed out when a row is inserted, not when its
 transaction commits, so a lower id can become visible after a higher one. A fold
@@ -42,8 +45,10 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    exists,
     func,
     literal,
+    or_,
     select,
     true,
     update,
@@ -333,10 +338,19 @@ class SignalRollup:
                     cells.append(RollupCount(line, name, _as_hour(at), ERRORS, int(failed)))
             return cells
         in_range = and_(f.id > above, f.id <= upto)
+        e = feedback_table.alias("earlier").c
+        first_of_its_signal = ~exists(
+            select(literal(1)).where(
+                e.request_id == f.request_id,
+                e.type == f.type,
+                or_(e.outcome == f.outcome, and_(e.outcome.is_(None), f.outcome.is_(None))),
+                e.id < f.id,
+            )
+        )
         rows = connection.execute(
             select(i.business_line, adapter, hour, f.type, f.outcome, func.count())
             .select_from(feedback_table.join(interactions_table, i.request_id == f.request_id))
-            .where(in_range, f.type.in_((*FEEDBACK_SIGNALS, "task_outcome")))
+            .where(in_range, f.type.in_((*FEEDBACK_SIGNALS, "task_outcome")), first_of_its_signal)
             .group_by(i.business_line, adapter, hour, f.type, f.outcome)
         )
         for line, name, at, kind, outcome, count in rows:
@@ -398,9 +412,14 @@ class SignalRollup:
                     row.adapter_name or BASE_ADAPTER,
                     floor_hour(row.created_at),
                 )
+        first = _first_events(connection, sorted({e.request_id for e in events}))
         for event in events:
             signal = feedback_signal(event.type, event.outcome)
-            if signal in FEEDBACK_SIGNALS and event.request_id in served:
+            if (
+                signal in FEEDBACK_SIGNALS
+                and event.request_id in served
+                and first.get((event.request_id, event.type, event.outcome)) == event.id
+            ):
                 cells[(*served[event.request_id], signal)] += 1
         return [RollupCount(*key, count) for key, count in cells.items()]
 
@@ -480,6 +499,23 @@ class SignalRollup:
             if cell.business_line == business_line and cell.signal == REQUESTS:
                 first[cell.adapter] = min(first.get(cell.adapter, cell.hour), cell.hour)
         return sorted(first, key=lambda name: (first[name], name))
+
+
+def _first_events(
+    connection: Connection, request_ids: list[str]
+) -> dict[tuple[str, str, str | None], int]:
+    """The id of the first event of each (request, type, outcome) of these requests: the
+    one event a request's signal is counted by."""
+    f = feedback_table.c
+    first: dict[tuple[str, str, str | None], int] = {}
+    for start in range(0, len(request_ids), 1_000):
+        query = select(f.id, f.request_id, f.type, f.outcome).where(
+            f.request_id.in_(request_ids[start : start + 1_000])
+        )
+        for row in connection.execute(query):
+            key = (row.request_id, row.type, row.outcome)
+            first[key] = min(first.get(key, row.id), row.id)
+    return first
 
 
 def rebuild_rollup(engine: Engine) -> None:

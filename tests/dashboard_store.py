@@ -119,7 +119,7 @@ def build_page_home(
 
 
 def recount(store: FeedbackStore) -> Counter[tuple[str, str, datetime, str]]:
-    """The rollup's numbers straight from the raw tables."""
+    """The rollup's numbers straight from the raw tables (a request once per signal)."""
     f = feedback_table.c
     counts: Counter[tuple[str, str, datetime, str]] = Counter()
     with store.engine.connect() as connection:
@@ -130,7 +130,9 @@ def recount(store: FeedbackStore) -> Counter[tuple[str, str, datetime, str]]:
             counts[(*key, "requests")] += 1
             if row.status != "ok":
                 counts[(*key, "errors")] += 1
+        seen: set[tuple[str, str, str | None]] = set()
         for row in connection.execute(select(f.request_id, f.type, f.outcome)):
-            if row.type != "rank":
+            if row.type != "rank" and (row.request_id, row.type, row.outcome) not in seen:
+                seen.add((row.request_id, row.type, row.outcome))
                 counts[(*served[row.request_id], feedback_signal(row.type, row.outcome))] += 1
     return counts
