@@ -66,7 +66,7 @@ from dashboard.review_queue import ReviewQueue
 from dashboard.review_routes import add_review_routes
 from dashboard.scrubbed import SampleScrubber
 from dashboard.sessions import LoginSessions
-from dashboard.shaping import RATE_SIGNALS
+from dashboard.shaping import RATE_SIGNALS, human_span, human_time
 from feedback.reviews import ReviewPolicy
 from feedback.rollup import SignalRollup
 from feedback.store import FeedbackStore
@@ -105,7 +105,8 @@ def _templates() -> Environment:
     )
     environment.filters["percent"] = lambda v: "–" if v is None else f"{v:.1%}"
     environment.filters["number"] = lambda v: "–" if v is None else f"{v:,}"
-    environment.filters["when"] = lambda v: v.strftime("%Y-%m-%d %H:%M") if v else ""
+    environment.filters["when"] = human_time
+    environment.filters["span"] = human_span
     environment.filters["signed"] = lambda v: "–" if v is None else f"{v:+.1%}"
     environment.filters["until_day"] = lambda v: (
         BucketFilter(until=v).params().get("until", "")[:10]
@@ -225,6 +226,7 @@ def build_pages(
             dashboard.resolved_mlflow_ui(settings.mlflow_tracking_uri),
             client_factory=mlflow_client_factory,
         ),
+        configured_lines=tuple(settings.business_lines),
     )
 
 
@@ -308,7 +310,9 @@ def create_app(
         **({"clock": clock} if clock is not None else {}),
     )
     app.state.review_queue = review_queue
-    _add_routes(app, pages, gatekeeper, known_lines, _templates(), review_queue)
+    templates = _templates()
+    templates.globals["has_review_queue"] = review_queue.has_queue
+    _add_routes(app, pages, gatekeeper, known_lines, templates, review_queue)
     return app
 
 

@@ -60,3 +60,12 @@ def edit_diff(original: str, edited: str) -> list[DiffSegment]:
 def similarity(original: str, edited: str) -> float:
     """How much of the answer the edit kept, 0 to 1 (difflib's ratio over tokens)."""
     return SequenceMatcher(a=tokens(original), b=tokens(edited), autojunk=False).ratio()
+
+
+def side_by_side(original: str, edited: str) -> tuple[list[DiffSegment], list[DiffSegment]]:
+    """The diff as two columns: the original with what the edit removed marked, and the
+    edit with what it added marked (each column reads back as its own text)."""
+    segments = edit_diff(original, edited)
+    before = [s for s in segments if s.op != "added"]
+    after = [s for s in segments if s.op != "removed"]
+    return before, after

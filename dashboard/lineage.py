@@ -8,13 +8,13 @@ written, so each is parsed once and kept, keyed by its path and mtime.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from feedback.datasets import MANIFEST
+from feedback.datasets import ACCUMULATED, MANIFEST
 
 FUNNEL_LABELS = {
     "pulled": "raw",
@@ -65,6 +65,11 @@ class DatasetBuild:
     counts: dict[str, dict[str, int]]
     source: dict[str, Any]
     uses: dict[str, tuple[TrainingUse, ...]]
+    # An accumulated build (the training set of recent windows) has no cleaning of its
+    # own: ``accumulated_from`` names the window builds it took examples from, and its
+    # funnel is that of the newest of them, named by ``funnel_of``.
+    accumulated_from: tuple[str, ...] = ()
+    funnel_of: str | None = None
 
 
 def funnel_steps(funnel: dict[str, Any]) -> list[tuple[str, int]]:
@@ -129,7 +134,24 @@ def _build_of(path: Path, manifest: dict[str, Any]) -> DatasetBuild:
         counts=dict(manifest.get("counts") or {}),
         source=dict(manifest.get("source") or {}),
         uses={rid: tuple(found) for rid, found in uses.items()},
+        accumulated_from=tuple(str(h)[:16] for h in manifest.get(ACCUMULATED) or ()),
     )
+
+
+def with_window_funnels(builds: list[DatasetBuild]) -> list[DatasetBuild]:
+    """Each accumulated build given the funnel of the newest window build it was made
+    from (pure; ``builds`` newest first, as :meth:`DatasetIndex.builds` returns them)."""
+    by_name = {b.name: b for b in builds}
+    shown = []
+    for build in builds:
+        if build.accumulated_from and not build.funnel:
+            sources = [by_name[n] for n in build.accumulated_from if n in by_name]
+            window = max((b for b in sources if b.funnel), key=lambda b: b.created_at, default=None)
+            if window is not None:
+                shown.append(replace(build, funnel=window.funnel, funnel_of=window.name))
+                continue
+        shown.append(build)
+    return shown
 
 
 class DatasetIndex:
@@ -159,7 +181,7 @@ class DatasetIndex:
             else:
                 build = cached[1]
             found.append(build)
-        return sorted(found, key=lambda b: b.created_at, reverse=True)
+        return with_window_funnels(sorted(found, key=lambda b: b.created_at, reverse=True))
 
     def uses(self, business_line: str, request_id: str) -> list[TrainingUse]:
         """Every training example ``request_id`` went into, newest build first."""

@@ -49,6 +49,12 @@ from registry.routes import RouteChangeRecord, RouteStore
 from registry.routing import RoutingTable
 
 DEFAULT_RANGE = timedelta(days=14)
+# A trend plot aims at a few dozen points; when hourly cells would give fewer than
+# FEW_POINTS, minutes are counted from the raw rows, if the window holds at most
+# MINUTE_COUNT_LIMIT requests.
+TREND_POINTS = 40
+FEW_POINTS = 12
+MINUTE_COUNT_LIMIT = 20_000
 
 
 @dataclass(slots=True)
@@ -147,6 +153,9 @@ class Overview:
     canary: CanaryView | None
     latest_build: DatasetBuild | None
     shadow: ShadowView | None = None
+    # False for a line with traffic that the settings do not name (imported data, a
+    # typo in a client): nothing routes, trains or judges it.
+    configured: bool = True
 
     def request_series(self) -> dict[str, list[float | None]]:
         """Requests per bucket, per adapter (for the requests plot)."""
@@ -164,6 +173,7 @@ class Overview:
         """JSON-ready."""
         return {
             "business_line": self.business_line,
+            "configured": self.configured,
             "filter": self.bucket.params(),
             "since": self.since.isoformat(),
             "until": self.until.isoformat(),
@@ -295,6 +305,8 @@ def funnel_dict(build: DatasetBuild) -> dict[str, Any]:
         "examples": build.funnel.get("examples", {}),
         "restored": [{"what": what, "examples": n} for what, n in restored_examples(build.funnel)],
         "counts": build.counts,
+        "accumulated_from": list(build.accumulated_from),
+        "funnel_of": build.funnel_of,
     }
 
 
@@ -311,8 +323,10 @@ class FeedbackPages:
         scrubber: SampleScrubber,
         datasets: DatasetIndex,
         evals: EvalReview,
+        configured_lines: tuple[str, ...] | None = None,
     ) -> None:
         self.engine = engine
+        self.configured_lines = configured_lines
         self.settings = settings
         self.rollup = rollup
         self.scrubber = scrubber
@@ -344,7 +358,13 @@ class FeedbackPages:
         adapters = self.rollup.adapters(business_line)
         cells = self.rollup.counts(RollupQuery(business_line, since, until, bucket.adapter))
         shown = [bucket.adapter] if bucket.adapter else adapters
-        series = time_series(cells, since, until, self.settings.max_points, shown)
+        points = min(self.settings.max_points, TREND_POINTS)
+        served = sum(c.count for c in cells if c.signal == REQUESTS)
+        if (until - since) / timedelta(hours=1) < FEW_POINTS and served <= MINUTE_COUNT_LIMIT:
+            fine = queries.minute_counts(self.engine, business_line, since, until, bucket.adapter)
+            series = time_series(fine, since, until, points, shown, finest=timedelta(minutes=1))
+        else:
+            series = time_series(cells, since, until, points, shown)
         signals = (
             RATE_SIGNALS
             if bucket.signal is None or bucket.signal not in RATE_SIGNALS
@@ -367,6 +387,7 @@ class FeedbackPages:
             canary=self._canary(business_line, routing, history),
             latest_build=builds[0] if builds else None,
             shadow=self._shadow(business_line, routing),
+            configured=self.configured_lines is None or business_line in self.configured_lines,
         )
 
     def _shadow(self, business_line: str, routing: RoutingTable) -> ShadowView | None:

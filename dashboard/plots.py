@@ -32,7 +32,9 @@ def _number(value: float, percent: bool) -> str:
 
 
 def _time_label(value: datetime, size: timedelta) -> str:
-    return value.strftime("%m-%d") if size >= timedelta(days=1) else value.strftime("%m-%d %H:00")
+    if size >= timedelta(days=1):
+        return f"{value.day} {value:%b}"
+    return f"{value.day} {value:%b %H:%M}"
 
 
 def line_chart(

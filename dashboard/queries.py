@@ -13,14 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Select, and_, exists, literal, or_, select
 
 from dashboard.filters import BucketFilter, Cursor
 from feedback.examples import user_digest
-from feedback.rollup import BASE_ADAPTER
+from feedback.rollup import (
+    BASE_ADAPTER,
+    ERRORS,
+    FEEDBACK_SIGNALS,
+    REQUESTS,
+    RollupCount,
+    feedback_signal,
+    merge_counts,
+)
 from feedback.schema import feedback_table, interactions_table
 from feedback.signals import EDIT_TYPES
 
@@ -144,6 +152,54 @@ def sample(engine: Engine, business_line: str, request_id: str) -> RawSample | N
         rows = connection.execute(query).all()
         found = _with_events(connection, rows)
     return found[0] if found else None
+
+
+def minute_counts(
+    engine: Engine,
+    business_line: str,
+    since: datetime,
+    until: datetime,
+    adapter: str | None = None,
+) -> list[RollupCount]:
+    """The rollup's cells at minute resolution, counted from the raw rows of ``[since,
+    until)``: for a window too short for hourly points to show a trend. Counted as the
+    rollup counts (each request once per signal, under its own minute); the caller keeps
+    the window small (a few thousand requests)."""
+    i, f = interactions_table.c, feedback_table.c
+    where = sample_conditions(
+        business_line, BucketFilter(since=since, until=until, adapter=adapter)
+    )
+    served: dict[str, tuple[str, datetime]] = {}
+    cells: list[RollupCount] = []
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(i.request_id, i.adapter_name, i.created_at, i.status).where(*where)
+        )
+        for row in rows:
+            minute = row.created_at.replace(second=0, microsecond=0)
+            if minute.tzinfo is None:
+                minute = minute.replace(tzinfo=UTC)
+            name = row.adapter_name or BASE_ADAPTER
+            served[row.request_id] = (name, minute)
+            cells.append(RollupCount(business_line, name, minute, REQUESTS, 1))
+            if row.status != "ok":
+                cells.append(RollupCount(business_line, name, minute, ERRORS, 1))
+        events = connection.execute(
+            select(f.request_id, f.type, f.outcome)
+            .select_from(feedback_table.join(interactions_table, i.request_id == f.request_id))
+            .where(*where)
+            .order_by(f.id)
+        )
+        seen: set[tuple[str, str, str | None]] = set()
+        for event in events:
+            signal = feedback_signal(event.type, event.outcome)
+            key = (event.request_id, event.type, event.outcome)
+            if signal not in FEEDBACK_SIGNALS or key in seen:
+                continue
+            seen.add(key)
+            name, minute = served[event.request_id]
+            cells.append(RollupCount(business_line, name, minute, signal, 1))
+    return merge_counts(cells)
 
 
 def _with_events(connection: Any, rows: Sequence[Any]) -> list[RawSample]:

@@ -183,6 +183,15 @@ class ReviewQueue:
             )
         return policy
 
+    def has_queue(self, business_line: str) -> bool:
+        """Whether the line has a review queue (its recipe has a review block), so a page
+        links to it only where it exists."""
+        try:
+            self.policy(business_line)
+        except PageError:
+            return False
+        return True
+
     # ------------------------------------------------------------------ handing out
 
     def next_item(self, business_line: str, reviewer: str) -> ReviewItem | None:

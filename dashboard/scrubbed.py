@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from dashboard.diffs import DiffSegment, edit_diff, similarity
+from dashboard.diffs import DiffSegment, edit_diff, side_by_side, similarity
 from dashboard.queries import RawSample
 
 if TYPE_CHECKING:
@@ -85,6 +85,10 @@ class Sample:
     def diff(self) -> list[DiffSegment]:
         """The edit against the answer it replaced (empty without an edit)."""
         return edit_diff(self.response, self.edit) if self.edit is not None else []
+
+    def diff_columns(self) -> tuple[list[DiffSegment], list[DiffSegment]]:
+        """The answer with removals marked and the edit with additions marked, side by side."""
+        return side_by_side(self.response, self.edit) if self.edit is not None else ([], [])
 
     def edit_similarity(self) -> float | None:
         """Share of the answer the edit kept."""

@@ -21,8 +21,41 @@ BUCKET_SIZES: tuple[timedelta, ...] = (
     timedelta(days=7),
     timedelta(days=28),
 )
+# Below an hour only for counts read from the raw rows (the rollup is hourly).
+FINE_BUCKET_SIZES: tuple[timedelta, ...] = tuple(
+    timedelta(minutes=m) for m in (1, 2, 5, 10, 15, 30)
+)
+HOUR = timedelta(hours=1)
 RATE_SIGNALS: tuple[str, ...] = (ERRORS, *FEEDBACK_SIGNALS)
 _EPOCH = datetime(1970, 1, 5, tzinfo=UTC)  # a Monday: weekly buckets start on Mondays
+
+
+def human_time(value: datetime | str | None) -> str:
+    """A moment as people read it: ``4 Dec 2026, 09:25 UTC`` (an ISO string is parsed first;
+    a string that is not a time is returned as it is)."""
+    if not value:
+        return ""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    else:
+        moment = value
+    if moment.tzinfo:
+        moment = moment.astimezone(UTC)
+    return f"{moment.day} {moment:%b %Y, %H:%M} UTC"
+
+
+def human_span(size: timedelta) -> str:
+    """A bucket size as people say it: ``5 min``, ``3 h``, ``1 day``, ``7 days``."""
+    minutes = int(size.total_seconds() // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        return f"{minutes // 60} h"
+    days = minutes // (24 * 60)
+    return f"{days} day" if days == 1 else f"{days} days"
 
 
 def rate(count: int, requests: int) -> float | None:
@@ -78,10 +111,15 @@ def adapter_totals(cells: Iterable[RollupCount], order: Sequence[str] = ()) -> l
     return rows
 
 
-def bucket_size(since: datetime, until: datetime, max_points: int) -> timedelta:
-    """The smallest bucket that keeps ``[since, until)`` within ``max_points`` buckets."""
+def bucket_size(
+    since: datetime, until: datetime, max_points: int, finest: timedelta = HOUR
+) -> timedelta:
+    """The smallest bucket of at least ``finest`` that keeps ``[since, until)`` within
+    ``max_points`` buckets."""
     span = until - since
-    for size in BUCKET_SIZES:
+    for size in (*FINE_BUCKET_SIZES, *BUCKET_SIZES):
+        if size < finest:
+            continue
         if span / size <= max_points:
             return size
     return BUCKET_SIZES[-1]
@@ -124,9 +162,11 @@ def time_series(
     until: datetime,
     max_points: int,
     adapters: Sequence[str] = (),
+    finest: timedelta = HOUR,
 ) -> Series:
-    """Cells binned into at most ``max_points`` buckets between ``since`` and ``until``."""
-    size = bucket_size(since, until, max_points)
+    """Cells binned into at most ``max_points`` buckets between ``since`` and ``until``
+    (buckets of at least ``finest``: the resolution of the cells)."""
+    size = bucket_size(since, until, max_points, finest)
     starts = bucket_starts(since, until, size)
     index = {start: i for i, start in enumerate(starts)}
     counts: dict[str, dict[str, list[int]]] = {name: {} for name in adapters}
