@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -31,3 +32,41 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Callabl
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+# What training.train.log_training_step puts on each record: step, steps in all, latest loss,
+# whether training ended.
+TrainingStep = Callable[[int, int, float | None, bool], None]
+
+
+class _TrainingSteps(logging.Handler):
+    """Hands each training step record of ``training.train`` to a callback."""
+
+    def __init__(self, on_step: TrainingStep) -> None:
+        super().__init__(logging.INFO)
+        self.on_step = on_step
+
+    def emit(self, record: logging.LogRecord) -> None:
+        step = getattr(record, "training_step", None)
+        total = getattr(record, "training_total", None)
+        if isinstance(step, int) and isinstance(total, int):
+            loss = getattr(record, "training_loss", None)
+            self.on_step(step, total, loss, bool(getattr(record, "training_done", False)))
+
+
+@contextmanager
+def training_steps(on_step: TrainingStep) -> Iterator[None]:
+    """Call ``on_step(step, total, loss, done)`` for each step a training in this process
+    logs (:func:`training.train.log_training_step`: step 0 as it begins, loss None where
+    the record has none, done True once as it ends) while the block runs."""
+    logger = logging.getLogger("training.train")
+    handler = _TrainingSteps(on_step)
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

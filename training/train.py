@@ -8,6 +8,7 @@ go beside it; a rerun after a crash resumes from the last one.
 
 from __future__ import annotations
 
+import logging
 import resource
 import shutil
 import time
@@ -20,6 +21,8 @@ from typing import Any
 from flywheel.errors import FlywheelError
 from flywheel.hardware import cpu_has_bf16
 from training.config import TrainingConfig
+
+logger = logging.getLogger(__name__)
 
 TRAIN_COLUMNS = {
     "sft": ("prompt", "completion"),
@@ -232,8 +235,16 @@ def train_adapter(
             self.started = time.perf_counter()
             if max_seconds is not None:
                 _decay_over_time(self.trainer, self.started, max_seconds)
+            log_training_step(state.global_step, state.max_steps, None, {})
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            log_training_step(state.global_step, state.max_steps, None, {}, done=True)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+            if logs:
+                loss = logs.get("loss")
+                loss = float(loss) if isinstance(loss, int | float) else None
+                log_training_step(state.global_step, state.max_steps, loss, logs)
             if on_log is not None and logs:
                 on_log({"step": state.global_step, **logs})
 
@@ -244,6 +255,7 @@ def train_adapter(
     forward = _Forward()
     trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, [forward])
     forward.trainer = trainer
+    _quiet_trainer(trainer)
     resume = _last_checkpoint(checkpoints)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
@@ -267,6 +279,40 @@ def train_adapter(
         resumed_from=resume,
         device=device,
     )
+
+
+def log_training_step(
+    step: int, total: int, loss: float | None, logs: dict[str, Any], *, done: bool = False
+) -> None:
+    """One line of training progress on this module's logger (INFO): the step, the steps in
+    all, the latest loss and whether training ended as record attributes (``training_step``,
+    ``training_total``, ``training_loss``, ``training_done``) for a progress display, the
+    trainer's numbers in words for a log file."""
+    from flywheel.wording import in_words
+
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in logs.items()}
+    logger.info(
+        "training %s step %d/%d%s",
+        "ended at" if done else "at",
+        step,
+        total,
+        f": {in_words(shown)}" if shown else "",
+        extra={
+            "training_step": step,
+            "training_total": total,
+            "training_loss": loss,
+            "training_done": done,
+        },
+    )
+
+
+def _quiet_trainer(trainer: Any) -> None:
+    """Take out the trainer's own progress bar and the callback that prints every log dict
+    to stdout: progress goes through :func:`log_training_step` instead."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for printing in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(printing)
 
 
 def _trainer(

@@ -20,11 +20,13 @@ from rich.text import Text
 
 from cli.commands.common import clients, err, out
 from flywheel.errors import UsageError
+from flywheel.library_logs import library_logs_to_file
 from flywheel.settings import Settings, load_settings
 from flywheel.wording import in_words
 
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
+    from flywheel.progress import TrainingStep
     from simulation.traffic import Sampling
 
 DEFAULT_USERS = "simulation.users:BuiltinUsers"
@@ -277,23 +279,29 @@ def run_loop_command(
         nights_done.append(record.night)
         _print_night(record)
 
-    with (
-        live_services(
-            settings,
-            clients(settings),
-            report=out.print,
-            bad_canary=is_bad_night,
-            reviewers=reviewers,
-        ) as services,
-        _progress() as progress,
-    ):
-        return run_loop(plan, users, services, progress=progress, on_night=on_night)
+    with library_logs_to_file(settings.home, "loop") as log_path:
+        out.print(f"trainer and library logs: {log_path}")
+        with (
+            live_services(
+                settings,
+                clients(settings),
+                report=out.print,
+                bad_canary=is_bad_night,
+                reviewers=reviewers,
+            ) as services,
+            _progress() as progress,
+        ):
+            return run_loop(plan, users, services, progress=progress, on_night=on_night)
 
 
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """The loop's progress: a bar per stage on a terminal (training's shows its steps and
+    latest loss), else a line as each stage starts."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flywheel.progress import training_steps
 
     console = Console(stderr=True, markup=False)
     if not console.is_terminal:
@@ -302,7 +310,8 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
             err.print(f"  {label} ({total})")
             return lambda _n: None
 
-        yield announce
+        with training_steps(_announce_training(err.print)):
+            yield announce
         return
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
@@ -311,7 +320,40 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
             task = bars.add_task(label, total=total)
             return lambda n: bars.advance(task, n)
 
-        yield bar
+        trainings: list[Any] = []
+        losses: list[float] = []
+
+        def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+            if step == 0 or not trainings:
+                trainings.append(bars.add_task("training", total=total))
+                losses.clear()
+            if loss is not None:
+                losses.append(loss)
+            shown = f"training: loss {losses[-1]:.3f}" if losses else "training"
+            if done:
+                total = step
+            bars.update(trainings[-1], completed=step, total=total, description=shown)
+
+        with training_steps(on_step):
+            yield bar
+
+
+def _announce_training(say: Callable[[str], None]) -> TrainingStep:
+    """Off a terminal, a training's progress as two lines: its start, and its end with the
+    first and the last loss."""
+    losses: list[float] = []
+
+    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+        if step == 0 and not done:
+            losses.clear()
+            say(f"  training ({total} steps)")
+        if loss is not None:
+            losses.append(loss)
+        if done:
+            shown = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
+            say(f"  trained {step} steps{shown}")
+
+    return on_step
 
 
 def _print_night(record: Any) -> None:

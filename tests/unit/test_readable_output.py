@@ -131,3 +131,69 @@ def test_the_package_metadata_has_no_deprecated_licence_table() -> None:
     assert licence_warnings == []
     assert distribution.metadata.license_expression == "Apache-2.0"
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+def test_the_trainers_log_dicts_and_bars_do_not_reach_the_terminal(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import torch
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+
+    from training.train import _quiet_trainer
+
+    for disable_tqdm in (False, True):  # a progress bar that writes dicts, or a printer
+        args = TrainingArguments(
+            output_dir=str(tmp_path), report_to=[], use_cpu=True, disable_tqdm=disable_tqdm
+        )
+        trainer = Trainer(model=torch.nn.Linear(2, 2), args=args)
+        _quiet_trainer(trainer)
+        state = TrainerState(max_steps=3)
+        calls = trainer.callback_handler
+        calls.on_train_begin(args, state, TrainerControl())
+        state.global_step = 1
+        calls.on_step_end(args, state, TrainerControl())
+        calls.on_log(args, state, TrainerControl(), logs={"loss": 3.849, "grad_norm": 1.25})
+        calls.on_train_end(args, state, TrainerControl())
+    printed = capfd.readouterr()
+    assert "3.849" not in printed.out + printed.err
+    assert "grad_norm" not in printed.out + printed.err
+
+
+def test_library_logs_and_training_steps_go_to_a_file_under_home(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import logging
+
+    from flywheel.library_logs import library_logs_to_file
+    from training.train import log_training_step
+
+    with warnings.catch_warnings(), library_logs_to_file(tmp_path) as path:
+        warnings.simplefilter("always")
+        logging.getLogger("transformers.modeling_utils").warning("a library line")
+        logging.getLogger("mlflow.tracking").info("an MLflow INFO line")
+        warnings.warn("a deprecated call", DeprecationWarning, stacklevel=1)
+        log_training_step(2, 3, 3.849, {"loss": 3.849, "grad_norm": 1.25})
+    assert path.parent == tmp_path / "logs"
+    written = path.read_text(encoding="utf-8")
+    for line in ("a library line", "an MLflow INFO line", "a deprecated call"):
+        assert line in written
+    assert "training at step 2/3: loss: 3.849, grad norm: 1.25" in written
+    printed = capfd.readouterr()
+    for line in ("a library line", "MLflow INFO", "a deprecated call", "3.849"):
+        assert line not in printed.out + printed.err
+    # As it was afterwards: the libraries' own handlers back, warnings printed again.
+    assert not logging.getLogger("py.warnings").handlers
+
+
+def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> None:
+    from cli.commands.loop import _announce_training
+    from flywheel.progress import training_steps
+    from training.train import log_training_step
+
+    said: list[str] = []
+    with training_steps(_announce_training(said.append)):
+        log_training_step(0, 3, None, {})
+        for step, loss in ((1, 3.849), (2, 2.5), (3, 2.0)):
+            log_training_step(step, 3, loss, {"loss": loss})
+        log_training_step(3, 3, None, {}, done=True)
+    assert said == ["  training (3 steps)", "  trained 3 steps, loss 3.849 -> 2.000"]
