@@ -71,6 +71,8 @@ def buckets(
                 if not builds
                 else {
                     "dataset": builds[0].name,
+                    "accumulated_from": list(builds[0].accumulated_from),
+                    "funnel_of": builds[0].funnel_of,
                     "steps": funnel_steps(builds[0].funnel),
                     "dropped": drop_reasons(builds[0].funnel),
                 },
@@ -118,4 +120,9 @@ def _print_line(entry: dict[str, Any]) -> None:
         return
     steps = " → ".join(f"{name} {count:,}" for name, count in funnel["steps"])
     dropped = ", ".join(f"{why} {count:,}" for why, count in funnel["dropped"]) or "none"
-    out.print(f"  funnel ({funnel['dataset']}): {steps}\n  dropped: {dropped}\n")
+    source = funnel["dataset"]
+    if funnel["accumulated_from"]:
+        count = len(funnel["accumulated_from"])
+        source += f", accumulated from {count} build{'s' if count != 1 else ''}"
+        source += f": funnel of {funnel['funnel_of']}" if funnel["funnel_of"] else ""
+    out.print(f"  funnel ({source}): {steps}\n  dropped: {dropped}\n")

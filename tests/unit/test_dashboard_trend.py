@@ -183,6 +183,22 @@ def test_every_dataset_build_has_a_funnel(client: TestClient) -> None:
     assert "accumulated from 1 build" in funnel
 
 
+def test_buckets_prints_the_funnel_of_an_accumulated_build(home: PageHome) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    env = {
+        "FLYWHEEL_HOME": str(home.settings.home),
+        "FLYWHEEL_DATABASE_URL": home.settings.resolved_database_url,
+        "COLUMNS": "200",
+    }
+    printed = CliRunner().invoke(app, ["buckets", "--line", TRAINED_LINE], env=env)
+    assert printed.exit_code == 0, printed.output
+    assert "accumulated from 1 build" in printed.stdout
+    assert "in training data" in printed.stdout
+
+
 # --- the edit beside the answer -----------------------------------------------------------------
 
 
