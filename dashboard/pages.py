@@ -337,8 +337,12 @@ class FeedbackPages:
     def _range(self, business_line: str, bucket: BucketFilter) -> tuple[datetime, datetime]:
         span = self.rollup.span(business_line)
         if bucket.since is None and span is not None:
+            # From the first traffic of the last DEFAULT_RANGE, not from its start: a line
+            # with old imported records and an hour of fresh traffic shows that hour.
             end = bucket.until or span[1]
-            span = (max(span[0], end - DEFAULT_RANGE), span[1])
+            query = RollupQuery(business_line, floor_hour(end - DEFAULT_RANGE), ceil_hour(end))
+            served = [c.hour for c in self.rollup.counts(query) if c.signal == REQUESTS]
+            span = (min(served, default=max(span[0], end - DEFAULT_RANGE)), span[1])
         since, until = default_range(span, bucket.since, bucket.until)
         return floor_hour(since), ceil_hour(until)
 

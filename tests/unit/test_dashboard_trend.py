@@ -82,8 +82,8 @@ def _votes(request_id: str, kind: str, n: int, when: datetime) -> list[dict[str,
 
 @pytest.fixture(scope="module")
 def burst(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    """A store holding one hour of traffic on a configured line (as after the demo) and an
-    imported line that is not configured, whose answers carry several votes each."""
+    """One hour of traffic on a configured line (as after the demo, beside an old imported
+    record) and an imported line that is not configured, each answer with several votes."""
     home = tmp_path_factory.mktemp("burst") / "home"
     settings = load_settings(
         home=home,
@@ -91,7 +91,8 @@ def burst(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         business_lines=("customer_service",),
     )
     store = FeedbackStore.open(settings)
-    records: list[dict[str, Any]] = []
+    # An old import on the same line: the window still follows the recent traffic.
+    records = [_interaction("imported-0", "customer_service", datetime(2023, 3, 24, tzinfo=UTC))]
     for n in range(120):
         when = BURST + timedelta(seconds=30 * n)
         records.append(_interaction(f"cs-{n}", "customer_service", when))
