@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -735,11 +737,13 @@ def nightly(
     configure_prefect(settings)
     from flows.nightly import nightly as nightly_flow
 
-    reports = nightly_flow(lines=line or None, workers=workers)
+    with _quiet_training(settings, "nightly"):
+        reports = nightly_flow(lines=line or None, workers=workers)
     if as_json:
         out.print_json(orjson.dumps(reports).decode())
         return
-    table = Table("business line", "status", "version", "adapter", "seconds by stage", "why")
+    table = Table("business line", "status", "version", "adapter", "seconds by stage")
+    table.add_column("why", overflow="fold", ratio=1, min_width=30)
     for report in reports:
         table.add_row(
             report["business_line"],
@@ -747,9 +751,22 @@ def nightly(
             str(report["version"] or "-"),
             report["adapter"] or "-",
             ", ".join(f"{k} {v:g}" for k, v in report.get("seconds", {}).items()) or "-",
-            report["reason"][:140],
+            report["reason"],
         )
     out.print(table)
+
+
+@contextmanager
+def _quiet_training(settings: Settings, name: str) -> Iterator[None]:
+    """Trainer and library logs to ``FLYWHEEL_HOME/logs/<name>-<time>.log`` (the path
+    printed on stderr), a progress line per training in their stead."""
+    from flywheel.library_logs import library_logs_to_file
+    from flywheel.progress import training_progress
+
+    with library_logs_to_file(settings.home, name) as path:
+        err.print(f"trainer and library logs: {path}")
+        with training_progress(err.print):
+            yield
 
 
 @app.command()
@@ -1000,7 +1017,8 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
                 )
             )
             return
-        outcome = train_line(settings, command, line, force=force)
+        with _quiet_training(settings, "train"):
+            outcome = train_line(settings, command, line, force=force)
     if outcome.status != "trained":
         out.print(f"{line}: {outcome.status}: {outcome.reason}")
         return

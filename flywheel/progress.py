@@ -12,6 +12,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -70,3 +71,56 @@ def training_steps(on_step: TrainingStep) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+def announce_training(say: Callable[[str], None]) -> TrainingStep:
+    """Off a terminal, each training's progress as two lines: its start, and its end with
+    the first and the last loss."""
+    losses: list[float] = []
+
+    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+        if step == 0 and not done:
+            losses.clear()
+            say(f"  training ({total} steps)")
+        if loss is not None:
+            losses.append(loss)
+        if done:
+            shown = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
+            say(f"  trained {step} steps{shown}")
+
+    return on_step
+
+
+def training_bars(bars: Progress) -> TrainingStep:
+    """On a terminal, each training as a bar of ``bars``: its steps done of all, its latest
+    loss."""
+    trainings: list[TaskID] = []
+    losses: list[float] = []
+
+    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+        if step == 0 or not trainings:
+            trainings.append(bars.add_task("training", total=total))
+            losses.clear()
+        if loss is not None:
+            losses.append(loss)
+        shown = f"training: loss {losses[-1]:.3f}" if losses else "training"
+        bars.update(trainings[-1], completed=step, total=step if done else total, description=shown)
+
+    return on_step
+
+
+@contextmanager
+def training_progress(say: Callable[[str], None]) -> Iterator[None]:
+    """Show the trainings this process runs in the block: a bar with steps and loss on a
+    terminal (stderr), else :func:`announce_training`'s two lines through ``say``."""
+    console = Console(stderr=True, markup=False)
+    if not console.is_terminal:
+        with training_steps(announce_training(say)):
+            yield
+        return
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
+    with (
+        Progress(*columns, TimeElapsedColumn(), console=console) as bars,
+        training_steps(training_bars(bars)),
+    ):
+        yield

@@ -26,7 +26,6 @@ from flywheel.wording import in_words
 
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
-    from flywheel.progress import TrainingStep
     from simulation.traffic import Sampling
 
 DEFAULT_USERS = "simulation.users:BuiltinUsers"
@@ -301,7 +300,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flywheel.progress import training_steps
+    from flywheel.progress import announce_training, training_bars, training_steps
 
     console = Console(stderr=True, markup=False)
     if not console.is_terminal:
@@ -310,7 +309,7 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
             err.print(f"  {label} ({total})")
             return lambda _n: None
 
-        with training_steps(_announce_training(err.print)):
+        with training_steps(announce_training(err.print)):
             yield announce
         return
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
@@ -320,40 +319,8 @@ def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
             task = bars.add_task(label, total=total)
             return lambda n: bars.advance(task, n)
 
-        trainings: list[Any] = []
-        losses: list[float] = []
-
-        def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
-            if step == 0 or not trainings:
-                trainings.append(bars.add_task("training", total=total))
-                losses.clear()
-            if loss is not None:
-                losses.append(loss)
-            shown = f"training: loss {losses[-1]:.3f}" if losses else "training"
-            if done:
-                total = step
-            bars.update(trainings[-1], completed=step, total=total, description=shown)
-
-        with training_steps(on_step):
+        with training_steps(training_bars(bars)):
             yield bar
-
-
-def _announce_training(say: Callable[[str], None]) -> TrainingStep:
-    """Off a terminal, a training's progress as two lines: its start, and its end with the
-    first and the last loss."""
-    losses: list[float] = []
-
-    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
-        if step == 0 and not done:
-            losses.clear()
-            say(f"  training ({total} steps)")
-        if loss is not None:
-            losses.append(loss)
-        if done:
-            shown = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
-            say(f"  trained {step} steps{shown}")
-
-    return on_step
 
 
 def _print_night(record: Any) -> None:

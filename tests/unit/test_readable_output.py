@@ -186,12 +186,11 @@ def test_library_logs_and_training_steps_go_to_a_file_under_home(
 
 
 def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> None:
-    from cli.commands.loop import _announce_training
-    from flywheel.progress import training_steps
+    from flywheel.progress import announce_training, training_steps
     from training.train import log_training_step
 
     said: list[str] = []
-    with training_steps(_announce_training(said.append)):
+    with training_steps(announce_training(said.append)):
         log_training_step(0, 3, None, {})
         for step, loss in ((1, 3.849), (2, 2.5), (3, 2.0)):
             log_training_step(step, 3, loss, {"loss": loss})
