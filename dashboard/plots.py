@@ -16,6 +16,7 @@ from markupsafe import Markup
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 CANDIDATE_COLOR = "#1f77b4"
 CHAMPION_COLOR = "#7f7f7f"
+MARKED_POINTS = 48  # up to this many buckets, every point of a line gets a marker
 
 
 def color_of(index: int) -> str:
@@ -94,14 +95,17 @@ def line_chart(
             else:
                 runs[-1].append(f"{x(i):.1f},{y(value):.1f}")
         for run in runs:
-            if len(run) == 1:
-                cx, cy = run[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{color}"/>')
-            elif run:
+            if len(run) > 1:
                 parts.append(
                     f'<polyline fill="none" stroke="{color}" stroke-width="1.6" '
                     f'points="{" ".join(run)}"><title>{escape(name)}</title></polyline>'
                 )
+            # Few points get a marker each, sized to the room they have; a lone point always.
+            if len(run) == 1 or n <= MARKED_POINTS:
+                radius = 3 if n <= MARKED_POINTS else 2
+                for point in run:
+                    cx, cy = point.split(",")
+                    parts.append(f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{color}"/>')
     parts.append("</svg>")
     return Markup("".join(parts))  # noqa: S704 (every label above went through escape())
 

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dashboard.diffs import side_by_side
+from dashboard.plots import line_chart
 from dashboard.shaping import human_span, human_time
 from feedback.datasets import accumulate, line_builds
 from feedback.reviews import ReviewPolicy
@@ -131,6 +132,13 @@ def test_days_of_traffic_plot_as_a_few_dozen_points(client: TestClient) -> None:
     assert human_span(timedelta(minutes=5)) == "5 min"
     assert human_span(timedelta(hours=3)) == "3 h"
     assert human_span(timedelta(days=7)) == "7 days"
+
+
+def test_a_short_series_marks_each_point() -> None:
+    starts = [BURST + timedelta(minutes=5 * i) for i in range(6)]
+    chart = line_chart("requests", starts, timedelta(minutes=5), {"base": [1, 2, None, 4, 5, 6]})
+    assert chart.count("<circle") == 5
+    assert "4 Dec 09:25" in chart
 
 
 # --- rates are shares ---------------------------------------------------------------------------
