@@ -173,6 +173,7 @@ def test_the_funnel_says_its_count_is_of_its_own_window(client: TestClient) -> N
     assert 'id="range"' in page
     assert 'id="funnel-count"' in page
     assert "not the requests of the range above" in page
+    assert "pulled for window build" in page  # the newest build is accumulated
 
 
 # --- a funnel for every build -------------------------------------------------------------------
