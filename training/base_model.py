@@ -8,8 +8,11 @@ folder once. Any other local model folder works the same way (one setting).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flywheel.errors import FlywheelError
@@ -33,6 +36,23 @@ def bundled_gguf() -> Path:
     return path
 
 
+@contextmanager
+def _conversion_bar_obeys_transformers() -> Iterator[None]:
+    """transformers draws the GGUF de-quantising bar with tqdm itself, past its own switch
+    (``transformers.utils.logging.disable_progress_bar``, which flywheel.library_logs turns
+    off): here that bar follows the switch as transformers' other bars do."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_loading
+    from transformers.utils import logging as transformers_logging
+
+    drawn = gguf_loading.tqdm
+    hidden = not transformers_logging.is_progress_bar_enabled()
+    gguf_loading.tqdm = functools.partial(drawn, disable=hidden)
+    try:
+        yield
+    finally:
+        gguf_loading.tqdm = drawn
+
+
 def convert_gguf(gguf: Path, target: Path) -> Path:
     """Write a float32 Hugging Face folder for ``gguf`` at ``target``.
 
@@ -46,7 +66,8 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     folder, name = str(gguf.parent), gguf.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    with _conversion_bar_obeys_transformers():
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
