@@ -176,7 +176,9 @@ def live_services(
             **({"FLYWHEEL_RECIPES_DIR": str(settings.recipes_dir)} if settings.recipes_dir else {}),
         )
         synced = sync_adapters(settings, clients, [llm.base_url])
-        report(f"adapters the routing tables name, loaded and probed: {in_words(synced)}")
+        changes = {url: {k: v for k, v in done.items() if v} for url, done in synced.items()}
+        shown = {url: done or "nothing to change" for url, done in changes.items()}
+        report(f"adapters the routing tables name, loaded and probed: {in_words(shown)}")
         configure_prefect(settings)
         yield LoopServices(
             gateway_url=url,
