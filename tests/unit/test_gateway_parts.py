@@ -275,9 +275,12 @@ def test_canary_set_checks_the_adapter_is_served(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLYWHEEL_GATEWAY_UPSTREAMS", "http://127.0.0.1:9")
+    from registry.vllm_admin import VllmUnavailableError
+
     refused = runner.invoke(app, ["canary", "set", "legal", "legal-v2"])
-    assert isinstance(refused.exception, UsageError)
-    assert "--no-check" in str(refused.exception)
+    # A replica that cannot be reached is vLLM's own error (exit 7), naming the setting.
+    assert isinstance(refused.exception, VllmUnavailableError)
+    assert "FLYWHEEL_GATEWAY_UPSTREAMS" in str(refused.exception)
 
 
 def test_canary_set_checks_only_the_replicas_the_line_is_placed_on(
