@@ -357,6 +357,8 @@ def restore_placeholder_targets(
         held = _held_placeholders(example.prompt)
         answers = (example.completion, example.chosen, example.rejected)
         completion, chosen, rejected = (_restored(text, held) for text in answers)
+        if chosen is not None and chosen == rejected:
+            rejected = example.rejected  # a pair left the same would teach nothing
         if (completion, chosen, rejected) != answers:
             restored[example.kind] += 1
             example = replace(  # noqa: PLW2901

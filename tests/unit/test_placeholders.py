@@ -124,3 +124,16 @@ def test_the_page_shows_how_many_were_restored() -> None:
         {"what": "dpo examples: placeholder in the answer given a neutral word", "examples": 1},
         {"what": "sft examples: placeholder in the answer given a neutral word", "examples": 2},
     ]
+
+
+def test_a_pair_is_not_made_the_same_by_its_neutral_words() -> None:
+    from feedback.examples import Lineage, TrainingExample, restore_placeholder_targets
+
+    lineage = Lineage(("r1",), (1,), ("v1",), "customer_service", "2026-11-01T00:00:00Z", ())
+    prompt = [{"role": "user", "content": "Who can help me?"}]
+    pair = TrainingExample(
+        "dpo", prompt, lineage, chosen="Ask <PERSON_1>.", rejected="Ask <PERSON_2>.", rule="r"
+    )
+    (restored,), counts = restore_placeholder_targets([pair])
+    assert (restored.chosen, restored.rejected) == ("Ask the customer.", "Ask <PERSON_2>.")
+    assert counts == {"dpo": 1}
