@@ -469,7 +469,7 @@ def test_a_30s_store_outage_loses_no_interaction_and_no_feedback(
                 traffic.phase = "outage"
                 down_at = time.monotonic()
                 time.sleep(OUTAGE_S / 2)
-                with gateway.client() as client:
+                with gateway.client(key=None) as client:  # liveness needs no key
                     health = client.get("/healthz").json()
                 assert health["store_up"] is False
                 assert gateway.recorder.spool.files()
@@ -494,7 +494,7 @@ def test_a_30s_store_outage_loses_no_interaction_and_no_feedback(
             feedback = gateway.rows(feedback_table)
             quarantined = store.quarantined()
             stats = gateway.recorder.stats
-            with gateway.client() as client:
+            with gateway.client(key=None) as client:  # liveness needs no key
                 health = client.get("/healthz").json()
         store.close()
 
