@@ -14,12 +14,16 @@ Too few pairs decide nothing.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval.paired import compare_paired
 from eval.reports import EvalReport, GateCheck, GateDecision
+
+if TYPE_CHECKING:
+    from eval.satisfaction import PredictedSatisfaction
 
 
 class GatePolicy(BaseModel):
@@ -350,3 +354,31 @@ def _at_least(value: float, limit: float) -> bool:
 
 def _at_most(value: float, limit: float) -> bool:
     return value <= limit or math.isclose(value, limit, rel_tol=1e-9)
+
+
+def with_predicted_satisfaction(
+    decision: GateDecision, compared: PredictedSatisfaction, model: str, policy: GatePolicy
+) -> GateDecision:
+    """The gate's decision with the satisfaction model's comparison added (pure): information
+    only, unless the pairs were too few to judge and the recipe's gate falls back on it
+    (``predicted_satisfaction_margin``): then it decides, beside every other check but the
+    pairs' count."""
+    margin = policy.predicted_satisfaction_margin
+    if decision.not_judged is None or margin is None:
+        check = GateCheck("predicted_satisfaction", True, compared.describe(model))
+        return replace(decision, checks=(*decision.checks, check))
+    if compared.prompts < policy.min_predicted_prompts:
+        role = f"too few prompts to decide on (< {policy.min_predicted_prompts})"
+        check = GateCheck("predicted_satisfaction", True, compared.describe(model, role))
+        return replace(decision, checks=(*decision.checks, check))
+    passed = compared.low > -margin
+    role = (
+        f"decides, the pairs being too few ({decision.not_judged}): 95% lower bound "
+        f"{compared.low:+.3f} {'>' if passed else '<='} -{margin:g}"
+    )
+    check = GateCheck("predicted_satisfaction", passed, compared.describe(model, role))
+    others = [c for c in decision.checks if c.name != "held_out_pairs"]
+    checks = (*decision.checks, check)
+    return replace(
+        decision, promote=passed and all(c.passed for c in others), checks=checks, not_judged=None
+    )

@@ -263,7 +263,7 @@ def _with_predicted_satisfaction(
     decision: GateDecision,
 ) -> GateDecision:
     """The gate's decision with the line's accepted satisfaction model's view of both models'
-    answers to the same held-out prompts (see :func:`with_predicted_satisfaction`)."""
+    answers to the same held-out prompts (see :func:`eval.gate.with_predicted_satisfaction`)."""
 
     from eval.satisfaction import predicted_satisfaction
     from eval.satisfaction_model import SatisfactionModel
@@ -295,39 +295,9 @@ def _with_predicted_satisfaction(
     if compared is None:
         return decision
     name = f"{recipe.business_line}-satisfaction-v{version}"
+    from eval.gate import with_predicted_satisfaction
+
     return with_predicted_satisfaction(decision, compared, name, recipe.gate)
-
-
-def with_predicted_satisfaction(
-    decision: GateDecision, compared: Any, model: str, policy: Any
-) -> GateDecision:
-    """The gate's decision with the satisfaction model's comparison added (pure): information
-    only, unless the pairs were too few to judge and the recipe's gate falls back on it
-    (``predicted_satisfaction_margin``): then it decides, beside every other check but the
-    pairs' count."""
-    from dataclasses import replace
-
-    from eval.reports import GateCheck
-
-    margin = policy.predicted_satisfaction_margin
-    if decision.not_judged is None or margin is None:
-        check = GateCheck("predicted_satisfaction", True, compared.describe(model))
-        return replace(decision, checks=(*decision.checks, check))
-    if compared.prompts < policy.min_predicted_prompts:
-        role = f"too few prompts to decide on (< {policy.min_predicted_prompts})"
-        check = GateCheck("predicted_satisfaction", True, compared.describe(model, role))
-        return replace(decision, checks=(*decision.checks, check))
-    passed = compared.low > -margin
-    role = (
-        f"decides, the pairs being too few ({decision.not_judged}): 95% lower bound "
-        f"{compared.low:+.3f} {'>' if passed else '<='} -{margin:g}"
-    )
-    check = GateCheck("predicted_satisfaction", passed, compared.describe(model, role))
-    others = [c for c in decision.checks if c.name != "held_out_pairs"]
-    checks = (*decision.checks, check)
-    return replace(
-        decision, promote=passed and all(c.passed for c in others), checks=checks, not_judged=None
-    )
 
 
 def _tag_how_trained(registry: Any, run_id: str, inverted: bool, method_reason: str | None) -> None:

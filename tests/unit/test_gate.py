@@ -442,9 +442,9 @@ def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_
     """At real feedback rates a night holds two or three held-out pairs: a gate with
     ``predicted_satisfaction_margin`` decides on the satisfaction model's paired comparison
     of both models' answers to the held-out prompts instead of refusing to judge."""
+    from eval.gate import with_predicted_satisfaction
     from eval.reports import GateCheck, GateDecision
     from eval.satisfaction import predicted_satisfaction
-    from flows.stages import with_predicted_satisfaction
 
     not_judged = GateDecision(
         promote=False,
