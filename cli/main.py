@@ -944,11 +944,17 @@ def demo(
         f"  Prefect: {prefect_server_command(settings.home / 'prefect')}, then "
         "http://127.0.0.1:4200 (each flow run's logs and artifacts)"
     )
-    out.print(
-        f"  feedback page: FLYWHEEL_HOME={settings.home} .venv/bin/flywheel serve dashboard, "
-        "then http://127.0.0.1:8090 (log in with a key from flywheel gateway add-key NAME "
-        "--lines '*')"
-    )
+    _print_feedback_page_hint(settings)
+
+
+def _print_feedback_page_hint(settings: Settings) -> None:
+    """How to open the feedback page on this home, commands whole (a wrapped one breaks)."""
+    from dashboard.access import login_commands
+
+    make_key, serve_page = login_commands(settings.home)
+    page = f"http://{settings.dashboard.host}:{settings.dashboard.port}"
+    out.print(f"  feedback page: {serve_page}, then {page}", soft_wrap=True)
+    out.print(f"    logging in with the key this prints: {make_key}", soft_wrap=True)
 
 
 def _build_datasets(

@@ -18,6 +18,7 @@ forms too) is refused when posted from another site (:func:`check_same_origin`).
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,17 @@ from dashboard.sessions import LoginSessions
 from gateway.keys import ApiKey, KeyFileWatch, KeyRing, bearer_token
 
 COOKIE = "flywheel_session"
+
+
+def login_commands(home: Path, name: str = "me") -> tuple[str, str]:
+    """The shell commands that open the feedback page on the flywheel home ``home``, as
+    the demo prints them: one makes a key that sees and reviews every line (printed once),
+    the other serves the page. Both name the home: a key made elsewhere does not log in."""
+    where = f"FLYWHEEL_HOME={shlex.quote(str(home))}"
+    return (
+        f"{where} .venv/bin/flywheel gateway add-key {name} --lines '*' --review-lines '*'",
+        f"{where} .venv/bin/flywheel serve dashboard",
+    )
 
 
 @dataclass(frozen=True, slots=True)
