@@ -26,6 +26,7 @@ from cli.commands.common import (
     with_clients,
 )
 from cli.commands.dedup import dedup as dedup_command
+from cli.commands.delivery import adapters_app
 from cli.commands.evaluate import evaluate as evaluate_command
 from cli.commands.experiments import experiment_app
 from cli.commands.loop import FEEDBACK_HELP
@@ -76,6 +77,7 @@ app.add_typer(lifecycle_app, name="lifecycle")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(placement_app, name="placement")
 app.add_typer(experiment_app, name="experiment")
+app.add_typer(adapters_app, name="adapters")
 serve_app.command("gateway")(serve_gateway)
 serve_app.command("dashboard")(serve_dashboard)
 app.command("buckets")(buckets_command)

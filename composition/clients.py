@@ -40,6 +40,7 @@ from flywheel.settings import Settings
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
     from feedback.store import FeedbackStore
+    from registry.replicas import ReplicaStore
     from registry.routes import RouteStore
     from registry.tracking import Registry
     from registry.vllm_admin import VllmAdminClient
@@ -110,6 +111,13 @@ class Clients:
         """The routing tables, kept in the feedback store."""
         routes: RouteStore = self._get("routes")
         return routes
+
+    @property
+    def replicas(self) -> ReplicaStore:
+        """The vLLM replicas' records (base model, LoRA limits), kept in the feedback store."""
+        from registry.replicas import ReplicaStore
+
+        return ReplicaStore(self.store.engine)
 
     def routes_stamped(self, when: datetime) -> RouteStore:
         """The routing tables, their changes stamped ``when`` (a decision's time)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -87,6 +86,10 @@ ADAPTER_CONFIG = "adapter_config.json"
 # MLflow's batch limits (mlflow.utils.validation): params and metrics per log_batch call.
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1_000
+
+
+class VersionNotFoundError(FlywheelError):
+    """A registered model has no such version (or the line has no registered model)."""
 
 
 def tracking_uri_for(home: Path, configured: str | None) -> str:
@@ -353,21 +356,26 @@ class Registry:
         """
         from mlflow.entities import LoggedModelStatus
 
+        from registry.delivery import adapter_digest, delivery_tags
+
         if not (adapter_dir / ADAPTER_CONFIG).is_file():
             raise FlywheelError(f"{adapter_dir} is not an adapter folder: {ADAPTER_CONFIG} missing")
         run = self.client.get_run(run_id)
         existing = run.data.tags.get(TAG_LOGGED_MODEL)
         if existing:
             return existing
+        tags = {
+            key: run.data.tags[key]
+            for key in (TAG_LINE, TAG_DATASET_HASH, TAG_BASE_MODEL, TAG_METHOD)
+            if key in run.data.tags
+        }
+        # The digest covers flywheel_base.json too: the base it records cannot be swapped.
+        tags.update(delivery_tags(adapter_dir, adapter_digest(adapter_dir)))
         model = self.client.create_logged_model(
             run.info.experiment_id,
             name=ADAPTER_ARTIFACT,
             source_run_id=run_id,
-            tags={
-                key: run.data.tags[key]
-                for key in (TAG_LINE, TAG_DATASET_HASH, TAG_BASE_MODEL, TAG_METHOD)
-                if key in run.data.tags
-            },
+            tags=tags,
             model_type=LOGGED_MODEL_TYPE,
         )
         self.client.log_model_artifacts(model.model_id, str(adapter_dir))
@@ -545,6 +553,10 @@ class Registry:
         model_id = self.logged_model_id(run_id)
         if model_id is None:
             raise FlywheelError(f"run {run_id} logged no adapter to register")
+        from registry.delivery import DELIVERY_TAGS
+
+        logged = self.client.get_logged_model(model_id).tags or {}
+        tags.update({key: logged[key] for key in DELIVERY_TAGS if logged.get(key)})
         self._ensure_registered_model(line)
         # MLflow's SQL registry resolves a models:/ source with a client on the global
         # tracking URI (its own TODO), not this one's: point it here for the call.
@@ -620,7 +632,7 @@ class Registry:
             return self.client.get_model_version(model_name(line), str(version))
         except MlflowException as exc:
             if _error_code(exc) in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
-                raise FlywheelError(f"{model_name(line)} has no version {version}") from None
+                raise VersionNotFoundError(f"{model_name(line)} has no version {version}") from None
             raise
 
     def aliases(self, line: str) -> dict[str, int]:
@@ -759,51 +771,56 @@ class Registry:
             if alias in {"candidate", "canary"} and pointed == version:
                 self.client.delete_registered_model_alias(name, alias)
 
-    def adapter_path(self, line: str, version: int) -> Path:
-        """A local folder holding the version's adapter files, ready for vLLM to load.
-
-        With a local artifact store it is the artifact folder itself; otherwise
-        the files are downloaded once to ``download_dir/<line>-v<version>``
-        (names are immutable, so a finished download is reused).
-        """
+    def adapter_source(self, line: str, version: int) -> str:
+        """The artifact URI of the version's adapter files (its LoggedModel's location)."""
         source = self._version(line, version).source
         if not source:
             raise FlywheelError(f"{model_name(line)} v{version} has no artifact source")
         if source.startswith("models:/"):
             # A LoggedModel: its files live at its artifact location.
             source = self.client.get_logged_model(source.removeprefix("models:/")).artifact_location
+        return str(source)
+
+    def download_adapter(self, line: str, version: int, destination: Path) -> Path:
+        """Copy the version's adapter files from the artifact store (local, proxied by an
+        MLflow server, or an object store) into a new folder under ``destination``; returns
+        that folder. Unchecked: :func:`registry.delivery.fetch_adapter` checks the digest."""
+        from mlflow.artifacts import download_artifacts
+
+        fetched = download_artifacts(
+            artifact_uri=self.adapter_source(line, version),
+            dst_path=str(destination),
+            tracking_uri=self.tracking_uri,
+        )
+        return Path(fetched)
+
+    def adapter_path(self, line: str, version: int) -> Path:
+        """A local folder holding the version's adapter files, digest-checked, ready for
+        vLLM to load: fetched once into ``download_dir/<line>-v<version>``
+        (:func:`registry.delivery.fetch_adapter`). A registry without a ``download_dir``
+        checks a local store's artifact folder in place and hands that."""
+        from registry.delivery import TAG_ADAPTER_DIGEST, AdapterDigestError, adapter_digest
+
+        if self.download_dir is not None:
+            from registry.delivery import fetch_adapter
+
+            return fetch_adapter(self, line, version, self.download_dir)
+        source = self.adapter_source(line, version)
         local = _local_path(source)
-        if local is not None:
-            if not (local / ADAPTER_CONFIG).is_file():
-                raise FlywheelError(f"{model_name(line)} v{version}: {local} holds no adapter")
-            return local
-        if self.download_dir is None:
+        if local is None:
             raise FlywheelError(
                 f"{model_name(line)} v{version} is stored at {source}; "
                 "give the registry a download_dir to fetch it"
             )
-        target = self.download_dir / adapter_name(line, version)
-        if (target / ADAPTER_CONFIG).is_file():
-            return target
-        from mlflow.artifacts import download_artifacts
-
-        self.download_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=self.download_dir))
-        try:
-            fetched = Path(
-                download_artifacts(
-                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
-                )
+        if not (local / ADAPTER_CONFIG).is_file():
+            raise FlywheelError(f"{model_name(line)} v{version}: {local} holds no adapter")
+        expected = self.version_tags(line, version).get(TAG_ADAPTER_DIGEST)
+        if expected is not None and (found := adapter_digest(local)) != expected:
+            raise AdapterDigestError(
+                f"{adapter_name(line, version)}: the files at {local} have digest {found}, "
+                f"not the registered {expected}; not served"
             )
-            try:
-                fetched.rename(target)
-            except OSError:
-                # A concurrent download finished first; its files are the same.
-                if not (target / ADAPTER_CONFIG).is_file():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return target
+        return local
 
     def flag_forgotten_data(self, dataset_hashes: Iterable[str], *, day: str) -> FlaggedModels:
         """Tag every training run and model version trained on one of ``dataset_hashes``

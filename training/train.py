@@ -20,6 +20,7 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.hardware import cpu_has_bf16
+from training.base_model import base_fingerprint, write_base_record
 from training.config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -260,12 +261,7 @@ def train_adapter(
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - started
-    adapter_dir = output_dir / "adapter"
-    staging = output_dir / "adapter.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    trainer.model.save_pretrained(str(staging))
-    shutil.rmtree(adapter_dir, ignore_errors=True)
-    staging.rename(adapter_dir)
+    adapter_dir = _save_adapter(trainer.model, output_dir, base_model_dir)
     shutil.rmtree(checkpoints, ignore_errors=True)
     state = trainer.state
     return TrainResult(
@@ -279,6 +275,20 @@ def train_adapter(
         resumed_from=resume,
         device=device,
     )
+
+
+def _save_adapter(model: Any, output_dir: Path, base_model_dir: Path) -> Path:
+    """Save the trained adapter as ``output_dir/adapter`` (written aside, then renamed) with
+    ``flywheel_base.json``, the base it was trained on: a replica serving another base
+    refuses it, and the adapter's digest covers the record."""
+    adapter_dir = output_dir / "adapter"
+    staging = output_dir / "adapter.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    write_base_record(staging, base_fingerprint(base_model_dir))
+    shutil.rmtree(adapter_dir, ignore_errors=True)
+    staging.rename(adapter_dir)
+    return adapter_dir
 
 
 def log_training_step(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, text
 
+import registry.replicas  # noqa: F401  (the registry's own tables join the metadata)
 from feedback.schema import Base
 
 config = context.config

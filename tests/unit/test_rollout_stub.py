@@ -35,6 +35,7 @@ from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
 from registry.canary import CanaryAction
+from registry.delivery import TAG_ADAPTER_DIGEST, adapter_digest
 from registry.names import model_name
 from registry.routes import RouteStore
 from registry.tracking import Registry
@@ -199,7 +200,9 @@ def test_promotions_unload_what_leaves_and_routes_and_aliases_agree(world: World
     assert logged.status.to_proto() == LoggedModelStatus.READY.to_proto()
     folder = world.registry.adapter_path(LINE, versions[0])
     assert (folder / "adapter_config.json").is_file()
-    assert str(folder) in logged.artifact_location
+    # The folder is the version's files fetched into the cache, checked by their digest.
+    assert adapter_digest(folder) == champion.tags[TAG_ADAPTER_DIGEST]
+    assert logged.tags[TAG_ADAPTER_DIGEST] == champion.tags[TAG_ADAPTER_DIGEST]
     assert world.replicas[0].behaviour.roots[v1] == str(folder)
 
 
