@@ -93,6 +93,8 @@ class Recipe(TrainingConfig):
 _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "dpo_loss": "sigmoid",
     "continue_learning_rate": None,
+    "gradient_checkpointing": "auto",
+    "quantization": "none",
     "gate.max_general_loss_drift": None,
     "gate.predicted_satisfaction_margin": None,
     "gate.min_predicted_prompts": 8,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from eval.reports import EvalReport, GenerationSample
 from flywheel.errors import FlywheelError
+from flywheel.hardware import Precision, detect_accelerator, number_format
 from flywheel.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -415,38 +416,31 @@ def general_set_loss(
 
 
 def load_for_eval(
-    base_model_dir: Path, adapter_dir: Path | None = None, *, device: str | None = None
+    base_model_dir: Path,
+    adapter_dir: Path | None = None,
+    *,
+    device: str | None = None,
+    precision: Precision = "auto",
 ) -> tuple[Any, Any]:
     """A model (base, or base + LoRA adapter) and its tokenizer, in eval mode, from local folders.
 
-    float32 on the CPU; bfloat16 on CUDA when supported (else float16). The
-    tokenizer comes from the adapter folder when it holds one, else the base.
+    Loaded by training's loader (:func:`training.loader.load_model`) in the dtype a training of
+    ``precision`` uses on the same device (:func:`flywheel.hardware.number_format`): float32 on
+    the CPU; on CUDA bfloat16, or float16 on a GPU without it. A recipe trained in 4 bits is
+    still scored on the unquantized base model, as vLLM serves it. The tokenizer comes from the
+    adapter folder when it holds one, else the base.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from training.loader import load_model, load_tokenizer
 
-    if not (base_model_dir / "config.json").exists():
-        raise FlywheelError(f"{base_model_dir} is not a model folder (no config.json)")
-    if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
-        raise FlywheelError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.float32
-    if target.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        base_model_dir, dtype=dtype, local_files_only=True
+    accelerator = detect_accelerator(device)
+    model = load_model(
+        base_model_dir,
+        accelerator=accelerator,
+        numbers=number_format(precision, accelerator),
+        adapter_dir=adapter_dir,
     )
-    model = model.to(target)
-    tokenizer_dir = base_model_dir
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
-        if (adapter_dir / "tokenizer_config.json").exists():
-            tokenizer_dir = adapter_dir
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     model.eval()
-    return model, tokenizer
+    return model, load_tokenizer(base_model_dir, adapter_dir)
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flywheel.hardware import GradientCheckpointing, Precision, Quantization
+
 # Modules vLLM can serve LoRA on for Llama-style models (see --lora-target-modules).
 SERVABLE_MODULES = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -104,11 +106,24 @@ class TrainingConfig(BaseModel):
         description="Expected copies of an example in training per unit of its signal weight "
         "(edits and thumbs weigh 1, regenerates 0.5, abandons 0.25).",
     )
-    precision: Literal["auto", "bf16", "fp32"] = Field(
+    precision: Precision = Field(
         default="auto",
         description="'auto': bfloat16 where the hardware has it (a GPU that supports it, "
         "a CPU with AVX512-BF16 or AMX: autocast, measured faster by bench/precision_bench.py), "
         "else float32; 'bf16' / 'fp32' force one (training and the gate's evaluation).",
+    )
+    gradient_checkpointing: GradientCheckpointing = Field(
+        default="auto",
+        description="Recompute activations in the backward pass instead of keeping them: "
+        "less memory, about a fifth more compute. 'auto': on (flywheel.hardware."
+        "uses_gradient_checkpointing); true / false force it.",
+    )
+    quantization: Quantization = Field(
+        default="none",
+        description="'4bit': QLoRA, the base model's weights held in 4-bit NF4 while the "
+        "adapter trains (a quarter of bfloat16's memory); needs a CUDA GPU and bitsandbytes "
+        "(the 'gpu' extra), else a training refuses the recipe. Evaluation and vLLM use the "
+        "unquantized base model.",
     )
     seed: int = 0
 

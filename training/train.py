@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flywheel.errors import FlywheelError
-from flywheel.hardware import cpu_has_bf16
+from flywheel.errors import FlywheelError, UsageError
+from flywheel.hardware import (
+    Accelerator,
+    Precision,
+    detect_accelerator,
+    number_format,
+    quantization_refusal,
+    uses_gradient_checkpointing,
+)
 from training.base_model import base_fingerprint, write_base_record
 from training.config import TrainingConfig
 
@@ -45,6 +52,9 @@ class TrainResult:
     peak_rss_mb: float
     resumed_from: str | None = None
     device: str = "cpu"
+    weights_dtype: str = "float32"
+    gradient_checkpointing: bool = True
+    peak_gpu_memory_mb: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -90,20 +100,73 @@ def weighted_rows(
     return out
 
 
-def trains_in_bf16(precision: str, on_gpu: bool) -> bool:
-    """Whether a training (and its evaluation) runs in bfloat16 for ``precision``.
+def trains_in_bf16(precision: Precision, on_gpu: bool) -> bool:
+    """Whether a training (and its evaluation) runs in bfloat16 for ``precision``
+    (:func:`flywheel.hardware.number_format` on this machine's GPU or CPU).
 
     ``auto``: bfloat16 on a GPU that supports it, and autocast on a CPU with
     native bfloat16 (``bench/precision_bench.py``, quiet 2-core AVX512-BF16 CPU:
     a training step 0.72x and a scoring pass 0.55x float32's time).
     """
-    if precision in ("bf16", "fp32"):
-        return precision == "bf16"
-    if on_gpu:
-        import torch
+    if precision == "fp32":
+        return False
+    accelerator = detect_accelerator("cuda" if on_gpu else "cpu")
+    return number_format(precision, accelerator).mixed == "bf16"
 
-        return bool(torch.cuda.is_bf16_supported())
-    return cpu_has_bf16()
+
+def trainer_options(
+    recipe: TrainingConfig,
+    accelerator: Accelerator,
+    *,
+    output_dir: Path,
+    rows: int,
+    continues: bool = False,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
+    """The trl config's arguments every method shares, for ``recipe`` on ``accelerator``:
+    the schedule, checkpoints, precision (:func:`flywheel.hardware.number_format`) and gradient
+    checkpointing (:func:`flywheel.hardware.uses_gradient_checkpointing`). ``rows``: the
+    training rows after weighting; ``continues``: an adapter is continued, not started."""
+    numbers = number_format(recipe.precision, accelerator)
+    checkpointing = uses_gradient_checkpointing(recipe.gradient_checkpointing, accelerator)
+    schedule: dict[str, Any] = (
+        {"max_steps": recipe.max_steps}
+        if recipe.max_steps is not None
+        else {"num_train_epochs": recipe.epochs}
+    )
+    steps_hint = recipe.max_steps or max(1, rows // recipe.batch_size)
+    return {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": recipe.batch_size,
+        "gradient_accumulation_steps": recipe.gradient_accumulation,
+        "learning_rate": (
+            recipe.continue_learning_rate
+            if continues and recipe.continue_learning_rate is not None
+            else recipe.learning_rate
+        ),
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": max(5, steps_hint // 4),
+        "save_total_limit": 2,
+        "report_to": [],
+        "seed": recipe.seed,
+        "max_length": recipe.max_length,
+        "use_cpu": not accelerator.is_cuda,
+        "bf16": numbers.mixed == "bf16",
+        "fp16": numbers.mixed == "fp16",
+        # Non-reentrant: the recomputed forward needs no input that requires grad, which a
+        # LoRA model's frozen embeddings never give (trl also turns on peft's
+        # enable_input_require_grads for the reentrant kind).
+        "activation_checkpointing": checkpointing,
+        "activation_checkpointing_kwargs": {"use_reentrant": False} if checkpointing else None,
+        "dataloader_num_workers": 0,
+        "include_num_input_tokens_seen": True,
+        # Few distinct shapes: oneDNN builds a kernel per shape, costly in bfloat16 on CPU.
+        "pad_to_multiple_of": 64,
+        **schedule,
+        # A time budget's schedule is set once training begins (_decay_over_time).
+        **({"lr_scheduler_type": "constant"} if max_seconds is not None else {}),
+    }
 
 
 def time_decay(elapsed_s: float, budget_s: float) -> float:
@@ -158,8 +221,14 @@ def train_adapter(
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
 
+    from training.loader import load_model, load_tokenizer
+
+    accelerator = detect_accelerator(device)
+    refusal = quantization_refusal(recipe.quantization, accelerator)
+    if refusal is not None:
+        raise UsageError(refusal)
     if rows is None:
         if dataset_dir is None:
             raise FlywheelError("train_adapter needs a dataset folder or rows")
@@ -170,61 +239,37 @@ def train_adapter(
     rows = weighted_rows(rows, recipe.copies_per_weight, recipe.seed)
     # transformers 5 renamed gradient checkpointing; trl still calls the old names.
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    on_gpu = device.startswith("cuda")
     torch.manual_seed(recipe.seed)
-    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
+    tokenizer = load_tokenizer(base_model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    bf16 = trains_in_bf16(recipe.precision, on_gpu)
-    # On a GPU the weights themselves are bfloat16; on a CPU bfloat16 is autocast only.
-    dtype = torch.bfloat16 if on_gpu and bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=dtype)
-    lora: LoraConfig | None = LoraConfig(
-        r=recipe.lora.rank,
-        lora_alpha=recipe.lora.alpha,
-        lora_dropout=recipe.lora.dropout,
-        target_modules=list(recipe.lora.target_modules),
-        task_type="CAUSAL_LM",
+    numbers = number_format(recipe.precision, accelerator)
+    model = load_model(
+        base_model_dir,
+        accelerator=accelerator,
+        numbers=numbers,
+        adapter_dir=init_adapter,
+        trainable=True,
+        quantization=recipe.quantization,
     )
-    if init_adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
-        lora = None
+    lora: LoraConfig | None = None
+    if init_adapter is None:
+        lora = LoraConfig(
+            r=recipe.lora.rank,
+            lora_alpha=recipe.lora.alpha,
+            lora_dropout=recipe.lora.dropout,
+            target_modules=list(recipe.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
     checkpoints = output_dir / "checkpoints"
-    schedule: dict[str, Any] = (
-        {"max_steps": recipe.max_steps}
-        if recipe.max_steps is not None
-        else {"num_train_epochs": recipe.epochs}
+    common = trainer_options(
+        recipe,
+        accelerator,
+        output_dir=checkpoints,
+        rows=len(rows),
+        continues=init_adapter is not None,
+        max_seconds=max_seconds,
     )
-    steps_hint = recipe.max_steps or max(1, len(rows) // recipe.batch_size)
-    common: dict[str, Any] = {
-        "output_dir": str(checkpoints),
-        "per_device_train_batch_size": recipe.batch_size,
-        "gradient_accumulation_steps": recipe.gradient_accumulation,
-        "learning_rate": (
-            recipe.continue_learning_rate
-            if init_adapter is not None and recipe.continue_learning_rate is not None
-            else recipe.learning_rate
-        ),
-        "logging_steps": 1,
-        "save_strategy": "steps",
-        "save_steps": max(5, steps_hint // 4),
-        "save_total_limit": 2,
-        "report_to": [],
-        "seed": recipe.seed,
-        "max_length": recipe.max_length,
-        "use_cpu": not on_gpu,
-        "bf16": bf16,
-        "dataloader_num_workers": 0,
-        "include_num_input_tokens_seen": True,
-        # Few distinct shapes: oneDNN builds a kernel per shape, costly in bfloat16 on CPU.
-        "pad_to_multiple_of": 64,
-        **schedule,
-        # A time budget's schedule is set once training begins (_decay_over_time).
-        **({"lr_scheduler_type": "constant"} if max_seconds is not None else {}),
-    }
     dataset = Dataset.from_list(rows)
 
     class _Forward(TrainerCallback):  # type: ignore[misc]
@@ -258,6 +303,8 @@ def train_adapter(
     forward.trainer = trainer
     _quiet_trainer(trainer)
     resume = _last_checkpoint(checkpoints)
+    if accelerator.is_cuda:
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - started
@@ -273,7 +320,14 @@ def train_adapter(
         tokens_seen=int(getattr(state, "num_input_tokens_seen", 0) or 0),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         resumed_from=resume,
-        device=device,
+        device=accelerator.device,
+        weights_dtype=numbers.weights,
+        gradient_checkpointing=bool(common["activation_checkpointing"]),
+        peak_gpu_memory_mb=(
+            torch.cuda.max_memory_allocated(accelerator.device) / 2**20
+            if accelerator.is_cuda
+            else None
+        ),
     )
 
 

@@ -88,13 +88,16 @@ def test_recipe_hash_is_stable_and_sensitive() -> None:
 
 
 def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
-    """Recipes hashed before ``dpo_loss``, ``continue_learning_rate``, the gate's
+    """Recipes hashed before ``dpo_loss``, ``continue_learning_rate``, ``gradient_checkpointing``,
+    ``quantization``, the gate's
     ``max_general_loss_drift`` and the canary's ``satisfaction`` existed keep their hash (the
     satisfaction model's block never enters it); setting any of the others changes it."""
     recipe = _recipe()
     dumped = recipe.model_dump(mode="json", exclude={"retention", "review", "satisfaction_model"})
     dumped.pop("dpo_loss")
     dumped.pop("continue_learning_rate")
+    dumped.pop("gradient_checkpointing")
+    dumped.pop("quantization")
     dumped["gate"].pop("max_general_loss_drift")
     dumped["gate"].pop("predicted_satisfaction_margin")
     dumped["gate"].pop("min_predicted_prompts")
@@ -107,6 +110,9 @@ def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
     assert recipe_hash(recipe) == before
     assert recipe_hash(_recipe(dpo_loss="sigmoid_norm")) != before
     assert recipe_hash(_recipe(continue_learning_rate=1e-4)) != before
+    assert recipe_hash(_recipe(gradient_checkpointing=False)) != before
+    assert recipe_hash(_recipe(gradient_checkpointing=True)) != before
+    assert recipe_hash(_recipe(quantization="4bit")) != before
     assert recipe_hash(_recipe(gate={"max_general_loss_drift": 0.5})) != before
     with_reviews = {"review": {"rubric": ["ok", "wrong"]}}
     assert recipe_hash(_recipe(canary={"satisfaction": {"margin": 0.1}}, **with_reviews)) != before
