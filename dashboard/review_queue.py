@@ -78,6 +78,11 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+# Arms whose queue draws beyond their share when their sample is all reviewed: a live
+# canary's and an experiment's reviews are what their tests wait for.
+_NEVER_DRY = frozenset({"canary", "experiment_a", "experiment_b"})
+
+
 def in_sample(request_id: str, share: float) -> bool:
     """Whether an answer is in its arm's review sample: the same answer for every reviewer
     and every look (a hash of the request id below ``share``)."""
@@ -100,7 +105,14 @@ class ReviewArm:
 
 
 def review_arms(table: RoutingTable, policy: ReviewPolicy) -> list[ReviewArm]:
-    """The arms of a routing table the queue samples (the champion; the canary while live)."""
+    """The arms of a routing table the queue samples (the champion; the canary while live;
+    an A/B experiment's two arms, which serve every user of the line, while one is live)."""
+    if table.experiment is not None:
+        share = policy.share_of("experiment")
+        return [
+            ReviewArm("experiment_a", table.experiment.a, share),
+            ReviewArm("experiment_b", table.experiment.b, share),
+        ]
     arms = [ReviewArm("champion", table.champion, policy.share_of("champion"))]
     if table.canary is not None:
         arms.append(ReviewArm("canary", table.canary, policy.share_of("canary")))
@@ -238,7 +250,7 @@ class ReviewQueue:
         pool: list[str] = []
         for arm in arms:
             found = self._candidates(business_line, reviewer, arm, since, now, sampled=True)
-            if not found and arm.name == "canary":
+            if not found and arm.name in _NEVER_DRY:
                 found = self._candidates(business_line, reviewer, arm, since, now, sampled=False)
             pool.extend(found)
         if pool:

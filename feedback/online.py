@@ -238,10 +238,13 @@ def arm_answers(
     since: datetime,
     until: datetime,
     bound: LookBound | None = None,
+    *,
+    arm: str | None = None,
 ) -> list[ArmAnswer]:
     """The answers ``adapter`` (None: the base model) gave on ``business_line`` in
     ``[since, until)``, successful ones only (within ``bound``, when given, as
-    :func:`adapter_windows` counts them), each with its last review verdict."""
+    :func:`adapter_windows` counts them; with ``arm``, only those the gateway recorded on
+    that arm, as an experiment's), each with its last review verdict."""
     interactions, feedback = interactions_table, feedback_table
     where = and_(
         interactions.c.business_line == business_line,
@@ -249,6 +252,7 @@ def arm_answers(
         interactions.c.created_at < until,
         interactions.c.status == "ok",
         _served(adapter),
+        *([interactions.c.arm == arm] if arm is not None else []),
     )
     with engine.connect() as connection:
         rows = connection.execute(

@@ -6,8 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ReviewedArm = Literal["canary", "champion"]
+ReviewedArm = Literal["canary", "champion", "experiment"]
 _DEFAULT_SHARE: dict[ReviewedArm, float] = {"canary": 0.2, "champion": 0.02}
+# Each A/B experiment arm's sampled share when the recipe names none: experiments judged on
+# satisfaction need reviews of both arms.
+DEFAULT_EXPERIMENT_SHARE = 0.1
 
 
 class ReviewPolicy(BaseModel):
@@ -62,5 +65,8 @@ class ReviewPolicy(BaseModel):
         return self
 
     def share_of(self, arm: str) -> float:
-        """The sampled share of ``arm`` (``canary`` or ``champion``; 0 when not given)."""
-        return next((value for name, value in self.share.items() if name == arm), 0.0)
+        """The sampled share of ``arm`` (``canary``, ``champion`` or ``experiment``, each arm
+        of a live A/B experiment; 0 when not given, an experiment arm
+        :data:`DEFAULT_EXPERIMENT_SHARE`)."""
+        default = DEFAULT_EXPERIMENT_SHARE if arm == "experiment" else 0.0
+        return next((value for name, value in self.share.items() if name == arm), default)

@@ -27,12 +27,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from composition.clients import Clients
-from composition.recipes import recipe_for
+from composition.recipes import Recipe, recipe_for
+from feedback.contributions import LookBound
 from feedback.store import FeedbackStore
-from flows.rollout import Rollout, RoutesChangedError, rollout, set_champion
+from flows.rollout import Rollout, rollout, set_champion
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
 from registry.experiment_store import (
+    ARM_LABELS,
     FAILED,
     PROMOTED,
     STOPPED,
@@ -47,10 +49,12 @@ from registry.experiment_store import (
     set_run_id,
 )
 from registry.experiments import (
+    SATISFACTION,
     ArmLabel,
     ExperimentLook,
     ExperimentPolicy,
     arm_reference,
+    judge_satisfaction,
     metric_named,
     start_refusal,
 )
@@ -58,6 +62,7 @@ from registry.lifecycle import LoraBudget, Transition
 from registry.names import adapter_name
 from registry.placement import placed
 from registry.records import TAG_LINE
+from registry.rollout import RoutesChangedError
 from registry.routing import ExperimentSplit, RoutingTable
 
 ACTOR = "flywheel:experiment"
@@ -172,10 +177,16 @@ def start_experiment(
     if a == b:
         raise UsageError(f"arms A and B are both {a or 'the base model'}: nothing to compare")
     canary = parts.recipe.canary
+    if chosen == SATISFACTION and parts.recipe.review is None:
+        raise UsageError(
+            f"the satisfaction metric needs blind reviews of both arms: {line}'s recipe has "
+            "no review block (share, rubric, min_reviews)"
+        )
     try:
         policy = ExperimentPolicy(
             alpha=alpha if alpha is not None else canary.alpha,
             min_samples=min_samples if min_samples is not None else canary.min_requests,
+            min_reviews=_min_reviews(parts.recipe),
             **({"mixture_scale": mixture_scale} if mixture_scale is not None else {}),
         )
     except ValueError as exc:
@@ -201,7 +212,7 @@ def start_experiment(
         arm_a=a,
         arm_b=b,
         share=share,
-        metric=chosen.name,
+        metric=chosen,
         policy=policy,
         actor=actor,
         reason=reason,
@@ -216,7 +227,7 @@ def start_experiment(
             )
         return current.with_experiment(split)
 
-    why = reason or f"A/B experiment {experiment_id} on {chosen.name}"
+    why = reason or f"A/B experiment {experiment_id} on {chosen}"
     try:
         parts.routes.change(line, edit, action="experiment_start", actor=actor, reason=why)
     except FlywheelError as exc:
@@ -229,6 +240,18 @@ def start_experiment(
     started = get_experiment(store.engine, experiment_id)
     assert started is not None
     return started
+
+
+def _min_reviews(recipe: Recipe) -> int:
+    """Reviews per arm before a satisfaction experiment decides: the canary's satisfaction
+    test's, else the review block's, else 30; at least 2."""
+    test = recipe.canary.satisfaction
+    wanted = (
+        test.min_reviews
+        if test is not None
+        else (recipe.review.min_reviews if recipe.review else 0)
+    )
+    return max(2, wanted or 30)
 
 
 def _live(store: FeedbackStore, line: str) -> ExperimentRecord:
@@ -252,7 +275,11 @@ def look_experiment(
     record = _live(store, line)
     when = _now(now)
     # Each user's first answers and each key's share, bounded as the line's canary bounds them.
-    look = current_look(store.engine, record, when, recipe_for(settings, line).canary.bound)
+    bound = recipe_for(settings, line).canary.bound
+    if record.metric == SATISFACTION:
+        look = _satisfaction_look(settings, clients, record, when, bound)
+    else:
+        look = current_look(store.engine, record, when, bound)
     number = record_look(
         store.engine,
         record.id,
@@ -267,6 +294,31 @@ def look_experiment(
     assert updated is not None
     _log_look(clients, updated, look, number)
     return ExperimentStatus(updated, look, number)
+
+
+def _satisfaction_look(
+    settings: Settings,
+    clients: Clients,
+    record: ExperimentRecord,
+    until: datetime,
+    bound: LookBound,
+) -> ExperimentLook:
+    """Each arm's satisfaction on every answer since the experiment started (the line's
+    satisfaction model rectified by the blind reviews), judged A against B."""
+    from flows.satisfaction import arm_satisfaction
+
+    arms = {label: (record.arm(label), ARM_LABELS[label]) for label in ("a", "b")}
+    samples, _scorer = arm_satisfaction(
+        settings,
+        clients,
+        record.business_line,
+        [adapter for adapter, _ in arms.values()],
+        record.started_at,
+        record.ended_at or until,
+        bound,
+        arm_labels=[label for _, label in arms.values()],
+    )
+    return judge_satisfaction(samples[ARM_LABELS["a"]], samples[ARM_LABELS["b"]], record.policy)
 
 
 def stop_experiment(

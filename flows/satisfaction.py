@@ -207,12 +207,16 @@ def arm_satisfaction(
     since: datetime,
     until: datetime,
     bound: LookBound | None = None,
+    *,
+    arm_labels: Sequence[str] | None = None,
 ) -> tuple[dict[str | None, SatisfactionSample], str]:
     """Each arm's satisfaction data over ``[since, until)``: the line's newest accepted
     satisfaction model's score on every answer a look counts (within ``bound``: each user's
     first few, each key within its share; cached by request id), and the reviews'
     verdicts. Without an accepted model every score is 0, so the estimate is the reviews'
-    alone (still valid, just wider). Returns the samples and which model scored them."""
+    alone (still valid, just wider). Returns the samples (by adapter; with ``arm_labels``,
+    one per adapter, by the arm label the gateway recorded, as an experiment's arms) and
+    which model scored them."""
     import numpy as np
 
     from eval.satisfaction_model import SatisfactionModel
@@ -228,8 +232,13 @@ def arm_satisfaction(
         cache = json.loads(cache_path.read_text())
     samples: dict[str | None, SatisfactionSample] = {}
     in_window: set[str] = set()
-    for adapter in dict.fromkeys(adapters):
-        answers = arm_answers(clients.store.engine, line, adapter, since, until, bound)
+    arms: list[tuple[str | None, str | None]] = (
+        list(zip(adapters, arm_labels, strict=True))
+        if arm_labels is not None
+        else [(adapter, None) for adapter in dict.fromkeys(adapters)]
+    )
+    for adapter, label in arms:
+        answers = arm_answers(clients.store.engine, line, adapter, since, until, bound, arm=label)
         in_window.update(a.request_id for a in answers)
         if model is not None:
             missing = [a for a in answers if a.request_id not in cache]
@@ -241,7 +250,7 @@ def arm_satisfaction(
                 cache.update({a.request_id: float(s) for a, s in zip(missing, scores, strict=True)})
         score = {a.request_id: cache.get(a.request_id, 0.0) for a in answers}
         reviewed = [a for a in answers if a.passed is not None]
-        samples[adapter] = SatisfactionSample.of(
+        samples[label if label is not None else adapter] = SatisfactionSample.of(
             np.array([score[a.request_id] for a in answers if a.passed is None]),
             np.array([score[a.request_id] for a in reviewed]),
             np.array([1.0 if a.passed else 0.0 for a in reviewed]),

@@ -32,10 +32,12 @@ from feedback.schema import feedback_table, interactions_table
 from registry.experiments import (
     FLAGS,
     METRICS,
+    SATISFACTION,
     ArmCount,
     ArmLabel,
     ExperimentLook,
     ExperimentPolicy,
+    Verdict,
     flag_mask,
     judge_experiment,
     metric_counts,
@@ -266,6 +268,36 @@ def experiment_looks(engine: Engine, experiment_id: int) -> list[dict[str, Any]]
         return [dict(row._mapping) for row in connection.execute(query)]
 
 
+def recorded_look(engine: Engine, record: ExperimentRecord) -> ExperimentLook:
+    """The experiment's latest recorded look, rebuilt from its numbers (waiting, with no
+    data, before the first)."""
+    looks = experiment_looks(engine, record.id)
+    n: dict[str, Any] = looks[-1]["numbers"] if looks else {}
+
+    def arm(label: str) -> ArmCount:
+        rate = n.get(f"{label}_rate")
+        return ArmCount(
+            int(n.get(f"{label}_samples") or 0),
+            int(n.get(f"{label}_hits") or 0),
+            estimate=rate if record.metric == SATISFACTION else None,
+            reviews=n.get(f"{label}_reviews"),
+        )
+
+    return ExperimentLook(
+        metric=record.metric,
+        a=arm("a"),
+        b=arm("b"),
+        effect=n.get("effect"),
+        lower=float(n.get("lower", -1.0)),
+        upper=float(n.get("upper", 1.0)),
+        p_value=float(n.get("p_value", 1.0)),
+        verdict=Verdict(looks[-1]["verdict"]) if looks else Verdict.WAITING,
+        reasons=tuple(n.get("reasons") or ("not looked at yet",)),
+        alpha=float(n.get("alpha", record.policy.alpha)),
+        min_samples=int(n.get("min_samples", record.policy.min_samples)),
+    )
+
+
 def flag_conditions(feedback_upto: int | None = None) -> dict[str, ColumnElement[bool]]:
     """Each of :data:`registry.experiments.FLAGS` as a condition on one row of an
     interaction outer-joined to its feedback; with ``feedback_upto``, only feedback events
@@ -376,7 +408,11 @@ def current_look(
     engine: Engine, record: ExperimentRecord, until: datetime, bound: LookBound | None = None
 ) -> ExperimentLook:
     """The verdict on ``record`` from each arm's requests since it started (to its end, or
-    ``until``), without recording it; with ``bound``, on the requests a look counts."""
+    ``until``), without recording it; with ``bound``, on the requests a look counts. An
+    experiment on satisfaction needs the satisfaction model to look again
+    (``flows.experiments``): here it is its latest recorded look."""
+    if record.metric == SATISFACTION:
+        return recorded_look(engine, record)
     end = record.ended_at or until
     a = arm_counts(engine, record.business_line, "a", record.started_at, end, bound)
     b = arm_counts(engine, record.business_line, "b", record.started_at, end, bound)

@@ -12,7 +12,12 @@ arm B and compares them on one metric from :data:`METRICS`, each a rate per requ
   successful task) and no negative one (thumbs-down, regenerate, edit, abandon, failed
   task, cancelled);
 - ``pass_rate``: of the requests a reviewer spot-checked (``review`` events on the
-  feedback page), the share that passed (and none failed).
+  feedback page), the share that passed (and none failed);
+- ``satisfaction`` (:data:`SATISFACTION`): each arm's share of satisfied users estimated on
+  every answer, as the canary estimates it (:mod:`registry.ppi`): the line's satisfaction
+  model's score of each answer, rectified by the blind reviews (missing at random, unlike
+  users' own signals, which are rare and come mostly from unhappy users). It needs a review
+  block in the line's recipe and ``min_reviews`` per arm before it decides.
 
 The test is the canary's (``registry.canary``), made two-sided: the Miettinen–Nurminen
 score statistic of "B's rate - A's rate" feeds the half-normal mixture SPRT in each
@@ -38,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from registry.canary import always_valid_p_value, score_test
 from registry.names import adapter_name, parse_adapter_name
+from registry.ppi import ArmEstimate, SatisfactionSample, estimate
 from registry.routing import RoutingTable
 
 # Facts about one request the metrics are made of (the store computes them per request).
@@ -108,6 +114,11 @@ METRICS: dict[str, ExperimentMetric] = {
 }
 
 
+SATISFACTION = "satisfaction"
+# Every metric an experiment can be judged on: the rates, and satisfaction on every answer.
+METRIC_NAMES = (*METRICS, SATISFACTION)
+
+
 class ExperimentPolicy(BaseModel):
     """How an experiment is judged (the recipe's canary alpha and minimum by default)."""
 
@@ -126,18 +137,29 @@ class ExperimentPolicy(BaseModel):
         description="The mixture's spread: the size of effect (absolute rate difference) the "
         "test is quickest to find.",
     )
+    min_reviews: int = Field(
+        default=30,
+        ge=2,
+        description="With the satisfaction metric: reviews per arm before deciding.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ArmCount:
-    """One arm's samples (requests the metric counts) and hits."""
+    """One arm's samples (requests the metric counts) and hits; with the satisfaction
+    metric, its answers, the reviews that passed, and the estimate on every answer."""
 
     samples: int
     hits: int
+    estimate: float | None = None
+    reviews: int | None = None
 
     @property
     def rate(self) -> float | None:
-        """Hits per sample (None before any sample)."""
+        """Hits per sample, or the satisfaction estimate (None before any sample, or before
+        satisfaction can be estimated)."""
+        if self.reviews is not None:
+            return self.estimate
         return self.hits / self.samples if self.samples else None
 
 
@@ -216,6 +238,11 @@ class ExperimentLook:
             "b_samples": self.b.samples,
             "b_hits": self.b.hits,
             "b_rate": self.b.rate,
+            **(
+                {"a_reviews": self.a.reviews, "b_reviews": self.b.reviews}
+                if self.metric == SATISFACTION
+                else {}
+            ),
             "effect": self.effect,
             "lower": self.lower,
             "upper": self.upper,
@@ -310,12 +337,96 @@ def judge_experiment(
     )
 
 
-def metric_named(name: str) -> ExperimentMetric:
-    """The metric called ``name``; ValueError naming the known ones otherwise."""
-    try:
-        return METRICS[name]
-    except KeyError:
-        raise ValueError(f"unknown metric {name!r}; the metrics are {', '.join(METRICS)}") from None
+def metric_named(name: str) -> str:
+    """``name`` when an experiment can be judged on it (:data:`METRIC_NAMES`); ValueError
+    naming the known ones otherwise."""
+    if name not in METRIC_NAMES:
+        raise ValueError(f"unknown metric {name!r}; the metrics are {', '.join(METRIC_NAMES)}")
+    return name
+
+
+def judge_satisfaction(
+    a: SatisfactionSample, b: SatisfactionSample, policy: ExperimentPolicy
+) -> ExperimentLook:
+    """The verdict on A against B on satisfaction estimated on every answer (PPI++ per arm,
+    :func:`registry.ppi.estimate`): the same always-valid two-sided test and confidence
+    sequence as the rates', on the difference of the two estimates with its variance;
+    waiting until each arm has ``policy.min_reviews`` reviews."""
+    reviews = (a.labelled, b.labelled)
+    if min(reviews) < max(policy.min_reviews, 2):
+        counts = (_satisfaction_count(a, None), _satisfaction_count(b, None))
+        reason = (
+            f"waiting for reviews: A {reviews[0]}, B {reviews[1]} reviewed answers, "
+            f"{policy.min_reviews} needed per arm"
+        )
+        return ExperimentLook(
+            SATISFACTION, *counts, None, -1.0, 1.0, 1.0, Verdict.WAITING, (reason,),
+            policy.alpha, policy.min_reviews,
+        )  # fmt: skip
+    arms = (estimate(a), estimate(b))
+    effect = arms[1].mean - arms[0].mean
+    variance = arms[0].variance + arms[1].variance
+    lower, upper = _satisfaction_sequence(effect, variance, policy)
+    p_value = float(_two_sided_p(effect, variance, 0.0, policy.mixture_scale))
+    numbers = (
+        f"A {arms[0].mean:.3f} of {arms[0].answers} answers ({arms[0].reviews} reviewed), "
+        f"B {arms[1].mean:.3f} of {arms[1].answers} ({arms[1].reviews} reviewed); "
+        f"B-A {effect:+.3f}, {1 - policy.alpha:.0%} interval over every look "
+        f"[{lower:+.3f}, {upper:+.3f}]"
+    )
+    if p_value <= policy.alpha:
+        verdict = Verdict.B_BETTER if effect > 0 else Verdict.A_BETTER
+        better = "B" if verdict is Verdict.B_BETTER else "A"
+        reason = f"{better} satisfies more users ({numbers}; p {p_value:.2g} <= {policy.alpha:g})"
+    else:
+        verdict = Verdict.UNDECIDED
+        reason = f"no difference in satisfaction shown yet ({numbers}; p {p_value:.2g})"
+    return ExperimentLook(
+        SATISFACTION,
+        _satisfaction_count(a, arms[0]),
+        _satisfaction_count(b, arms[1]),
+        effect, lower, upper, p_value, verdict, (reason,), policy.alpha, policy.min_reviews,
+    )  # fmt: skip
+
+
+def _satisfaction_count(sample: SatisfactionSample, arm: ArmEstimate | None) -> ArmCount:
+    return ArmCount(
+        sample.answers,
+        int(sample.label_sum),
+        estimate=arm.mean if arm is not None else None,
+        reviews=sample.labelled,
+    )
+
+
+def _two_sided_p(
+    effect: npt.ArrayLike, variance: float, null: npt.ArrayLike, mixture_scale: float
+) -> FloatArray:
+    """Twice the smaller one-sided always-valid p-value that the difference ``effect``
+    (with ``variance``) is above / below ``null``, elementwise over ``null``."""
+    z = (np.asarray(effect, dtype=np.float64) - np.asarray(null, dtype=np.float64)) / np.sqrt(
+        variance
+    )
+    above = always_valid_p_value(z, variance, mixture_scale)
+    below = always_valid_p_value(-z, variance, mixture_scale)
+    return np.asarray(np.minimum(1.0, 2 * np.minimum(above, below)))
+
+
+def _satisfaction_sequence(
+    effect: float, variance: float, policy: ExperimentPolicy
+) -> tuple[float, float]:
+    """The satisfaction differences the two-sided test does not reject at ``alpha``."""
+    if not variance > 0:
+        return effect, effect
+    grid = np.round(np.arange(-1 + EFFECT_GRID_STEP, 1, EFFECT_GRID_STEP), 6)
+    kept = grid[
+        np.asarray(_two_sided_p(effect, variance, grid, policy.mixture_scale)) > policy.alpha
+    ]
+    if kept.size == 0:  # pragma: no cover - the estimate itself is never rejected
+        return effect, effect
+    return (
+        max(-1.0, float(kept.min()) - EFFECT_GRID_STEP),
+        min(1.0, float(kept.max()) + EFFECT_GRID_STEP),
+    )
 
 
 def arm_reference(ref: str, business_line: str) -> int | Literal["base", "champion"]:

@@ -13,7 +13,7 @@ from cli.commands.common import clients, out
 from cli.commands.serving import _actor, _check_line
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
-from registry.experiments import METRICS, ArmLabel
+from registry.experiments import METRIC_NAMES, ArmLabel
 
 if TYPE_CHECKING:
     from flows.experiments import ExperimentStatus
@@ -23,7 +23,7 @@ experiment_app = typer.Typer(
     "judged on a business metric.",
     no_args_is_help=True,
 )
-METRIC_HELP = "The business metric that decides: " + ", ".join(METRICS) + "."
+METRIC_HELP = "The business metric that decides: " + ", ".join(METRIC_NAMES) + "."
 
 
 @experiment_app.command("start")
@@ -53,8 +53,8 @@ def experiment_start(
 
     settings = load_settings()
     _check_line(settings, business_line)
-    if metric not in METRICS:
-        raise UsageError(f"unknown --metric {metric!r}; the metrics are {', '.join(METRICS)}")
+    if metric not in METRIC_NAMES:
+        raise UsageError(f"unknown --metric {metric!r}; the metrics are {', '.join(METRIC_NAMES)}")
     record = start_experiment(
         settings,
         clients(settings),

@@ -21,8 +21,10 @@ from registry.experiments import (
     arm_reference,
     confidence_sequence,
     judge_experiment,
+    judge_satisfaction,
     start_refusal,
 )
+from registry.ppi import SatisfactionSample
 from registry.routing import ExperimentSplit, RoutingTable, arm_of, choose_arm, split_point
 
 LINE = "customer_service"
@@ -243,3 +245,55 @@ def test_one_rollout_at_a_time() -> None:
         _split().model_copy(
             update={"experiment": ExperimentSplit(id=1, a=A, b="legal-v2")}
         ).checked()
+
+
+def _satisfaction_runs(
+    rate_a: float, rate_b: float, *, runs: int, looks: int, per_look: int, reviewed: float
+) -> tuple[int, int, int]:
+    """Simulated experiments on satisfaction: each look adds ``per_look`` answers per arm,
+    each reviewed with probability ``reviewed`` (blind, at random), every answer scored by a
+    noisy model (AUC about 0.8). Returns runs decided for A, for B, and never decided."""
+    rng = np.random.default_rng(7)
+    policy = ExperimentPolicy(alpha=0.05, min_reviews=10)
+    decided = {"a": 0, "b": 0}
+    for _ in range(runs):
+        samples = [SatisfactionSample(), SatisfactionSample()]
+        for _look in range(looks):
+            for arm, rate in enumerate((rate_a, rate_b)):
+                satisfied = rng.random(per_look) < rate
+                scores = np.clip(0.25 + 0.35 * satisfied + rng.normal(0, 0.2, per_look), 0, 1)
+                seen = rng.random(per_look) < reviewed
+                samples[arm] = samples[arm] + SatisfactionSample.of(
+                    scores[~seen], scores[seen], satisfied[seen].astype(float)
+                )
+            winner = judge_satisfaction(samples[0], samples[1], policy).winner
+            if winner is not None:
+                decided[winner] += 1
+                break
+    return decided["a"], decided["b"], runs - decided["a"] - decided["b"]
+
+
+def test_a_satisfaction_experiment_between_equal_arms_is_rarely_decided_over_many_looks() -> None:
+    """Type I over 20 looks stays at alpha (0.05), within sampling error of 300 runs."""
+    for_a, for_b, _never = _satisfaction_runs(
+        0.3, 0.3, runs=300, looks=20, per_look=40, reviewed=0.25
+    )
+    assert (for_a + for_b) / 300 <= 0.05 + 2 * (0.05 * 0.95 / 300) ** 0.5
+
+
+def test_a_satisfaction_experiment_finds_the_arm_that_satisfies_more() -> None:
+    for_a, for_b, _never = _satisfaction_runs(
+        0.3, 0.5, runs=100, looks=20, per_look=40, reviewed=0.25
+    )
+    assert for_a == 0
+    assert for_b >= 80
+
+
+def test_a_satisfaction_look_waits_for_reviews_and_says_how_many() -> None:
+    few = SatisfactionSample.of([0.5] * 50, [0.4, 0.6], [0.0, 1.0])
+    look = judge_satisfaction(few, few, ExperimentPolicy(min_reviews=5))
+    assert look.verdict is Verdict.WAITING
+    assert "A 2, B 2 reviewed answers, 5 needed per arm" in look.reasons[0]
+    assert look.a.samples == 52
+    assert look.a.reviews == 2
+    assert look.a.rate is None

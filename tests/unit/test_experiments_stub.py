@@ -342,3 +342,80 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:
     listed = _cli(tmp_path, "status", "--json")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "[]"
+
+
+def _reviewed(world: World, arm: str, adapter: str | None, passes: int, fails: int) -> None:
+    """Answers served by ``arm`` just now, each reviewed blind: ``passes`` passed."""
+    now = datetime.now(UTC)
+    events: list[dict[str, Any]] = []
+    for index in range(passes + fails):
+        request_id = f"{arm}-reviewed-{now.timestamp():.6f}-{index}"
+        events += [
+            {
+                "type": "interaction",
+                "request_id": request_id,
+                "user_id": f"{arm}-reviewed-user-{index}",
+                "business_line": LINE,
+                "adapter_name": adapter,
+                "base_model": "stub-base",
+                "arm": arm,
+                "messages": [{"role": "user", "content": f"question {index}"}],
+                "response": "an answer",
+                "status": "ok",
+                "created_at": now.isoformat(),
+            },
+            {
+                "type": "review",
+                "request_id": request_id,
+                "outcome": "pass" if index < passes else "fail",
+                "metadata": {"reason": "checked", "reviewer": "r1"},
+                "created_at": now.isoformat(),
+            },
+        ]
+    report = world.store.ingest(events, source="test")
+    assert report.quarantined == 0, report.rejections
+
+
+def test_an_experiment_on_satisfaction_waits_for_reviews_then_decides(world: World) -> None:
+    """Judged on satisfaction estimated on every answer (here by the reviews alone: the line
+    has no accepted satisfaction model), it waits for the recipe's reviews per arm, then
+    shows the arm that satisfies more; the look's numbers are recorded."""
+    v1, v2 = world.register(), world.register()
+    record = world.start(v1, v2, metric="satisfaction", share=0.5)
+    assert record.metric == "satisfaction"
+    assert record.policy.min_reviews == 30  # the recipe's canary satisfaction test
+    _reviewed(world, "experiment_a", v1, passes=3, fails=7)
+    _reviewed(world, "experiment_b", v2, passes=8, fails=2)
+    waiting = look_experiment(world.settings, world.clients, LINE)
+    assert waiting.look.verdict.value == "waiting"
+    assert "10" in waiting.look.reasons[0]
+    assert "30 needed" in waiting.look.reasons[0]
+
+    _reviewed(world, "experiment_a", v1, passes=6, fails=24)
+    _reviewed(world, "experiment_b", v2, passes=24, fails=6)
+    status = look_experiment(world.settings, world.clients, LINE)
+    look = status.look
+    assert look.verdict.value == "b_better", look.reasons
+    assert look.a.reviews == 40
+    assert look.b.reviews == 40
+    assert look.a.rate == pytest.approx(9 / 40)
+    assert look.b.rate == pytest.approx(32 / 40)
+    assert look.lower > 0  # the interval over every look excludes no difference
+    assert status.record.winner == "b"
+    numbers = experiment_looks(world.store.engine, record.id)[-1]["numbers"]
+    assert numbers["a_reviews"] == 40
+    assert numbers["b_rate"] == pytest.approx(0.8)
+
+
+def test_an_experiment_on_satisfaction_needs_a_review_block(
+    world: World, tmp_path: Path
+) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    recipe = (Path(__file__).parents[2] / "recipes" / f"{LINE}.yaml").read_text()
+    without_review = recipe.split("\nreview:")[0] + "\n"
+    (recipes / f"{LINE}.yaml").write_text(without_review)
+    world.settings = world.settings.model_copy(update={"recipes_dir": recipes})
+    v1, v2 = world.register(), world.register()
+    with pytest.raises(UsageError, match="no review block"):
+        world.start(v1, v2, metric="satisfaction")

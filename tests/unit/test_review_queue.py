@@ -513,3 +513,24 @@ def test_forgetting_a_user_takes_the_reviews_and_claims_of_their_answers(
         ).all()
     assert claims == []
     assert reviews == []
+
+
+def test_an_experiment_has_both_arms_reviewed_at_the_experiment_share() -> None:
+    """While an A/B experiment is live its two arms serve every user: the queue samples
+    both (the recipe's ``experiment`` share, else the default), not the champion."""
+    from dashboard.review_queue import review_arms
+    from feedback.reviews import DEFAULT_EXPERIMENT_SHARE, ReviewPolicy
+    from registry.routing import ExperimentSplit, RoutingTable
+
+    table = RoutingTable(business_line=LINE, champion=f"{LINE}-v1").with_experiment(
+        ExperimentSplit(id=3, a=f"{LINE}-v1", b=f"{LINE}-v2", share=0.5)
+    )
+    default = ReviewPolicy(rubric=RUBRIC)
+    assert [(a.name, a.adapter, a.share) for a in review_arms(table, default)] == [
+        ("experiment_a", f"{LINE}-v1", DEFAULT_EXPERIMENT_SHARE),
+        ("experiment_b", f"{LINE}-v2", DEFAULT_EXPERIMENT_SHARE),
+    ]
+    chosen = ReviewPolicy(rubric=RUBRIC, share={"champion": 0.02, "experiment": 0.3})
+    assert {a.share for a in review_arms(table, chosen)} == {0.3}
+    plain = RoutingTable(business_line=LINE, champion=f"{LINE}-v1")
+    assert [a.name for a in review_arms(plain, default)] == ["champion"]
