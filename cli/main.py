@@ -43,6 +43,7 @@ from cli.commands.serving import (
     serve_dashboard,
     serve_gateway,
 )
+from cli.commands.vllm import serve_vllm
 from flows.deployments import CANARY_EVERY_S, NIGHTLY_CRON, SCHEDULE_TIMEZONE, TRAIN_LINE
 from flywheel.errors import FlywheelError, StoreUnavailableError, UsageError
 from flywheel.file_modes import private_home
@@ -80,6 +81,7 @@ app.add_typer(experiment_app, name="experiment")
 app.add_typer(adapters_app, name="adapters")
 serve_app.command("gateway")(serve_gateway)
 serve_app.command("dashboard")(serve_dashboard)
+serve_app.command("vllm")(serve_vllm)
 app.command("buckets")(buckets_command)
 app.command("eval")(evaluate_command)
 app.command("loop")(loop_command)
@@ -654,62 +656,6 @@ def runs(
     for summary in registry.recent_runs(line, limit):
         table.add_row(*summary.cells())
     out.print(table)
-
-
-@serve_app.command("vllm")
-def serve_vllm(
-    port: Annotated[int, typer.Option(min=1, max=65_535, help="Port on 127.0.0.1.")] = 8000,
-    venv: Annotated[
-        Path | None, typer.Option(help="vLLM's own virtualenv (created on first use).")
-    ] = None,
-    print_command: Annotated[
-        bool, typer.Option("--print-command", help="Print the command line and exit.")
-    ] = False,
-) -> None:
-    """Serve the base model with vLLM on the CPU, runtime LoRA loading on, loopback only."""
-    import signal
-
-    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, log_tail
-    from training.base_model import ensure_base_model
-
-    settings = _settings()
-    private_home(settings.home)
-    base = ensure_base_model(settings.models_dir, settings.base_model)
-    from simulation.live import vllm_venv
-
-    environment = VllmEnvironment(
-        venv or vllm_venv(settings), torch_index=settings.torch_index, report=out.print
-    )
-    # Served under the folder's name (not its path): that name reaches headers and logs.
-    server_settings = VllmServerSettings(
-        model=base,
-        port=port,
-        served_model_name=os.environ.get("FLYWHEEL_VLLM_SERVED_MODEL_NAME") or base.name,
-    ).for_this_cpu()
-    if print_command:
-        env = server_settings.environment({})
-        flags = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
-        out.print(f"{flags} {' '.join(server_settings.command(environment.python))}")
-        return
-    python = environment.ensure()
-    log = settings.home / "logs" / f"vllm-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    # vLLM runs in its own process group: a SIGTERM to this command must stop it too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with VllmServer(server_settings, python=python, log_path=log, report=out.print) as server:
-        out.print(
-            f"vLLM serves {base.name} at {server.base_url} with runtime LoRA loading "
-            f"(log: {log}); Ctrl-C stops it"
-        )
-        code = server.wait()
-    # vLLM died on its own: exit with its code so a supervisor (compose's restart policy,
-    # systemd) starts it again.
-    out.print(
-        Text.assemble(
-            (f"vLLM exited with code {code}", "red"), f"; last lines of {log}:\n{log_tail(log)}"
-        )
-    )
-    raise typer.Exit(code or 1)
 
 
 @app.command()

@@ -15,6 +15,7 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -59,6 +60,12 @@ MARKER_FILE = "flywheel-vllm.installed"
 RESOLVER_SOURCE = Path(__file__).resolve().parents[1] / "vllm_plugin"
 RESOLVER_MARKER_FILE = "flywheel-resolver.installed"
 RESOLVER_PACKAGE = "flywheel_vllm_resolver"
+# Its entry point's name (what VLLM_PLUGINS lists) and the variables it reads; the plugin
+# cannot import flywheel, so they are spelled twice (a unit test holds them equal).
+RESOLVER_PLUGIN = "flywheel_lora_resolver"
+RESOLVER_FETCH_ENV = "FLYWHEEL_ADAPTER_FETCH"
+RESOLVER_CACHE_ENV = "FLYWHEEL_ADAPTER_CACHE"
+RESOLVER_SERVED_BASE_ENV = "FLYWHEEL_ADAPTER_SERVED_BASE"
 INSTALL_LOG_FILE = "flywheel-vllm-install.log"
 INSTALL_TIMEOUT_S = 1_800
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -400,6 +407,10 @@ class VllmServerSettings(BaseSettings):
         "here (VllmServer, `flywheel serve vllm`) serves in float32 on an x86 CPU without "
         "AVX-512, where vLLM emulates bfloat16 (flywheel.hardware.cpu_serving_dtype).",
     )
+    lora_modules: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="Adapters registered at start (--lora-modules), as (name, folder) pairs.",
+    )
     extra_args: tuple[str, ...] = ()
 
     @field_validator("max_lora_rank")
@@ -430,6 +441,8 @@ class VllmServerSettings(BaseSettings):
         ]  # fmt: skip
         if self.dtype != "auto":
             argv += ["--dtype", self.dtype]
+        if self.lora_modules:
+            argv += ["--lora-modules", *(lora_module(n, p) for n, p in self.lora_modules)]
         return [*argv, *self.extra_args]
 
     def for_this_cpu(self) -> VllmServerSettings:
@@ -452,6 +465,30 @@ class VllmServerSettings(BaseSettings):
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
         return env
+
+
+def lora_module(name: str, path: str | Path) -> str:
+    """One ``--lora-modules`` value: vLLM's ``name=path``, or its JSON form when the path
+    holds a character that form cannot carry (vLLM reads an item with a comma as JSON)."""
+    if "," in str(path) or "=" in name:
+        return json.dumps({"name": name, "path": str(path)})
+    return f"{name}={path}"
+
+
+def resolver_environment(
+    fetch_command: Sequence[str], cache_dir: Path, served_base: Path
+) -> dict[str, str]:
+    """The variables that switch flywheel's LoRA resolver on in a vLLM server: vLLM loads
+    only that general plugin, may load adapters at run time, and the resolver runs
+    ``fetch_command NAME --cache cache_dir --served-base served_base`` for a name it lacks
+    (the plugin's :mod:`flywheel_vllm_resolver.fetch` reads the same names)."""
+    return {
+        "VLLM_PLUGINS": RESOLVER_PLUGIN,
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        RESOLVER_FETCH_ENV: json.dumps([str(part) for part in fetch_command]),
+        RESOLVER_CACHE_ENV: str(cache_dir),
+        RESOLVER_SERVED_BASE_ENV: str(served_base),
+    }
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -238,3 +238,121 @@ def test_a_vllm_virtualenv_built_before_the_resolver_gets_it_offline(
     # Installed once: a second ensure runs nothing (the base interpreter is not even there).
     again = VllmEnvironment(folder, base_python="/nonexistent/python3.11", report=print)
     assert again.ensure() == environment.python
+
+
+# --- `flywheel serve vllm`: what it registers at start and how it switches the resolver on --
+
+
+def test_flywheel_and_the_plugin_name_the_same_variables() -> None:
+    from flywheel_vllm_resolver import PLUGIN_NAME
+    from flywheel_vllm_resolver import fetch as plugin
+
+    from registry import vllm_server
+
+    assert vllm_server.RESOLVER_PLUGIN == PLUGIN_NAME
+    assert vllm_server.RESOLVER_FETCH_ENV == plugin.FETCH_ENV
+    assert vllm_server.RESOLVER_CACHE_ENV == plugin.CACHE_ENV
+    assert vllm_server.RESOLVER_SERVED_BASE_ENV == plugin.SERVED_BASE_ENV
+    entry = (vllm_server.RESOLVER_SOURCE / "pyproject.toml").read_text()
+    assert f'{PLUGIN_NAME} = "flywheel_vllm_resolver:register"' in entry
+
+
+def test_the_resolver_environment_is_what_the_plugin_reads(tmp_path: Path) -> None:
+    from registry.vllm_server import resolver_environment
+
+    env = resolver_environment(["/venv/bin/flywheel", "adapters", "fetch"], tmp_path, tmp_path)
+    assert env["VLLM_PLUGINS"] == "flywheel_lora_resolver"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    settings = FetchSettings.from_env(env)
+    assert settings is not None
+    assert settings.argv("legal-v1")[:4] == ["/venv/bin/flywheel", "adapters", "fetch", "legal-v1"]
+
+
+def test_lora_modules_are_passed_in_a_form_vllm_parses(tmp_path: Path) -> None:
+    from registry.vllm_server import VllmServerSettings, lora_module
+
+    assert lora_module("legal-v1", "/cache/legal-v1") == "legal-v1=/cache/legal-v1"
+    # vLLM reads an item with a comma as JSON.
+    odd = lora_module("legal-v1", "/cache,x/legal-v1")
+    assert json.loads(odd) == {"name": "legal-v1", "path": "/cache,x/legal-v1"}
+    argv = VllmServerSettings(
+        model=tmp_path, lora_modules=(("legal-v1", "/c/legal-v1"), ("medical-v2", "/c/m"))
+    ).command()
+    at = argv.index("--lora-modules")
+    assert argv[at + 1 : at + 3] == ["legal-v1=/c/legal-v1", "medical-v2=/c/m"]
+    assert "--lora-modules" not in VllmServerSettings(model=tmp_path).command()
+
+
+def test_routed_adapters_are_those_of_the_lines_placed_on_the_replica() -> None:
+    from cli.commands.vllm import routed_adapters
+    from registry.routing import RoutingTable
+
+    a, b = "http://10.0.0.1:8000", "http://10.0.0.2:8000/"
+    tables = [
+        RoutingTable(business_line="legal", champion="legal-v2", canary="legal-v3",
+                     previous="legal-v1"),
+        RoutingTable(business_line="medical", champion="medical-v4", replicas=(b,)),
+        RoutingTable(business_line="general"),
+        # A placement naming no replica the gateway knows strands nothing: every replica.
+        RoutingTable(business_line="retail", champion="retail-v1", replicas=("http://old:1",)),
+    ]  # fmt: skip
+    upstreams = [a, b]
+    assert routed_adapters(tables, a, upstreams) == [
+        "legal-v2", "legal-v3", "legal-v1", "retail-v1",
+    ]  # fmt: skip
+    assert routed_adapters(tables, b, upstreams) == [
+        "legal-v2", "legal-v3", "legal-v1", "medical-v4", "retail-v1",
+    ]  # fmt: skip
+
+
+def _adapter(folder: Path, rank: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+    return folder
+
+
+def test_a_routed_adapter_that_fails_to_fetch_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    from cli.commands.vllm import fetch_routed
+    from flywheel.errors import FlywheelError
+
+    folders = {
+        "legal-v2": _adapter(tmp_path / "legal-v2", 8),
+        "legal-v3": _adapter(tmp_path / "legal-v3", 64),
+    }
+
+    def fetch(name: str) -> Path:
+        if name == "medical-v4":
+            raise FlywheelError("medical-v4: the fetched files' digest sha256:aa is not sha256:bb")
+        return folders[name]
+
+    warnings: list[str] = []
+    kept = fetch_routed(["legal-v2", "medical-v4", "legal-v3"], fetch, 16, warnings.append)
+    assert kept == [("legal-v2", folders["legal-v2"])]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("medical-v4 is left out: medical-v4: the fetched files' digest")
+    assert "rank 64 is over this replica's --max-lora-rank 16" in warnings[1]
+
+
+def test_serve_vllm_switches_the_resolver_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    home = tmp_path / "home"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
+    result = CliRunner().invoke(
+        app, ["serve", "vllm", "--port", "8124", "--max-loras", "2", "--print-command"]
+    )
+    assert result.exit_code == 0, result.output
+    line = result.stdout.replace("\n", "")
+    assert "VLLM_PLUGINS=flywheel_lora_resolver" in line
+    assert f"FLYWHEEL_ADAPTER_CACHE={home / 'adapter-cache'}" in line
+    assert f"FLYWHEEL_ADAPTER_SERVED_BASE={model}" in line
+    assert "adapters" in line.split("FLYWHEEL_ADAPTER_FETCH=", 1)[1].split(" FLYWHEEL_")[0]
+    assert "--max-loras 2" in line
