@@ -149,13 +149,14 @@ class VllmEnvironment:
         return self.venv_dir / RESOLVER_MARKER_FILE
 
     def resolver_ready(self) -> bool:
-        """True when flywheel's LoRA resolver, as in :attr:`resolver_source`, is installed."""
-        if self.resolver_source is None:
-            return False
+        """True when flywheel's LoRA resolver is installed: the one in :attr:`resolver_source`,
+        or, without the sources (an installed flywheel, e.g. in the image), any."""
         try:
             installed = self.resolver_marker.read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return False
+        if self.resolver_source is None:
+            return bool(installed)
         return installed == source_digest(self.resolver_source)
 
     def ensure(self) -> Path:
