@@ -93,7 +93,8 @@ def load_eval_data(dataset_dir: Path, *, max_pairs: int = 200, max_samples: int 
 
     Takes the first ``max_pairs`` pairs and at most ``max_pairs`` more preferred
     answers from SFT and KTO, and the first ``max_samples`` distinct prompts
-    (pairs' prompts first) for generation.
+    for generation (pairs' prompts first, then the preferred answers', then those of
+    answers users disliked).
     """
     if not dataset_dir.is_dir():
         raise FlywheelError(f"dataset folder {dataset_dir} does not exist")
@@ -112,7 +113,14 @@ def load_eval_data(dataset_dir: Path, *, max_pairs: int = 200, max_samples: int 
         if r.get("label")
     ]
     preferred = tuple(PromptAnswer(p.prompt, p.chosen) for p in pairs) + tuple(extra[:max_pairs])
-    prompts = [p.prompt for p in pairs] + [p.prompt for p in extra]
+    # Disliked answers' prompts are asked too: at real feedback rates they are most of the
+    # held-out prompts, and what the candidate should answer better.
+    disliked = [
+        _conversation(r["prompt"])
+        for r in _read_rows(dataset_dir / "kto_eval.parquet")
+        if not r.get("label")
+    ]
+    prompts = [p.prompt for p in pairs] + [p.prompt for p in extra] + disliked
     return EvalData(pairs, preferred, _distinct(prompts)[:max_samples])
 
 

@@ -27,6 +27,22 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 Z_95 = NormalDist().inv_cdf(0.975)
+# Student's t at 0.975 for 1-30 degrees of freedom (beyond, the normal's within 4%): a
+# paired interval on a handful of held-out prompts must be as wide as so few deserve.
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_975(degrees_of_freedom: int) -> float:
+    """The two-sided 95% quantile of Student's t (the normal's past 30 degrees of freedom)."""
+    if degrees_of_freedom < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {degrees_of_freedom}")
+    if degrees_of_freedom <= len(T_975):
+        return T_975[degrees_of_freedom - 1]
+    return Z_95 + (T_975[-1] - Z_95) * len(T_975) / degrees_of_freedom
 
 
 class SatisfactionModelPolicy(BaseModel):
@@ -291,13 +307,14 @@ def predicted_satisfaction(
     candidate: Sequence[float], champion: Sequence[float]
 ) -> PredictedSatisfaction | None:
     """Paired comparison of two models' predicted satisfaction on the same prompts (None
-    under two prompts): a normal interval on the mean of the per-prompt differences."""
+    under two prompts): a Student-t interval on the mean of the per-prompt differences."""
     if len(candidate) != len(champion):
         raise ValueError(f"{len(candidate)} candidate scores for {len(champion)} champion scores")
     if len(candidate) < 2:
         return None
     differences = np.asarray(candidate, dtype=np.float64) - np.asarray(champion, dtype=np.float64)
-    half = Z_95 * float(differences.std(ddof=1)) / math.sqrt(len(differences))
+    spread = float(differences.std(ddof=1)) / math.sqrt(len(differences))
+    half = t_975(len(differences) - 1) * spread
     mean = float(differences.mean())
     return PredictedSatisfaction(
         len(differences),

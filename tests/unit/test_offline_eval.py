@@ -373,6 +373,8 @@ def test_held_out_data_is_read_from_whichever_eval_files_exist(tmp_path: Path) -
         "liked",
     ]
     assert [p[0]["content"] for p in loaded.sample_prompts] == ["q0", "q1", "q2", "k1"]
+    every_prompt = load_eval_data(tmp_path, max_pairs=3, max_samples=10).sample_prompts
+    assert [p[0]["content"] for p in every_prompt] == ["q0", "q1", "q2", "k1", "k2"]
 
     (tmp_path / "dpo_eval.parquet").unlink()
     only_sft = load_eval_data(tmp_path)
