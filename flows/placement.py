@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from composition.clients import Clients
-from flows.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
 from flywheel.settings import Settings
 from registry.names import version_of
 from registry.placement import Placement, placement_moves, plan_placement, traffic_shares
+from registry.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
 from registry.routing import RoutingTable
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-"""Applying the rollout state machine (``registry.lifecycle``) to the real parts.
+"""The rollout's use cases over the flow's settings, clients and recipe.
 
-Every function here reads a line's state, asks :func:`registry.lifecycle.advance`
-what an event leads to, and applies the effects in order: loads on the vLLM
-replicas, the routing table (checked unchanged since it was read), the MLflow
-aliases and tags, then drained unloads. Nothing here decides.
+Every function here gathers what a judge needs (the arms' windows, the shadow's
+pairs) and goes through the one door, :class:`registry.rollout.LineRollout`, which
+advances the state machine (``registry.lifecycle``), applies its effects and
+records the decision. Nothing here decides, and nothing here writes a route.
 
 - ``deploy_canary``: a gated version is loaded and probed on every replica the
   line is placed on (``registry.placement``; every replica without one), then
@@ -23,12 +23,11 @@ aliases and tags, then drained unloads. Nothing here decides.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from composition.clients import Clients
 from composition.recipes import recipe_for
@@ -37,26 +36,15 @@ from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from registry.canary import ArmStats, CanaryAction, CanaryDecision, decide_canary
-from registry.decisions import latest_decisions, looks_since, record_decision
+from registry.decisions import latest_decisions, looks_since
 from registry.lifecycle import (
     CanaryLooked,
-    CandidateReady,
     ChampionJudged,
     ChampionSetByHand,
-    Event,
     LineState,
-    Load,
     LoraBudget,
-    ProbesDone,
-    Promote,
-    Reject,
-    Revert,
-    Route,
-    SetAlias,
     ShadowLooked,
     Transition,
-    Unload,
-    advance,
     drift,
     shadow_since,
     watching,
@@ -64,19 +52,11 @@ from registry.lifecycle import (
 from registry.names import adapter_name, version_of
 from registry.placement import placed
 from registry.records import CanaryRecord, canary_record
+from registry.rollout import ACTOR, LineRollout, Look
 from registry.routing import RoutingTable
 from registry.shadow import ShadowReport, compare_shadow, judge_shadow
 
-if TYPE_CHECKING:
-    from registry.tracking import Registry
-
-ACTOR = "flywheel:canary"
-DRAIN_TIMEOUT_S = 120.0
 logger = logging.getLogger(__name__)
-
-
-class RoutesChangedError(FlywheelError):
-    """The line's routing changed between reading its state and applying a transition."""
 
 
 @dataclass(slots=True)
@@ -102,111 +82,34 @@ class CanaryOutcome:
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class Rollout:
-    """The parts one line's rollout touches, from the caller's clients."""
+class Rollout(LineRollout):
+    """One line's rollout door (``registry.rollout``) on a flow's clients, under the line's
+    recipe; with the settings, clients, store and recipe the use cases read."""
 
-    settings: Settings
-    clients: Clients
-    line: str
-    upstreams: Sequence[str]
-    in_flight: Callable[[str], int] | None = None
-    actor: str = ACTOR
-    now: datetime | None = None
-
-    def __post_init__(self) -> None:
-        clients = self.clients
+    def __init__(
+        self,
+        settings: Settings,
+        clients: Clients,
+        line: str,
+        upstreams: Sequence[str],
+        in_flight: Callable[[str], int] | None = None,
+        actor: str = ACTOR,
+        now: datetime | None = None,
+    ) -> None:
+        self.settings, self.clients = settings, clients
         self.store = clients.store
-        self.routes = clients.routes_stamped(self.now) if self.now else clients.routes
-        self.recipe = recipe_for(self.settings, self.line)
-
-    @property
-    def registry(self) -> Registry:
-        """The MLflow registry (opened when an effect or a path first needs it)."""
-        return self.clients.registry
-
-    def state(self) -> LineState:
-        """The line's table and its clocks, from the routing history."""
-        return LineState.of(self.routes.table(self.line), self.routes.history(self.line, limit=500))
-
-    def budget(self) -> LoraBudget:
-        """Every line's routed adapters against the server's ``--max-loras``, per replica."""
-        tables = self.routes.snapshot().tables
-        return LoraBudget(self.settings.vllm_max_loras, tables, self.upstreams)
-
-    def advance(self, state: LineState, event: Event) -> Transition:
-        """What ``event`` leads to under the line's recipe."""
-        return advance(
-            state,
-            event,
+        self.recipe = recipe_for(settings, line)
+        super().__init__(
+            line,
+            clients.routes_stamped(now) if now else clients.routes,
+            clients,
+            upstreams,
             policy=self.recipe.rollout,
             steps=self.recipe.canary_steps,
-            budget=self.budget(),
+            max_loras=settings.vllm_max_loras,
+            actor=actor,
+            in_flight=in_flight,
         )
-
-    def apply(self, state: LineState, transition: Transition) -> None:
-        """Run the transition's effects in order."""
-        reason = transition.reason or transition.action
-        for effect in transition.effects:
-            match effect:
-                case Load(adapter, replicas):
-                    self._load(adapter, replicas or placed(state.table, self.upstreams))
-                case Route(table, action):
-                    self._route(state.table, table, action, reason)
-                case Promote(version):
-                    self.registry.promote(self.line, version, actor=self.actor, reason=reason)
-                case Reject(version):
-                    self.registry.reject(self.line, version, reason, actor=self.actor)
-                case Revert(version, restored):
-                    self.registry.reject(self.line, version, reason, actor=self.actor)
-                    self.registry.set_alias(self.line, "champion", restored)
-                    self.registry.remove_alias(self.line, "previous")
-                case SetAlias(alias, None):
-                    self.registry.remove_alias(self.line, alias)
-                case SetAlias(alias, version):
-                    assert version is not None
-                    self.registry.set_alias(self.line, alias, version)
-                case Unload(adapter, replicas):
-                    self.unload(adapter, replicas or tuple(self.upstreams))
-
-    def adapter_path(self, adapter: str) -> Any:
-        """The folder vLLM loads ``adapter`` from."""
-        return self.registry.adapter_path(self.line, version_of(adapter))
-
-    def _load(self, adapter: str, replicas: Sequence[str]) -> None:
-        path = self.adapter_path(adapter)
-        for url in replicas:
-            with self.clients.vllm_admin(url) as client:
-                client.ensure_loaded(adapter, path)
-
-    def _route(self, before: RoutingTable, after: RoutingTable, action: str, reason: str) -> None:
-        def edit(current: RoutingTable) -> RoutingTable:
-            if current != before:
-                raise RoutesChangedError(
-                    f"{self.line}'s routing changed meanwhile ({current.model_dump()}); "
-                    "nothing was applied, look again"
-                )
-            return after
-
-        self.routes.change(self.line, edit, action=action, actor=self.actor, reason=reason)
-
-    def unload(self, adapter: str, replicas: Sequence[str]) -> None:
-        """Drain, then unload; a replica that fails keeps it until the next reconcile."""
-        from registry.vllm_admin import AdapterNotLoadedError, VllmAdminError, wait_drained
-
-        for url in replicas:
-            try:
-                if self.in_flight is not None:
-                    wait_drained(adapter, self.in_flight, timeout_s=DRAIN_TIMEOUT_S)
-                with (
-                    self.clients.vllm_admin(url) as client,
-                    contextlib.suppress(AdapterNotLoadedError),
-                ):
-                    client.unload_adapter(adapter)
-            except VllmAdminError as exc:
-                logger.warning(
-                    "could not unload %s from %s: %s (reconcile retries)", adapter, url, exc
-                )
 
 
 def rollout(
@@ -240,37 +143,14 @@ def deploy_canary(
     LoRA budget, a failed probe, which rejects the version and unloads it from every
     replica it reached). Safe to rerun:
     a version that already serves changes nothing."""
-    from registry.vllm_admin import VllmAdminError, VllmUnavailableError
-
     parts = rollout(settings, clients, line, upstreams, actor=actor)
     adapter = adapter_name(line, version)
-    state = parts.state()
-    ready = parts.advance(state, CandidateReady(adapter))
-    if ready.action != "load":
-        return DeployOutcome(line, adapter, ready.action, ready.reason)
-    path = parts.adapter_path(adapter)
-    passed: list[str] = []
-    failed: dict[str, str] = {}
-    for upstream in placed(state.table, upstreams):
-        try:
-            with clients.vllm_admin(upstream) as client:
-                client.ensure_loaded(adapter, path)
-                probe = client.probe_adapter(adapter)
-        except VllmUnavailableError:
-            # Not the adapter's fault: leave nothing behind and let the caller retry.
-            parts.unload(adapter, passed)
-            raise
-        except VllmAdminError as exc:
-            failed[upstream] = str(exc)
-            continue
-        if probe.passed:
-            passed.append(upstream)
-        else:
-            failed[upstream] = "; ".join(probe.reasons)
-    done = parts.advance(state, ProbesDone(adapter, tuple(passed), failed))
-    parts.apply(state, done)
-    status = done.action if done.action in ("canary", "shadow") else "failed"
-    return DeployOutcome(line, adapter, status, done.reason, passed if status != "failed" else [])
+    done, passed = parts.deploy(version)
+    if done.action in ("canary", "shadow"):
+        return DeployOutcome(line, adapter, done.action, done.reason, passed)
+    if done.action == "probe_failed":
+        return DeployOutcome(line, adapter, "failed", done.reason)
+    return DeployOutcome(line, adapter, done.action, done.reason)
 
 
 # --------------------------------------------------------------------------- canary looks
@@ -376,22 +256,10 @@ def judge_canary(
     else:
         event = CanaryLooked(force, (reason or f"by hand ({force.value})",), until)
         state = LineState(table, None, state.champion_since)  # by hand: no soak
-    transition = parts.advance(state, event)
-    parts.apply(state, transition)
+    judged = Look(table.canary, table.canary_fraction, look, until, numbers)
+    transition = parts.decide(state, event, judged)
     outcome = CanaryOutcome(line, transition.action, transition.reason, transition.table)
     outcome.decision, outcome.numbers = decision, numbers
-    record_decision(
-        store.engine,
-        business_line=line,
-        adapter=table.canary,
-        fraction=table.canary_fraction,
-        look=look,
-        action=outcome.action,
-        reasons=outcome.reason,
-        numbers=numbers,
-        actor=actor,
-        when=until,
-    )
     if outcome.action in ("promote", "rollback"):
         record = canary_record(
             outcome.action,
@@ -468,8 +336,6 @@ def judge_shadow_stage(
         return CanaryOutcome(line, "none", "no shadow on this line", table)
     report = shadow_report(store, table, history, until)
     decision = judge_shadow(report, parts.recipe.rollout.shadow)
-    transition = parts.advance(state, ShadowLooked(decision.action, decision.reasons, until))
-    parts.apply(state, transition)
     since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
     numbers = {
         "window_start": since.isoformat(),
@@ -477,17 +343,11 @@ def judge_shadow_stage(
         "shadow": report.as_dict(),
         "checks": [asdict(check) for check in decision.checks],
     }
-    record_decision(
-        store.engine,
-        business_line=line,
-        adapter=table.shadow,
-        fraction=table.shadow_fraction,
-        look=looks_since(store.engine, line, table.shadow, since) + 1,
-        action=transition.action,
-        reasons=transition.reason,
-        numbers=numbers,
-        actor=actor,
-        when=until,
+    look = looks_since(store.engine, line, table.shadow, since) + 1
+    transition = parts.decide(
+        state,
+        ShadowLooked(decision.action, decision.reasons, until),
+        Look(table.shadow, table.shadow_fraction, look, until, numbers),
     )
     return CanaryOutcome(
         line, transition.action, transition.reason, transition.table, None, numbers
@@ -537,8 +397,6 @@ def watch_champion(
         _arm(then, table.previous), _arm(lately, table.champion), policy, look=1
     )
     regressed = decision.action is CanaryAction.ROLLBACK
-    transition = parts.advance(state, ChampionJudged(regressed, decision.reasons, until))
-    parts.apply(state, transition)
     numbers = {
         "window_start": before.isoformat(),
         "promoted_at": since.isoformat(),
@@ -547,19 +405,12 @@ def watch_champion(
         "champion": _recorded(lately[table.champion]),
         "checks": [asdict(check) for check in decision.checks],
     }
-    if transition.action != "none":
-        record_decision(
-            store.engine,
-            business_line=line,
-            adapter=table.champion,
-            fraction=1.0,
-            look=looks_since(store.engine, line, table.champion, since) + 1,
-            action=transition.action,
-            reasons=transition.reason,
-            numbers=numbers,
-            actor=actor,
-            when=until,
-        )
+    look = looks_since(store.engine, line, table.champion, since) + 1
+    transition = parts.decide(
+        state,
+        ChampionJudged(regressed, decision.reasons, until),
+        Look(table.champion, 1.0, look, until, numbers),
+    )
     if transition.action == "revert":
         record = canary_record(
             "revert",
@@ -592,11 +443,9 @@ def set_champion(
 ) -> Transition:
     """Make ``adapter`` (None: the base model) the champion by hand: loaded everywhere, then
     routing and MLflow's aliases moved together; the adapter leaving ``previous`` unloaded."""
-    parts = rollout(settings, clients, line, upstreams, actor=actor)
-    state = parts.state()
-    transition = parts.advance(state, ChampionSetByHand(adapter, reason))
-    parts.apply(state, transition)
-    return transition
+    return rollout(settings, clients, line, upstreams, actor=actor).by_hand(
+        ChampionSetByHand(adapter, reason)
+    )
 
 
 # --------------------------------------------------------------------------- replicas

@@ -6,10 +6,11 @@ promoted (its watch clock), both read off the routing history by
 :func:`step_started` and :func:`champion_since`. An event is something that
 happened: a candidate passed the gate, probes ran on the replicas, the canary
 flow looked, the watched champion was judged, someone moved the champion by
-hand, a replica (re)appeared. :func:`advance` answers with the next table and
+hand, a replica (re)appeared, someone started or stopped a canary or a shadow
+by hand. :func:`advance` answers with the next table and
 the effects that get there, in the order they must run: loads before the
 routing change that needs them, the routing change before the registry's
-aliases and tags, unloads last (after a drain). ``flows.rollout`` applies the
+aliases and tags, unloads last (after a drain). ``registry.rollout`` applies the
 effects and nothing else decides.
 
 Rules worth knowing:
@@ -25,6 +26,9 @@ Rules worth knowing:
   recipe's ``soak_s``; a rollback never waits;
 - a probe failure on any replica unloads the candidate from every replica it
   reached and rejects it;
+- by hand, a canary or a shadow is probed like a candidate and then replaces
+  the one live in its role (rolled back, with the operator's reason); a stop by
+  hand is a rollback: out of the routes, rejected, unloaded;
 - a promotion unloads the adapter that drops out of ``previous``; the new
   champion is then watched against ``previous`` for ``watch_s`` and reverted
   when it regresses;
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from registry.canary import CanaryAction
 from registry.names import adapter_name, version_of
@@ -233,12 +237,32 @@ class CandidateReady:
 
 
 @dataclass(frozen=True, slots=True)
+class CanaryStartedByHand:
+    """Someone sent ``fraction`` of the line's users (sticky) to ``adapter``."""
+
+    adapter: str
+    fraction: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowStartedByHand:
+    """Someone had ``adapter`` answer ``fraction`` of the champion's requests in shadow."""
+
+    adapter: str
+    fraction: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProbesDone:
-    """The candidate was loaded and probed: ``passed`` replicas, ``failed`` ones with why."""
+    """The candidate was loaded and probed: ``passed`` replicas, ``failed`` ones with why.
+    ``by_hand``: the operator's start it was probed for (None: the recipe places it)."""
 
     adapter: str
     passed: tuple[str, ...]
     failed: Mapping[str, str] = field(default_factory=dict)
+    by_hand: CanaryStartedByHand | ShadowStartedByHand | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +308,13 @@ class CanaryStoppedByHand:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowStoppedByHand:
+    """Someone stopped mirroring the line's requests to its shadow."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaAppeared:
     """A vLLM replica came (back): it must serve every adapter the table names."""
 
@@ -297,8 +328,19 @@ Event = (
     | ShadowLooked
     | ChampionJudged
     | ChampionSetByHand
+    | CanaryStartedByHand
     | CanaryStoppedByHand
+    | ShadowStartedByHand
+    | ShadowStoppedByHand
     | ReplicaAppeared
+)
+# What an operator does to a line's rollout (``flywheel canary``, ``flywheel routes``).
+ByHand = (
+    ChampionSetByHand
+    | CanaryStartedByHand
+    | CanaryStoppedByHand
+    | ShadowStartedByHand
+    | ShadowStoppedByHand
 )
 
 
@@ -328,8 +370,12 @@ def advance(
             transition = _champion_judged(state, event, policy)
         case ChampionSetByHand(adapter, reason):
             transition = _champion_by_hand(state.table, adapter, reason)
+        case CanaryStartedByHand() | ShadowStartedByHand():
+            transition = _started_by_hand(state.table, event, budget)
         case CanaryStoppedByHand(reason):
             transition = _stopped_by_hand(state.table, reason)
+        case ShadowStoppedByHand(reason):
+            transition = _shadow_stopped_by_hand(state.table, reason)
         case ReplicaAppeared(replica):
             transition = _replica_appeared(state.table, replica)
         case _:  # pragma: no cover
@@ -341,6 +387,79 @@ def _stopped_by_hand(table: RoutingTable, reason: str) -> Transition:
     if table.canary is None:
         return Transition("none", ("no canary on this line",), table)
     return _rollback(table, (reason,))
+
+
+def _shadow_stopped_by_hand(table: RoutingTable, reason: str) -> Transition:
+    shadow = table.shadow
+    if shadow is None:
+        return Transition("none", ("no shadow on this line",), table)
+    after = table.without_shadow()
+    effects = (Route(after, "shadow_clear"), Reject(version_of(shadow)), Unload(shadow))
+    return Transition("shadow_reject", (reason,), after, effects)
+
+
+def _by_hand_table(
+    table: RoutingTable, event: CanaryStartedByHand | ShadowStartedByHand
+) -> RoutingTable | str:
+    """The table the operator asks for, or why it cannot be (another line's adapter, the
+    champion as canary, a live experiment)."""
+    try:
+        if isinstance(event, CanaryStartedByHand):
+            return table.with_canary(event.adapter, event.fraction)
+        return table.with_shadow(event.adapter, event.fraction)
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+
+
+def _started_by_hand(
+    table: RoutingTable,
+    event: CanaryStartedByHand | ShadowStartedByHand,
+    budget: LoraBudget | None,
+) -> Transition:
+    """A canary or a shadow by hand: refused when the table cannot hold it or the LoRA budget
+    cannot serve it; else probed first, like a candidate (``ProbesDone.by_hand``)."""
+    adapter, line = event.adapter, table.business_line
+    role = "canary" if isinstance(event, CanaryStartedByHand) else "shadow"
+    planned = _by_hand_table(table, event)
+    if isinstance(planned, str):
+        refusal = f"{adapter} cannot be the {role} of {line}: {planned}"
+        return Transition("refused", (refusal,), table)
+    if budget is not None and adapter not in table.adapters:
+        needed = budget.needed_with(line, adapter, replacing=getattr(table, role))
+        if needed > budget.max_loras:
+            return Transition(
+                "refused",
+                (
+                    f"{adapter} would make {needed} adapters served at once, over the "
+                    f"server's --max-loras {budget.max_loras}: {budget.describe()}",
+                ),
+                table,
+            )
+    probing = f"loading {adapter} where {line} is placed to probe it"
+    return Transition("load", (event.reason, probing), table, (Load(adapter),))
+
+
+def _placed_by_hand(
+    table: RoutingTable, event: ProbesDone, hand: CanaryStartedByHand | ShadowStartedByHand
+) -> Transition:
+    """The probed adapter in the role the operator asked for; the one it replaces there is
+    rolled back (rejected, unloaded)."""
+    adapter = event.adapter
+    planned = _by_hand_table(table, hand)
+    if isinstance(planned, str):
+        return Transition("refused", (planned,), table)
+    role = "canary" if isinstance(hand, CanaryStartedByHand) else "shadow"
+    replaced = table.canary if role == "canary" else table.shadow
+    reasons = [hand.reason]
+    if event.passed:
+        reasons.append(f"{adapter} probed on {len(event.passed)} replica(s)")
+    effects: list[Effect] = [Route(planned, f"{role}_set")]
+    if replaced is not None and replaced not in planned.adapters:
+        reasons.append(f"replaces {role} {replaced} (rolled back by hand)")
+        effects += [Reject(version_of(replaced)), Unload(replaced)]
+    if role == "canary":
+        effects.append(SetAlias("canary", version_of(adapter)))
+    return Transition(role, tuple(reasons), planned, tuple(effects))
 
 
 def _replica_appeared(table: RoutingTable, replica: str) -> Transition:
@@ -425,12 +544,17 @@ def _probed(
     if event.failed:
         reached = tuple(sorted({*event.passed, *event.failed}))
         why = tuple(f"probe failed on {replica}: {why}" for replica, why in event.failed.items())
+        if adapter in table.adapters:
+            # Serving already (a share changed by hand): its route stays, so does it.
+            return Transition("probe_failed", why, table)
         return Transition(
             "probe_failed",
             why,
             table,
             (Reject(version_of(adapter)), Unload(adapter, reached)),
         )
+    if event.by_hand is not None:
+        return _placed_by_hand(table, event, event.by_hand)
     if policy.shadow.fraction > 0:
         return _shadowed(table, event, policy.shadow.fraction)
     fraction = steps[0]
@@ -663,6 +787,17 @@ class LoraBudget:
         return ", ".join(
             f"{line}: {len(table.adapters)}" for line, table in sorted(self.tables.items())
         )
+
+
+def alias_repairs(table: RoutingTable, aliases: Mapping[str, int]) -> tuple[SetAlias, ...]:
+    """The moves that make MLflow's ``champion`` and ``canary`` aliases follow the routing
+    table, the one source of truth (the gateway serves what it says)."""
+    moves = []
+    for alias, role in (("champion", table.champion), ("canary", table.canary)):
+        want = version_of(role) if role is not None else None
+        if aliases.get(alias) != want:
+            moves.append(SetAlias(alias, want))
+    return tuple(moves)
 
 
 def drift(
