@@ -120,6 +120,9 @@ PASS_RATE = "pass_rate"  # noqa: S105 (a metric's name)
 # Satisfaction on every answer: the model's scores rectified by the reviews (registry.ppi).
 SATISFACTION = "satisfaction"
 DEFAULT_ALPHA = 0.05
+# The spread of the 95% interval shown beside a satisfaction decision (a description of the
+# estimate; the decision itself rests on the anytime-valid test).
+SHOWN_INTERVAL_Z = 1.959963984540054
 # The effects, in margins, each test's mixture is tuned to reach soonest (module docstring).
 NON_INFERIOR_DESIGN_EFFECT = 1.0
 WORSE_DESIGN_EFFECT = 2.0
@@ -537,7 +540,7 @@ def decide_canary(
         action = CanaryAction.WAIT
         if look >= policy.max_looks:
             action = CanaryAction.ROLLBACK
-            reason = f"{reason}; out of looks ({look}/{policy.max_looks})"
+            reason = f"{reason}; out of looks ({look} of {policy.max_looks}) without a decision"
         levels = (policy.worse_alpha, policy.non_inferior_alpha)
         return CanaryDecision(action, (reason,), (), look, *levels)
     checks = [
@@ -567,7 +570,11 @@ def decide_canary(
         return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
     reasons = tuple(_explain(c, policy, requests) for c in unproven)
     if look >= policy.max_looks:
-        reasons = (*reasons, f"out of looks ({look}/{policy.max_looks}) without proof")
+        reasons = (
+            *reasons,
+            f"out of looks ({look} of {policy.max_looks}) without the canary shown as good as "
+            "the champion",
+        )
         return CanaryDecision(CanaryAction.ROLLBACK, reasons, tuple(checks), look, *tests)
     return CanaryDecision(CanaryAction.WAIT, reasons, tuple(checks), look, *tests)
 
@@ -580,9 +587,11 @@ def _promotion_reasons(
         return tuple(_explain_satisfaction(c, policy) for c in checks if c.metric == SATISFACTION)
     proven = [c.non_inferior_p for c in checks if c.non_inferior_p is not None]
     largest = max(p for p in proven if p <= policy.non_inferior_alpha)
+    dissatisfied = next(c for c in checks if c.metric == "dissatisfied_rate")
     return (
-        f"every rate is non-inferior on the canary within its margin ({requests}; "
-        f"largest always-valid p {largest:.2g} <= {policy.non_inferior_alpha:.3g})",
+        f"every rate on the canary within its margin of the champion's, at least "
+        f"{sure(largest)} sure of each ({sure(policy.non_inferior_alpha)} needed; {requests}): "
+        f"dissatisfied {dissatisfied.canary:.1%} vs {dissatisfied.champion:.1%}",
         *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
     )
 
@@ -605,13 +614,12 @@ def _explain_jointly_worse(
         (c for c in checks if c.worse_evidence is not None and c.worse_p is not None),
         key=lambda c: -(c.worse_evidence or 0.0),
     )
-    most = ", ".join(
-        f"{c.metric} {c.canary:.4g} vs {c.champion:.4g} (p {c.worse_p:.2g})" for c in ranked[:3]
-    )
+    most = ", ".join(f"{_label(c.metric)} {_shown(c, c.canary)} vs {_shown(c, c.champion)}"
+                     for c in ranked[:3])  # fmt: skip
     return (
-        f"WORSE on the rates together ({requests}): always-valid p {combined_p:.2g} that "
-        f"none is worse <= {policy.alpha:.3g} (the mean of {policy.worse_tests} rollback "
-        f"tests' likelihood ratios), most from {most}"
+        f"worse on its rates together ({requests}): {sure(combined_p)} sure that some rate is "
+        f"higher on the canary ({sure(policy.alpha)} needed, the {policy.worse_tests} rollback "
+        f"tests pooled); mostly {most}"
     )
 
 
@@ -729,7 +737,8 @@ def satisfaction_check(
         return MetricCheck(
             SATISFACTION, shown[0], shown[1], None, None, "UNPROVEN", test.margin,
             (counts[0], counts[1]),
-            detail=f"fewer than {test.min_reviews} reviews on an arm",
+            detail=f"fewer than {test.min_reviews} reviews on an arm (canary {counts[1]}, "
+            f"champion {counts[0]})",
         )  # fmt: skip
     arms = [estimate(s, power_tuned=test.power_tuned) for s in samples]
     difference = arms[1].mean - arms[0].mean
@@ -745,11 +754,13 @@ def satisfaction_check(
         verdict = "OK"
     else:
         verdict = "UNPROVEN"
+    spread = SHOWN_INTERVAL_Z * math.sqrt(max(variance, 0.0))
     detail = (
-        f"canary {arms[1].mean:.3f} ± {arms[1].standard_error:.3f} on {arms[1].answers} answers, "
-        f"{arms[1].reviews} reviewed (model weight {arms[1].weight:.2f}); champion "
-        f"{arms[0].mean:.3f} ± {arms[0].standard_error:.3f} on {arms[0].answers}, "
-        f"{arms[0].reviews} reviewed (weight {arms[0].weight:.2f})"
+        f"canary satisfies {arms[1].mean:.2f} of {arms[1].answers} answers vs the champion's "
+        f"{arms[0].mean:.2f} of {arms[0].answers} (reviews {arms[1].reviews}/{arms[0].reviews}; "
+        f"difference {difference:+.2f}, 95% interval {difference - spread:+.2f} to "
+        f"{difference + spread:+.2f}; the satisfaction model weighted {arms[1].weight:.2f}/"
+        f"{arms[0].weight:.2f})"
     )
     return MetricCheck(
         SATISFACTION, arms[0].mean, arms[1].mean, worse, non_inferior, verdict, test.margin,
@@ -761,21 +772,21 @@ def _explain_satisfaction(check: MetricCheck, policy: CanaryPolicy) -> str:
     """Why satisfaction promotes, holds or rolls back."""
     numbers = check.detail or ""
     if check.worse_p is None or check.non_inferior_p is None:
-        return f"UNPROVEN satisfaction: {numbers}; the canary waits"
+        return f"satisfaction not judged yet: {numbers}; the canary waits"
+    within = f"within {check.margin:.2g} of the champion"
     if check.verdict == "WORSE":
         return (
-            f"WORSE satisfaction ({numbers}): always-valid p {check.worse_p:.2g} that it "
-            f"satisfies as many <= {policy.worse_alpha:.3g}"
+            f"{numbers}: shown less satisfying, {sure(check.worse_p)} sure "
+            f"({sure(policy.worse_alpha)} needed)"
         )
     if check.verdict == "UNPROVEN":
         return (
-            f"UNPROVEN satisfaction ({numbers}): always-valid p {check.non_inferior_p:.2g} "
-            f"that it is within -{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
+            f"{numbers}: not yet shown {within}, {sure(check.non_inferior_p)} sure "
+            f"({sure(policy.non_inferior_alpha)} needed)"
         )
     return (
-        f"OK satisfaction within -{check.margin:.3g} of the champion's ({numbers}; "
-        f"always-valid p {check.non_inferior_p:.2g} <= {policy.non_inferior_alpha:.3g}); "
-        "the users' signal rates are guardrails"
+        f"{numbers}: {within}, {sure(check.non_inferior_p)} sure "
+        f"({sure(policy.non_inferior_alpha)} needed); the users' signal rates are guardrails"
     )
 
 
@@ -790,48 +801,102 @@ def _explain_reviews(check: MetricCheck, policy: CanaryPolicy) -> str:
     )
     if check.worse_p is None or check.non_inferior_p is None:
         if minimum:
-            return f"{check.verdict} {pass_rates}: waiting for reviews on both arms"
+            return f"{pass_rates}: waiting for reviews on both arms"
         return f"{pass_rates}: no reviews on one arm yet (a guardrail: it holds nothing)"
+    within = f"within {_points(check.margin)} of the champion's"
     if check.verdict == "WORSE":
         return (
-            f"WORSE {pass_rates}: always-valid p {check.worse_p:.2g} that reviewers fail it "
-            f"more <= {policy.worse_alpha:.3g}"
+            f"{pass_rates}: reviewers fail the canary more often, {sure(check.worse_p)} sure "
+            f"({sure(policy.worse_alpha)} needed)"
         )
     if check.verdict == "UNPROVEN" and min(champion_n, canary_n) < minimum:
-        return f"UNPROVEN {pass_rates}: fewer than {minimum} reviews on an arm"
+        return f"{pass_rates}: fewer than {minimum} reviews on an arm"
     if check.verdict == "UNPROVEN":
         return (
-            f"UNPROVEN {pass_rates}: always-valid p {check.non_inferior_p:.2g} that it is "
-            f"within -{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
+            f"{pass_rates}: not yet shown {within}, {sure(check.non_inferior_p)} sure "
+            f"({sure(policy.non_inferior_alpha)} needed)"
         )
     return (
-        f"OK {pass_rates} (always-valid p {check.non_inferior_p:.2g} non-inferior; "
-        f"{'required' if minimum else 'a guardrail'})"
+        f"{pass_rates}: {within}, {sure(check.non_inferior_p)} sure "
+        f"({'required' if minimum else 'a guardrail: it can roll back, never hold'})"
     )
 
 
 def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
+    """One check's finding in words, with its numbers and how sure it is."""
     if check.metric in (PASS_RATE, SATISFACTION):
         explain = _explain_reviews if check.metric == PASS_RATE else _explain_satisfaction
         return explain(check, policy)
+    label = _label(check.metric)
+    arms = f"{_shown(check, check.canary)} vs {_shown(check, check.champion)}"
     if check.metric == "mean_output_tokens" and check.worse_p is not None:
         return (
-            f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is outside "
-            f"±{check.margin:.0%} of the champion's <= {policy.worse_alpha:.3g}"
+            f"{label} outside ±{check.margin:.0%} of the champion's: {arms} ({requests}), "
+            f"{sure(check.worse_p)} sure ({sure(policy.worse_alpha)} needed)"
         )
     if check.detail is not None:
-        return f"{check} ({requests}): {check.detail}"
+        shown = "slower on the canary" if check.verdict == "WORSE" else "not judged"
+        return f"{label} {shown}: {arms} ({requests}); {check.detail}"
     if check.worse_p is None or check.non_inferior_p is None:
-        return str(check)
+        return f"{label}: {arms}"
     if check.verdict == "WORSE":
         return (
-            f"{check} ({requests}): always-valid p {check.worse_p:.2g} that it is higher "
-            f"<= {policy.worse_alpha:.3g}"
+            f"{label} higher on the canary: {arms} ({requests}), {sure(check.worse_p)} sure "
+            f"({sure(policy.worse_alpha)} needed)"
         )
     return (
-        f"{check} ({requests}): always-valid p {check.non_inferior_p:.2g} that it is within "
-        f"+{check.margin:.3g} > {policy.non_inferior_alpha:.3g}"
+        f"{label} not yet shown within {_points(check.margin)} of the champion's: {arms} "
+        f"({requests}), {sure(check.non_inferior_p)} sure ({sure(policy.non_inferior_alpha)} "
+        "needed)"
     )
+
+
+# Metrics in words (a rate's name reads as itself: "thumbs_down_rate" -> "thumbs-down rate").
+_LABELS: Mapping[str, str] = {
+    "thumbs_down_rate": "thumbs-down rate",
+    "task_failure_rate": "task-failure rate",
+    "dissatisfied_rate": "dissatisfied rate",
+    "p99_latency_ms": "latency",
+    "p99_ttft_ms": "time to first token",
+    "p50_tpot_ms": "time per output token",
+    "mean_output_tokens": "mean answer length",
+    PASS_RATE: "pass rate",
+}
+_UNITS: Mapping[str, str] = {
+    "p99_latency_ms": " ms",
+    "p99_ttft_ms": " ms",
+    "p50_tpot_ms": " ms",
+    "mean_output_tokens": " tokens",
+}
+
+
+def _label(metric: str) -> str:
+    return _LABELS.get(metric, metric.replace("_", " "))
+
+
+def _shown(check: MetricCheck, value: float) -> str:
+    """A metric's value as a person reads it: rates in percent, times and lengths in units."""
+    if check.metric in _RATE_METRICS or check.metric == PASS_RATE:
+        return f"{value:.1%}"
+    return f"{value:.4g}{_UNITS.get(check.metric, '')}"
+
+
+def _points(margin: float | None) -> str:
+    """A rate's margin in percentage points ("3 points")."""
+    points = (margin or 0.0) * 100
+    return f"{points:.3g} point{'' if points == 1 else 's'}"
+
+
+def sure(p: float) -> str:
+    """How sure a test is, for a person: ``1 - p`` as a percentage ("95%", "99.4%"), shown to
+    the digits ``p`` needs and never rounded up (a p of 0.0001 is "99.99%", not "100%")."""
+    p = min(max(float(p), 0.0), 1.0)
+    digits = 0
+    while digits < 3 and p < 10 ** -(digits + 2):
+        digits += 1
+    scale = 10**digits
+    shown = min(math.floor(round((1 - p) * 100 * scale, 6)), 100 * scale - 1) / scale
+    return f"{shown:.{digits}f}%"
 
 
 def quantile_bounds(
@@ -895,7 +960,7 @@ def speed_check(
     else:
         detail = (
             f"too few timed answers ({len(canary)} canary, {len(champion)} champion) to "
-            f"bound even a median at {level:.2g}; not judged"
+            f"bound even a median {sure(level)} sure"
         )
         return MetricCheck(metric, shown[0], shown[1], None, None, "OK", detail=detail)
     allowed = champion_high * ratio + slack_ms
@@ -903,10 +968,11 @@ def speed_check(
     named = f"p{q * 100:g}" + (
         "" if q == quantile else f" (too few answers for p{quantile * 100:g})"
     )
-    relation = ">" if verdict == "WORSE" else "<="
+    relation = "over" if verdict == "WORSE" else "within"
     detail = (
-        f"{named}: canary at least {canary_low:.4g} ms {relation} champion at most "
-        f"{champion_high:.4g} ms x {ratio:g} + {slack_ms:g} ms, each bound at {level:.2g}"
+        f"{named}: canary at least {canary_low:.4g} ms, {relation} the allowed champion's at "
+        f"most {champion_high:.4g} ms x {ratio:g} + {slack_ms:g} ms ({sure(level)} sure of "
+        "each bound)"
     )
     return MetricCheck(metric, shown[0], shown[1], None, None, verdict, detail=detail)
 

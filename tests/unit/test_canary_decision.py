@@ -36,6 +36,7 @@ from registry.canary import (
     sequential_evidence,
     sequential_p_values,
     speed_check,
+    sure,
     tuned_mixture_scale,
 )
 from registry.ppi import SatisfactionSample
@@ -77,9 +78,9 @@ def test_a_clearly_worse_canary_is_rolled_back_with_its_numbers() -> None:
     decision = decide_canary(_arm(4000, 0.10), _arm(400, 0.25), POLICY, look=1)
     assert decision.action is CanaryAction.ROLLBACK
     [reason] = decision.reasons
-    assert reason.startswith("WORSE thumbs_down_rate: canary 0.25 vs champion 0.1")
-    assert "400 canary / 4000 champion requests" in reason
-    assert "always-valid p" in reason
+    assert reason.startswith("thumbs-down rate higher on the canary: 25.0% vs 10.0% ")
+    assert "(400 canary / 4000 champion requests)" in reason
+    assert reason.endswith("99.999% sure (99.4% needed)")
     check = next(c for c in decision.checks if c.metric == "thumbs_down_rate")
     assert check.verdict == "WORSE"
     assert check.worse_p is not None
@@ -89,7 +90,7 @@ def test_a_clearly_worse_canary_is_rolled_back_with_its_numbers() -> None:
 def test_a_slow_canary_is_rolled_back() -> None:
     decision = decide_canary(_arm(4000, 0.1), _arm(4000, 0.1, p99=3000), POLICY, look=2)
     assert decision.action is CanaryAction.ROLLBACK
-    assert any("p99_latency_ms" in reason for reason in decision.reasons)
+    assert any(reason.startswith("latency slower on the canary") for reason in decision.reasons)
 
 
 def test_an_equal_canary_with_enough_data_is_promoted() -> None:
@@ -103,9 +104,37 @@ def test_an_equal_canary_with_enough_data_is_promoted() -> None:
 def test_an_equal_canary_with_modest_data_keeps_waiting_with_its_numbers() -> None:
     decision = decide_canary(_arm(2_000, 0.10), _arm(250, 0.10), POLICY, look=1)
     assert decision.action is CanaryAction.WAIT
-    reason = next(r for r in decision.reasons if "thumbs_down_rate" in r)
-    assert reason.startswith("UNPROVEN thumbs_down_rate")
-    assert "within +0.03 > 0.05" in reason
+    reason = next(r for r in decision.reasons if "thumbs-down rate" in r)
+    assert reason.startswith(
+        "thumbs-down rate not yet shown within 3 points of the champion's: 10.0% vs 10.0% "
+    )
+    assert reason.endswith("(95% needed)")
+
+
+def test_how_sure_reads_as_a_percentage_never_rounded_up() -> None:
+    assert [sure(p) for p in (0.05, 0.8, 1.0, 0.0)] == ["95%", "20%", "0%", "99.999%"]
+    assert sure(0.05 / 9) == "99.4%"
+    assert sure(0.0001) == "99.99%"
+    assert sure(0.00999) == "99.0%"
+
+
+@pytest.mark.parametrize(
+    ("champion", "canary", "look"),
+    [
+        ((4000, 0.10), (400, 0.25), 1),  # worse
+        ((2000, 0.10), (250, 0.10), 1),  # waits
+        ((2000, 0.10), (250, 0.10), 10),  # out of looks
+        ((20_000, 0.10), (4_000, 0.09), 3),  # promoted
+    ],
+)
+def test_reasons_are_plain_words_with_their_numbers(
+    champion: tuple[int, float], canary: tuple[int, float], look: int
+) -> None:
+    decision = decide_canary(_arm(*champion), _arm(*canary), POLICY, look=look)
+    for reason in decision.reasons:
+        for jargon in ("always-valid", "UNPROVEN", "WORSE", "OK ", "<=", " p ", "_rate"):
+            assert jargon not in reason, (jargon, reason)
+    assert any(f"{canary[0]} canary" in reason for reason in decision.reasons)
 
 
 def test_the_new_rates_count_like_the_others() -> None:
@@ -113,7 +142,7 @@ def test_the_new_rates_count_like_the_others() -> None:
     canary = ArmStats("b", 400, abandon=20, task_failure=40)
     decision = decide_canary(champion, canary, POLICY, look=1)
     assert decision.action is CanaryAction.ROLLBACK
-    assert [r.split(":")[0] for r in decision.reasons] == ["WORSE task_failure_rate"]
+    assert [r.split(":")[0] for r in decision.reasons] == ["task-failure rate higher on the canary"]
 
 
 def test_margins_fall_back_to_the_defaults_and_reject_unknown_rates() -> None:
@@ -253,8 +282,9 @@ def test_several_rates_up_together_roll_back_though_none_alone_is_shown_worse() 
     assert decision.action is CanaryAction.ROLLBACK
     assert decision.combined_worse_p <= POLICY.alpha
     [reason] = decision.reasons
-    assert reason.startswith("WORSE on the rates together (1000 canary / 9000 champion")
-    assert "mean of 9 rollback tests' likelihood ratios" in reason
+    assert reason.startswith("worse on its rates together (1000 canary / 9000 champion")
+    assert "(95% needed, the 9 rollback tests pooled)" in reason
+    assert "mostly dissatisfied rate 24.6% vs 20.0%" in reason
     evidence = [c.worse_evidence for c in decision.checks if c.worse_evidence is not None]
     mean = (sum(evidence) + POLICY.worse_tests - len(evidence)) / POLICY.worse_tests
     assert decision.combined_worse_p == pytest.approx(1 / mean)
@@ -557,7 +587,7 @@ def test_a_canary_that_refuses_more_is_rolled_back() -> None:
     canary = _answered(_arm(4_000, 0.10), refusal=400)
     decision = decide_canary(champion, canary, POLICY, look=2)
     assert decision.action is CanaryAction.ROLLBACK
-    assert any("refusal_rate" in reason for reason in decision.reasons)
+    assert any(reason.startswith("refusal rate higher") for reason in decision.reasons)
 
 
 def _lengths(mean: float, sd: float = 20.0, n: int = 4_000) -> dict[str, Any]:
@@ -573,8 +603,8 @@ def test_a_canary_whose_answers_change_length_is_rolled_back(
     canary = _answered(_arm(4_000, 0.09), **_lengths(canary_mean))
     decision = decide_canary(champion, canary, POLICY, look=2)
     assert decision.action == action, decision.reasons
-    [reason] = [r for r in decision.reasons if "mean_output_tokens" in r]
-    assert "outside ±50%" in reason
+    [reason] = [r for r in decision.reasons if "mean answer length" in r]
+    assert reason.startswith("mean answer length outside ±50% of the champion's")
 
 
 def test_a_length_inside_the_band_or_unproven_outside_it_does_not_roll_back() -> None:
@@ -624,9 +654,10 @@ def test_a_slower_canary_is_rolled_back(fields: dict[str, float], metric: str) -
     canary = _answered(_arm(4_000, 0.09), **timed(2_000, **slower))
     decision = decide_canary(champion, canary, POLICY, look=2)
     assert decision.action is CanaryAction.ROLLBACK
-    [reason] = [r for r in decision.reasons if metric in r]
+    label = {"p99_ttft_ms": "time to first token", "p50_tpot_ms": "time per output token"}[metric]
+    [reason] = [r for r in decision.reasons if r.startswith(f"{label} slower on the canary")]
     assert "canary at least" in reason
-    assert "each bound at" in reason
+    assert "sure of each bound" in reason
     same = decide_canary(champion, _answered(_arm(4_000, 0.09), **timed(2_000)), POLICY, look=2)
     assert same.action is CanaryAction.PROMOTE, same.reasons
 

@@ -508,12 +508,12 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     outcome = judge_canary(settings, clients, LINE, upstreams=world.urls,
                            now=since + timedelta(hours=1))  # fmt: skip
     assert outcome.action == "rollback", outcome.reason
-    assert "WORSE satisfaction" in outcome.reason
+    assert "shown less satisfying" in outcome.reason
     if with_model:
         assert outcome.numbers["satisfaction_scored_by"] == f"{LINE} satisfaction model v1"
         cached = json.loads((settings.home / "satisfaction" / f"{LINE}-v1.json").read_text())
         assert len(cached) == 260  # this window's answers, each scored once
-        assert "model weight 0.00" in outcome.reason
+        assert "the satisfaction model weighted 0.00/" in outcome.reason
     else:
         assert outcome.numbers["satisfaction_scored_by"] == "reviews alone"
     assert outcome.decision is not None
