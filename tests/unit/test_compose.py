@@ -523,6 +523,29 @@ def test_gpu_vllm_runs_the_flags_of_vllm_server_settings(clean_env: pytest.Monke
     assert any("gpu" in device.get("capabilities", []) for device in devices)
 
 
+def test_the_gpu_training_worker_runs_a_cuda_torch_with_the_gpu_extra() -> None:
+    """The project image's torch is the CPU build: a worker that trains on the GPU needs its own
+    image, built with a CUDA torch (PyPI's Linux wheel) and the `gpu` extra (bitsandbytes, for
+    a recipe's ``quantization: 4bit``), and the GPU reserved."""
+    service = SERVICES["training-worker"]
+    assert service.get("profiles") == ["gpu"]
+    assert service["image"] != SERVICES["prefect-worker"]["image"], "it would get the CPU torch"
+    args = service["build"].get("args") or {}
+    assert args.get("TORCH_INDEX")
+    assert args["TORCH_INDEX"] != DEFAULT_TORCH_INDEX
+    assert "cpu" not in args["TORCH_INDEX"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    gpu_extra = project["project"]["optional-dependencies"]["gpu"]
+    assert any(requirement.startswith("bitsandbytes") for requirement in gpu_extra)
+    assert "bitsandbytes" not in " ".join(project["project"]["dependencies"])
+    assert args.get("EXTRAS") == "[gpu]"
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert re.search(r"^ARG EXTRAS=\"\"$", text, re.M), "the Dockerfile takes no EXTRAS"
+    assert 'pip install ".${EXTRAS}"' in text
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in device.get("capabilities", []) for device in devices)
+
+
 def test_cpu_vllm_listens_beyond_loopback_with_runtime_lora(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
