@@ -43,6 +43,7 @@ from registry.lifecycle import (
     ChampionSetByHand,
     LineState,
     LoraBudget,
+    SetAlias,
     ShadowLooked,
     Transition,
     drift,
@@ -538,6 +539,16 @@ def loaded_adapters(clients: Clients, upstreams: Sequence[str]) -> dict[str, lis
         except VllmAdminError:
             loaded[url] = None
     return loaded
+
+
+def repair_aliases(settings: Settings, clients: Clients) -> dict[str, tuple[SetAlias, ...]]:
+    """Per line with a routing table or a recipe: MLflow's ``champion`` and ``canary``
+    aliases moved to what the table serves, the moves made (none where they agree)."""
+    from registry.rollout import repair_aliases as repair
+
+    tables = clients.routes.snapshot().tables
+    lines = sorted(set(settings.business_lines) | tables.keys())
+    return {line: repair(clients.routes, clients.registry, line) for line in lines}
 
 
 def lifecycle_check(

@@ -199,15 +199,6 @@ class LineRollout:
             raise UsageError(f"{self.line}: {transition.reason}")
         return transition
 
-    def repair_aliases(self) -> tuple[SetAlias, ...]:
-        """Move MLflow's ``champion`` and ``canary`` aliases to what the routing table
-        serves (its source of truth); the moves made."""
-        table = self.routes.table(self.line)
-        moves = alias_repairs(table, self.registry.aliases(self.line))
-        for move in moves:
-            self._set_alias(move)
-        return moves
-
     # ----------------------------------------------------------------------- effects
 
     def apply(
@@ -223,38 +214,18 @@ class LineRollout:
                     self._load(adapter, replicas or placed(state.table, self.upstreams))
                 case Route(table, action):
                     self._route(state.table, table, action, reason)
-                case Promote(version) if self._registered(version, "@champion"):
+                case Promote(version) if registered(self.registry, self.line, version, "@champion"):
                     self.registry.promote(self.line, version, actor=self.actor, reason=reason)
-                case Reject(version) if self._registered(version, "rejection"):
+                case Reject(version) if registered(self.registry, self.line, version, "rejection"):
                     self.registry.reject(self.line, version, reason, actor=self.actor)
                 case Revert(version, restored):
                     self.registry.reject(self.line, version, reason, actor=self.actor)
                     self.registry.set_alias(self.line, "champion", restored)
                     self.registry.remove_alias(self.line, "previous")
                 case SetAlias():
-                    self._set_alias(effect)
+                    move_alias(self.registry, self.line, effect)
                 case Unload(adapter, replicas):
                     self.unload(adapter, replicas or self.upstreams)
-
-    def _set_alias(self, move: SetAlias) -> None:
-        if move.version is None:
-            self.registry.remove_alias(self.line, move.alias)
-        elif self._registered(move.version, f"@{move.alias}"):
-            self.registry.set_alias(self.line, move.alias, move.version)
-
-    def _registered(self, version: int, what: str) -> bool:
-        """Whether the registry holds ``version``; if not, the ``what`` it would have moved
-        is skipped, said in the log."""
-        try:
-            self.registry.version_tags(self.line, version)
-        except FlywheelError:
-            logger.warning(
-                "%s is not in the registry (served outside it): MLflow's %s not moved",
-                adapter_name(self.line, version),
-                what,
-            )
-            return False
-        return True
 
     def adapter_path(self, adapter: str) -> Path:
         """The folder vLLM loads ``adapter`` from."""
@@ -276,7 +247,7 @@ class LineRollout:
 
         version = version_of(adapter)
         path = None
-        if not served_outside or self._registered(version, "adapter files"):
+        if not served_outside or registered(self.registry, self.line, version, "files"):
             path = self.adapter_path(adapter)
         passed: list[str] = []
         failed: dict[str, str] = {}
@@ -336,3 +307,36 @@ class LineRollout:
                     url,
                     exc,
                 )
+
+
+def registered(registry: Registry, line: str, version: int, what: str) -> bool:
+    """Whether the registry holds the line's ``version``; if not, the ``what`` it would have
+    given or moved is skipped, said in the log."""
+    try:
+        registry.version_tags(line, version)
+    except FlywheelError:
+        logger.warning(
+            "%s is not in the registry (served outside it): MLflow's %s not used",
+            adapter_name(line, version),
+            what,
+        )
+        return False
+    return True
+
+
+def move_alias(registry: Registry, line: str, move: SetAlias) -> None:
+    """Point ``move.alias`` at its version, or remove it (a version the registry does not
+    hold gets no alias)."""
+    if move.version is None:
+        registry.remove_alias(line, move.alias)
+    elif registered(registry, line, move.version, f"@{move.alias}"):
+        registry.set_alias(line, move.alias, move.version)
+
+
+def repair_aliases(routes: RouteStore, registry: Registry, line: str) -> tuple[SetAlias, ...]:
+    """Move the line's MLflow ``champion`` and ``canary`` aliases to what its routing table
+    serves (the source of truth); the moves made."""
+    moves = alias_repairs(routes.table(line), registry.aliases(line))
+    for move in moves:
+        move_alias(registry, line, move)
+    return moves

@@ -1,10 +1,15 @@
-"""The routing tables in the feedback store: read by every gateway replica, changed by hand
-(``flywheel canary``) or by the canary flow.
+"""The routing tables in the feedback store: read by every gateway replica, written through
+the rollout's one door (``registry.rollout``), which :meth:`RouteStore.change` serves.
 
 Each change bumps the line's revision and appends a row to ``route_changes`` in
 the same transaction, so the history says who moved traffic, when and why.
 Writers lock the line's row (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite
 serialises writers itself) so two concurrent changes cannot lose one another.
+
+The product writes a table only through ``registry.rollout`` (whose transitions
+load, probe, move MLflow's aliases and unload alongside); ``tests/unit/test_layers.py``
+holds every other package to that. The ``set_*``/``clear_*`` writers below move the
+table alone: they seed tables for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -104,7 +109,8 @@ class RouteStore:
         actor: str,
         reason: str | None = None,
     ) -> RoutingTable:
-        """Apply ``edit`` to the line's table atomically and record the change."""
+        """Apply ``edit`` to the line's table atomically and record the change (the one
+        write the rollout's door makes)."""
         with self.engine.begin() as connection:
             current, revision = self._locked(connection, business_line)
             try:
@@ -159,7 +165,7 @@ class RouteStore:
         actor: str,
         reason: str | None = None,
     ) -> RoutingTable:
-        """Send ``fraction`` of the line's users (sticky) to ``adapter``."""
+        """Send ``fraction`` of the line's users (sticky) to ``adapter`` (the table alone)."""
         return self.change(
             business_line,
             lambda table: table.with_canary(adapter, fraction),
@@ -171,7 +177,7 @@ class RouteStore:
     def clear_canary(
         self, business_line: str, *, actor: str, reason: str | None = None
     ) -> RoutingTable:
-        """Every user of the line back on the champion at once (the rollback of traffic)."""
+        """Every user of the line back on the champion at once (the table alone)."""
         return self.change(
             business_line,
             lambda table: table.without_canary(),
@@ -189,7 +195,8 @@ class RouteStore:
         actor: str,
         reason: str | None = None,
     ) -> RoutingTable:
-        """Mirror ``fraction`` of the line's champion requests to ``adapter`` (never shown)."""
+        """Mirror ``fraction`` of the line's champion requests to ``adapter`` (the table
+        alone)."""
         return self.change(
             business_line,
             lambda table: table.with_shadow(adapter, fraction),
@@ -201,7 +208,7 @@ class RouteStore:
     def clear_shadow(
         self, business_line: str, *, actor: str, reason: str | None = None
     ) -> RoutingTable:
-        """Stop mirroring the line's requests to its shadow adapter."""
+        """Stop mirroring the line's requests to its shadow adapter (the table alone)."""
         return self.change(
             business_line,
             lambda table: table.without_shadow(),
@@ -213,7 +220,8 @@ class RouteStore:
     def set_champion(
         self, business_line: str, adapter: str | None, *, actor: str, reason: str | None = None
     ) -> RoutingTable:
-        """Make ``adapter`` (None: the base model) the champion; the old one becomes previous."""
+        """Make ``adapter`` (None: the base model) the champion, the old one previous (the
+        table alone: MLflow's alias does not follow)."""
         return self.change(
             business_line,
             lambda table: table.with_champion(adapter),

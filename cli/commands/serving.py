@@ -18,6 +18,8 @@ from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from feedback.store import FeedbackStore
+    from flows.rollout import Rollout
+    from registry.lifecycle import ByHand, Transition
     from registry.routes import RouteStore
     from registry.routing import RoutingTable
 
@@ -49,38 +51,29 @@ def _check_line(settings: Settings, line: str) -> None:
         raise UsageError(f"unknown business line {line!r} (configured: {known})")
 
 
-def _check_loaded(settings: Settings, business_line: str, adapter: str) -> None:
-    """Refuse to route users to an adapter some vLLM replica the line is placed on (every
-    replica, for a line without a placement) does not serve."""
-    from registry.placement import placed
-    from registry.vllm_admin import VllmAdminError, VllmUnavailableError
+def _rollout(business_line: str) -> Rollout:
+    """The line's rollout door (``registry.rollout``), the operator as its actor: every
+    routing change a command makes goes through it."""
+    from flows.rollout import rollout
+    from registry.vllm_admin import vllm_in_flight
 
-    command = clients(settings)
-    table = command.routes.table(business_line)
-    for upstream in placed(table, settings.gateway.upstreams):
-        try:
-            with command.vllm_admin(upstream) as client:
-                served = client.served_adapter(adapter)
-        except VllmUnavailableError:
-            raise  # a replica that is down is not a usage error: its own exit code
-        except VllmAdminError as exc:
-            raise UsageError(
-                f"cannot check {adapter} on {upstream}: {exc} (--no-check skips the check)"
-            ) from None
-        if served is None:
-            raise UsageError(
-                f"{adapter} is not loaded on {upstream}; load it first (--no-check skips this)"
-            )
-
-
-def _routes_for(business_line: str, serving: str | None = None) -> RouteStore:
-    """The routing tables, once the line is known (and vLLM serves ``serving`` where the
-    line is placed)."""
     settings = load_settings()
     _check_line(settings, business_line)
-    if serving is not None:
-        _check_loaded(settings, business_line, serving)
-    return clients(settings).routes
+    upstreams = settings.gateway.upstreams
+    return rollout(
+        settings,
+        clients(settings),
+        business_line,
+        upstreams,
+        in_flight=vllm_in_flight(upstreams),
+        actor=_actor(),
+    )
+
+
+def _by_hand(business_line: str, event: ByHand, *, check: bool = True) -> Transition:
+    """The operator's ``event`` through the line's door (a replica that is down is vLLM's
+    own error and exit code; a refusal names why, exit 2)."""
+    return _rollout(business_line).by_hand(event, check=check)
 
 
 @canary_app.command("set")
@@ -92,13 +85,21 @@ def canary_set(
     ] = 0.05,
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
     check: Annotated[
-        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Load and probe it where the line is placed first; --no-check changes the "
+            "routing alone (vLLM and MLflow untouched).",
+        ),
     ] = True,
 ) -> None:
-    """Send a sticky share of the line's users to ``adapter`` (every gateway within a second)."""
-    table = _routes_for(business_line, adapter if check else None).set_canary(
-        business_line, adapter, fraction, actor=_actor(), reason=reason
-    )
+    """Send a sticky share of the line's users to ``adapter`` (every gateway within a second):
+    loaded from the registry and probed on every replica the line is placed on, then routed,
+    with MLflow's ``canary`` alias; a canary it replaces is rolled back."""
+    from registry.lifecycle import CanaryStartedByHand
+
+    started = CanaryStartedByHand(adapter, fraction, reason or "canary set by hand")
+    table = _by_hand(business_line, started, check=check).table
     out.print(
         f"{business_line}: {table.canary} on {table.canary_fraction:.1%} of users, "
         f"champion {table.champion or 'base model'}"
@@ -110,9 +111,13 @@ def canary_clear(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
-    """Every user of the line back on the champion (every gateway within a second)."""
-    table = _routes_for(business_line).clear_canary(business_line, actor=_actor(), reason=reason)
-    out.print(f"{business_line}: no canary; all users on {table.champion or 'the base model'}")
+    """Every user of the line back on the champion (every gateway within a second); the canary
+    is rolled back: its version rejected in MLflow with the reason, drained and unloaded."""
+    from registry.lifecycle import CanaryStoppedByHand
+
+    stopped = _by_hand(business_line, CanaryStoppedByHand(reason or "canary cleared by hand"))
+    champion = stopped.table.champion or "the base model"
+    out.print(f"{business_line}: no canary; all users on {champion} ({stopped.reason})")
 
 
 @routes_app.callback(invoke_without_command=True)
@@ -211,20 +216,10 @@ def routes_champion(
 ) -> None:
     """Make ``adapter`` the line's champion by hand: loaded on every replica, then the routing
     table and MLflow's ``champion`` alias move together; the old one is kept as ``previous``."""
-    from flows.rollout import set_champion
+    from registry.lifecycle import ChampionSetByHand
 
-    settings = load_settings()
-    _check_line(settings, business_line)
     chosen = None if adapter == "base" else adapter
-    transition = set_champion(
-        settings,
-        clients(settings),
-        business_line,
-        chosen,
-        settings.gateway.upstreams,
-        reason=reason,
-        actor=_actor(),
-    )
+    transition = _by_hand(business_line, ChampionSetByHand(chosen, reason))
     out.print(
         f"{business_line}: champion {transition.table.champion or 'base model'} "
         f"({transition.reason})"
@@ -433,14 +428,21 @@ def shadow_set(
     ] = 0.1,
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
     check: Annotated[
-        bool, typer.Option("--check/--no-check", help="Check every vLLM replica serves it.")
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Load and probe it where the line is placed first; --no-check changes the "
+            "routing alone (vLLM and MLflow untouched).",
+        ),
     ] = True,
 ) -> None:
     """Mirror ``share`` of the line's champion requests to ``adapter`` after each user's
-    answer; its answers are stored, never returned (``flywheel canary shadow report``)."""
-    table = _routes_for(business_line, adapter if check else None).set_shadow(
-        business_line, adapter, share, actor=_actor(), reason=reason
-    )
+    answer (loaded and probed first); its answers are stored, never returned (``flywheel
+    canary shadow report``). A shadow it replaces is rolled back."""
+    from registry.lifecycle import ShadowStartedByHand
+
+    started = ShadowStartedByHand(adapter, share, reason or "shadow set by hand")
+    table = _by_hand(business_line, started, check=check).table
     out.print(
         f"{business_line}: {table.shadow} answers {table.shadow_fraction:.1%} of the requests "
         f"{table.champion or 'the base model'} serves, in shadow"
@@ -452,9 +454,12 @@ def shadow_clear(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
-    """Stop mirroring the line's requests (the adapter stays loaded until the next sync)."""
-    _routes_for(business_line).clear_shadow(business_line, actor=_actor(), reason=reason)
-    out.print(f"{business_line}: no shadow")
+    """Stop mirroring the line's requests; the shadow is rolled back: its version rejected in
+    MLflow with the reason, drained and unloaded."""
+    from registry.lifecycle import ShadowStoppedByHand
+
+    stopped = _by_hand(business_line, ShadowStoppedByHand(reason or "shadow cleared by hand"))
+    out.print(f"{business_line}: no shadow ({stopped.reason})")
 
 
 @shadow_app.command("report")
@@ -622,16 +627,35 @@ def canary_check(
 @lifecycle_app.command("check")
 def lifecycle_check(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="First move MLflow's champion and canary aliases to what the routing table "
+            "serves (the source of truth).",
+        ),
+    ] = False,
 ) -> None:
     """Per line: routing vs MLflow aliases vs the adapters each vLLM replica serves vs the
-    LoRA budget. Exit 1 on any drift, saying what differs."""
+    LoRA budget. Exit 1 on any drift, saying what differs. ``--repair`` first makes the
+    aliases follow the routing table (``flywheel routes sync`` brings the replicas)."""
     from flows.rollout import lifecycle_check as check
+    from flows.rollout import repair_aliases
 
     settings = load_settings()
+    repaired = []
+    if repair:
+        for line, moves in repair_aliases(settings, clients(settings)).items():
+            repaired += [{"business_line": line, "alias": m.alias, "version": m.version}
+                         for m in moves]  # fmt: skip
     report = check(settings, clients(settings), settings.gateway.upstreams)
     if as_json:
-        out.print_json(orjson.dumps(report).decode())
+        out.print_json(orjson.dumps({**report, "repaired": repaired}).decode())
     else:
+        for move in repaired:
+            version = move["version"]
+            where = f"now v{version}" if version is not None else "removed"
+            out.print(f"{move['business_line']}: MLflow @{move['alias']} repaired: {where}")
         shown = Table("business line", "champion", "canary", "previous", "aliases", "drift")
         for line, row in report["lines"].items():
             routing = row["routing"]
