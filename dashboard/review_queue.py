@@ -31,12 +31,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Engine,
-    Table,
     and_,
     delete,
     exists,
@@ -49,6 +48,7 @@ from sqlalchemy import (
 
 from dashboard.errors import PageError
 from dashboard.queries import RawSample
+from dashboard.tables import review_claims_table
 from feedback.events import (
     REVIEW_REASON,
     REVIEWER,
@@ -58,13 +58,12 @@ from feedback.events import (
     validate_event,
 )
 from feedback.reviews import ReviewPolicy
-from feedback.schema import ReviewClaim, feedback_table, interactions_table
+from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from registry.lifecycle import step_started
 from registry.routes import RouteStore
 from registry.routing import RoutingTable
 
-review_claims_table = cast(Table, ReviewClaim.__table__)
 # Candidates read per arm and query, and the most pages walked to find sampled ones.
 PAGE_ROWS = 200
 MAX_PAGES = 25

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, delete, insert, select
 
-from feedback.schema import dashboard_sessions_table
+from dashboard.tables import dashboard_sessions_table
 from gateway.keys import ApiKey
 
 SESSION_ID_BYTES = 32

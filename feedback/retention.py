@@ -7,8 +7,8 @@ text, a shadow answer) with the scrubber's output and stamps the row's metadata 
 which keeps the task idempotent and its cost to the rows that crossed the line since.
 Deleting removes old interactions with their feedback and shadow answers; the hourly
 rollup keeps its counts (counts name nobody), datasets keep their scrubbed examples, and
-an A/B experiment's numbers are those of the requests still stored (the tallies of the
-line's experiments that started before the cutoff are counted again).
+an A/B experiment's numbers are those of the requests still stored (its running tally is
+counted again).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Table, delete, func, select, update
 
 from feedback.schema import (
-    experiment_tallies_table,
-    experiment_tally_marks_table,
-    experiments_table,
     feedback_table,
     interactions_table,
-    review_claims_table,
+    require_declared,
+    rows_about_requests,
     shadow_outputs_table,
 )
+from flywheel.database import recounted_after_erasure
 
 SCRUBBED_AT = "scrubbed_at"
 # Rows scrubbed per transaction: a long night is resumable, a lock is short.
@@ -163,25 +162,21 @@ def apply_retention(
             report.shadow_outputs = _count(engine, s, s.c.request_id.in_(owned))
             return report
         with engine.begin() as connection:
+            require_declared(connection)
             report.shadow_outputs = connection.execute(
                 delete(s).where(s.c.request_id.in_(owned))
             ).rowcount
             report.feedback_events = connection.execute(
                 delete(f).where(f.c.request_id.in_(owned))
             ).rowcount
-            connection.execute(
-                delete(review_claims_table).where(review_claims_table.c.request_id.in_(owned))
-            )
+            for table in rows_about_requests():
+                connection.execute(delete(table).where(table.c.request_id.in_(owned)))
             report.interactions = connection.execute(delete(i).where(old)).rowcount
             if report.interactions:
-                # An experiment's running tally only ever adds (registry.experiment_tally):
-                # those that may have counted a deleted request count again on their next view.
-                touched = select(experiments_table.c.id).where(
-                    experiments_table.c.business_line == business_line,
-                    experiments_table.c.started_at < cutoff,
-                )
-                for table in (experiment_tallies_table, experiment_tally_marks_table):
-                    connection.execute(delete(table).where(table.c.experiment_id.in_(touched)))
+                # Running counts only ever add (an experiment's tally): whatever may have
+                # counted a deleted request counts again on its next read.
+                for table in recounted_after_erasure():
+                    connection.execute(delete(table))
         return report
     targets = (
         (i, ("messages", "response"), _unscrubbed(i, business_line, cutoff)),

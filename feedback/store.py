@@ -52,18 +52,18 @@ from feedback.events import (
 from feedback.examples import user_digest
 from feedback.jsonl import JsonlRecord, MalformedLine
 from feedback.schema import (
-    experiment_tallies_table,
-    experiment_tally_marks_table,
     feedback_table,
     forgotten_users_table,
     interactions_table,
     quarantine_table,
-    review_claims_table,
+    require_declared,
     rollup_watermarks_table,
+    rows_about_requests,
     shadow_outputs_table,
     signal_rollup_table,
     trained_records_table,
 )
+from flywheel.database import recounted_after_erasure
 from flywheel.file_modes import open_private, private_dir, private_home, restrict
 from flywheel.settings import Settings, StoreSettings
 from flywheel.user_files import KEPT_BYTES
@@ -905,6 +905,7 @@ class FeedbackStore:
         stored = stored_identity(user_id) or user_id
         erasure = UserErasure(user_key=user_key(stored), forgotten_at=now or datetime.now(UTC))
         with self.engine.begin() as connection:
+            require_declared(connection)
             for form in forms:
                 owned = select(i.request_id).where(i.user_id == form)
                 # Shadow answers to the user's prompts (the foreign key cascades too; explicit,
@@ -921,10 +922,10 @@ class FeedbackStore:
                         trained_records_table.c.request_id.in_(owned)
                     )
                 )
-                # Which reviewer was handed their answers (the foreign key cascades too).
-                connection.execute(
-                    delete(review_claims_table).where(review_claims_table.c.request_id.in_(owned))
-                )
+                # Other packages' rows about their requests, such as which reviewer was
+                # handed their answers (the foreign keys cascade too).
+                for table in rows_about_requests():
+                    connection.execute(delete(table).where(table.c.request_id.in_(owned)))
                 given = connection.execute(delete(feedback_table).where(f.user_id == form))
                 interactions = connection.execute(
                     delete(interactions_table).where(i.user_id == form)
@@ -944,9 +945,9 @@ class FeedbackStore:
                 # The hourly rollup only ever adds; the next read recounts from scratch.
                 connection.execute(delete(signal_rollup_table))
                 connection.execute(delete(rollup_watermarks_table))
-                # So do the experiments' running tallies (registry.experiment_tally).
-                connection.execute(delete(experiment_tallies_table))
-                connection.execute(delete(experiment_tally_marks_table))
+                # So do other packages' running counts, such as the experiments' tallies.
+                for table in recounted_after_erasure():
+                    connection.execute(delete(table))
             forgotten = forgotten_users_table
             connection.execute(delete(forgotten).where(forgotten.c.user_key == erasure.user_key))
             connection.execute(

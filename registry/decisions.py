@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, insert, select
 
-from feedback.schema import canary_decisions_table as decisions
+from registry.tables import canary_decisions_table as decisions
 
 
 def record_decision(

@@ -26,8 +26,6 @@ from sqlalchemy import (
 )
 
 from feedback.contributions import Answer, LookBound, counted_requests
-from feedback.schema import experiment_looks_table as looks_table
-from feedback.schema import experiments_table as experiments
 from feedback.schema import feedback_table, interactions_table
 from registry.experiments import (
     FLAGS,
@@ -42,6 +40,8 @@ from registry.experiments import (
     judge_experiment,
     metric_counts,
 )
+from registry.tables import experiment_looks_table as looks_table
+from registry.tables import experiments_table as experiments
 
 RUNNING = "running"
 STOPPED = "stopped"

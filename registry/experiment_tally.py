@@ -59,15 +59,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from feedback.schema import (
-    experiment_tallies_table,
-    experiment_tally_marks_table,
-    feedback_table,
-    interactions_table,
-)
+from feedback.schema import feedback_table, interactions_table
 from registry.experiment_store import ARM_LABELS, ExperimentRecord, flag_conditions
 from registry.experiments import FLAGS, METRICS, ArmLabel, ExperimentLook, judge_experiment
 from registry.experiments import metric_counts as counts_of
+from registry.tables import experiment_tallies_table, experiment_tally_marks_table
 
 FLAG_NAMES = ",".join(FLAGS)
 _ARM_OF = {label: arm for arm, label in ARM_LABELS.items()}

@@ -7,40 +7,19 @@ installed in it. The rollout reads these limits for its LoRA budget and the reci
 check, and the base for refusing an adapter trained on another one
 (:func:`registry.delivery.base_refusal`).
 
-The table belongs to the registry; it sits on the feedback store's metadata so the one
-migration history (``feedback/migrations``, revision 0013) creates it.
+The table is the registry's (``registry.tables``); the one migration history
+(``feedback/migrations``, revision 0013) creates it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
 
-from sqlalchemy import Boolean, Engine, Integer, String, Table, insert, select, update
+from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
 
-from feedback.schema import Base, UTCDateTime
-
-URL_LENGTH = 512
-
-
-class ReplicaRow(Base):
-    """One vLLM replica, by the URL gateways and flows reach it at."""
-
-    __tablename__ = "replicas"
-
-    url: Mapped[str] = mapped_column(String(URL_LENGTH), primary_key=True)
-    base_name: Mapped[str] = mapped_column(String(256))
-    base_digest: Mapped[str] = mapped_column(String(80))
-    max_loras: Mapped[int] = mapped_column(Integer)
-    max_lora_rank: Mapped[int] = mapped_column(Integer)
-    resolver: Mapped[bool] = mapped_column(Boolean)
-    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-
-replicas_table = cast(Table, ReplicaRow.__table__)
+from registry.tables import replicas_table
 
 
 def replica_key(url: str) -> str:

@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, insert, select, update
 
-from feedback.schema import route_changes_table, routes_table
 from flywheel.errors import UsageError
 from registry.routing import DEFAULT_CANARY_FRACTION, ExperimentSplit, RoutingTable
+from registry.tables import route_changes_table, routes_table
 
 
 @dataclass(frozen=True, slots=True)

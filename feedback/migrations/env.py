@@ -5,11 +5,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, text
 
-import registry.replicas  # noqa: F401  (the registry's own tables join the metadata)
-from feedback.schema import Base
+from composition.tables import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata  # every package's tables: one history migrates them all
 ADVISORY_LOCK_ID = 0x464C5957  # "FLYW": one migrator at a time on PostgreSQL
 
 

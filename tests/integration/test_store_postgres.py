@@ -17,7 +17,6 @@ from sqlalchemy import inspect
 from feedback.importers.business_rules import load_business_rules
 from feedback.importers.oasst import oasst_items
 from feedback.jsonl import iter_jsonl
-from feedback.schema import Base
 from feedback.store import (
     FeedbackStore,
     create_store_engine,
@@ -26,6 +25,7 @@ from feedback.store import (
     head_revision,
     upgrade_schema,
 )
+from flywheel.database import Base
 from tests.conftest import REPO, shared_file
 from tests.store_contract import StoreContract
 

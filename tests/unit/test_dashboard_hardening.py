@@ -21,7 +21,7 @@ from dashboard.access import COOKIE
 from dashboard.app import create_app
 from dashboard.exports import FORMULA_STARTS, spreadsheet_cell
 from dashboard.sessions import LoginSessions, session_digest
-from feedback.schema import dashboard_sessions_table
+from dashboard.tables import dashboard_sessions_table
 from flywheel.settings.dashboard import DashboardSettings
 from gateway.keys import ApiKey, add_key, key_digest
 from registry.routes import RouteStore

@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import func, select
 
 from feedback.retention import RetentionPolicy, apply_retention
-from feedback.schema import experiment_tallies_table, experiment_tally_marks_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from registry.experiment_store import (
@@ -23,6 +22,7 @@ from registry.experiment_store import (
 )
 from registry.experiment_tally import arm_tallies, fold_tally
 from registry.experiments import FLAGS, METRICS, flag_mask, metric_counts
+from registry.tables import experiment_tallies_table, experiment_tally_marks_table
 from tests.experiment_traffic import (
     FAR,
     START,

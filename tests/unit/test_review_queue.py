@@ -497,7 +497,7 @@ def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block
 def test_forgetting_a_user_takes_the_reviews_and_claims_of_their_answers(
     world: ReviewWorld,
 ) -> None:
-    from feedback.schema import review_claims_table
+    from dashboard.tables import review_claims_table
 
     queue = _queue(world)
     item = queue.next_item(LINE, "reviewer")

@@ -23,7 +23,7 @@ def test_migrations_match_the_models_on_sqlite(settings: Settings) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from feedback.schema import Base
+    from flywheel.database import Base
 
     store = FeedbackStore.open(settings)
     with store.engine.connect() as connection:
