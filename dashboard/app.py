@@ -74,6 +74,8 @@ from flywheel.bodies import BodyStalledError, BodyTooLargeError, read_body
 from flywheel.http_guard import where_it_failed, withhold_tracebacks
 from flywheel.settings import Settings
 from flywheel.settings.dashboard import DashboardSettings
+from flywheel.wording import sure
+from registry.canary import VERDICT_WORDS, metric_label, metric_value
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -108,6 +110,10 @@ def _templates() -> Environment:
     environment.filters["when"] = human_time
     environment.filters["span"] = human_span
     environment.filters["signed"] = lambda v: "–" if v is None else f"{v:+.1%}"
+    environment.filters["metric"] = metric_label
+    environment.filters["verdict"] = lambda v: VERDICT_WORDS.get(v, v)
+    environment.filters["sure"] = lambda p: "–" if p is None else sure(p)
+    environment.globals["metric_value"] = metric_value
     environment.filters["until_day"] = lambda v: (
         BucketFilter(until=v).params().get("until", "")[:10]
     )

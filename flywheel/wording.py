@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,3 +24,15 @@ def in_words(value: Any, *, empty: str = "none") -> str:
     if isinstance(value, list | tuple | set | frozenset):
         return ", ".join(str(item) for item in value) if value else empty
     return str(value)
+
+
+def sure(p: float) -> str:
+    """How sure a test is, for a person: ``1 - p`` as a percentage ("95%", "99.4%"), shown to
+    the digits ``p`` needs and never rounded up (a p of 0.0001 is "99.99%", not "100%")."""
+    p = min(max(float(p), 0.0), 1.0)
+    digits = 0
+    while digits < 3 and p < 10 ** -(digits + 2):
+        digits += 1
+    scale = 10**digits
+    shown = min(math.floor(round((1 - p) * 100 * scale, 6)), 100 * scale - 1) / scale
+    return f"{shown:.{digits}f}%"

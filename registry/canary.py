@@ -94,6 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from feedback.contributions import DEFAULT_ANSWERS_PER_USER, DEFAULT_KEY_SHARE, LookBound
 from flywheel.quantiles import observed_quantile
+from flywheel.wording import sure
 from registry.ppi import SatisfactionSample, estimate
 
 # The online signals (feedback.signals.ONLINE_SIGNALS), errors, requests with any of
@@ -614,7 +615,7 @@ def _explain_jointly_worse(
         (c for c in checks if c.worse_evidence is not None and c.worse_p is not None),
         key=lambda c: -(c.worse_evidence or 0.0),
     )
-    most = ", ".join(f"{_label(c.metric)} {_shown(c, c.canary)} vs {_shown(c, c.champion)}"
+    most = ", ".join(f"{metric_label(c.metric)} {_shown(c, c.canary)} vs {_shown(c, c.champion)}"
                      for c in ranked[:3])  # fmt: skip
     return (
         f"worse on its rates together ({requests}): {sure(combined_p)} sure that some rate is "
@@ -827,7 +828,7 @@ def _explain(check: MetricCheck, policy: CanaryPolicy, requests: str) -> str:
     if check.metric in (PASS_RATE, SATISFACTION):
         explain = _explain_reviews if check.metric == PASS_RATE else _explain_satisfaction
         return explain(check, policy)
-    label = _label(check.metric)
+    label = metric_label(check.metric)
     arms = f"{_shown(check, check.canary)} vs {_shown(check, check.champion)}"
     if check.metric == "mean_output_tokens" and check.worse_p is not None:
         return (
@@ -861,6 +862,10 @@ _LABELS: Mapping[str, str] = {
     "p50_tpot_ms": "time per output token",
     "mean_output_tokens": "mean answer length",
     PASS_RATE: "pass rate",
+    # The shadow's counts (registry.shadow).
+    "pii": "answers with PII",
+    "refusal": "refusals",
+    "length_ratio": "length ratio",
 }
 _UNITS: Mapping[str, str] = {
     "p99_latency_ms": " ms",
@@ -870,33 +875,38 @@ _UNITS: Mapping[str, str] = {
 }
 
 
-def _label(metric: str) -> str:
+def metric_label(metric: str) -> str:
+    """A check's metric in words ("thumbs_down_rate" -> "thumbs-down rate")."""
     return _LABELS.get(metric, metric.replace("_", " "))
 
 
-def _shown(check: MetricCheck, value: float) -> str:
+def metric_value(metric: str, value: float | None) -> str:
     """A metric's value as a person reads it: rates in percent, times and lengths in units."""
-    if check.metric in _RATE_METRICS or check.metric == PASS_RATE:
+    if value is None:
+        return "–"
+    if metric in _RATE_METRICS or metric == PASS_RATE:
         return f"{value:.1%}"
-    return f"{value:.4g}{_UNITS.get(check.metric, '')}"
+    if metric == SATISFACTION:
+        return f"{value:.2f}"
+    return f"{value:.4g}{_UNITS.get(metric, '')}"
+
+
+# A check's verdict code in words (the code stays in the recorded numbers).
+VERDICT_WORDS: Mapping[str, str] = {
+    "WORSE": "worse",
+    "OK": "holds",
+    "UNPROVEN": "not shown yet",
+}
+
+
+def _shown(check: MetricCheck, value: float) -> str:
+    return metric_value(check.metric, value)
 
 
 def _points(margin: float | None) -> str:
     """A rate's margin in percentage points ("3 points")."""
     points = (margin or 0.0) * 100
     return f"{points:.3g} point{'' if points == 1 else 's'}"
-
-
-def sure(p: float) -> str:
-    """How sure a test is, for a person: ``1 - p`` as a percentage ("95%", "99.4%"), shown to
-    the digits ``p`` needs and never rounded up (a p of 0.0001 is "99.99%", not "100%")."""
-    p = min(max(float(p), 0.0), 1.0)
-    digits = 0
-    while digits < 3 and p < 10 ** -(digits + 2):
-        digits += 1
-    scale = 10**digits
-    shown = min(math.floor(round((1 - p) * 100 * scale, 6)), 100 * scale - 1) / scale
-    return f"{shown:.{digits}f}%"
 
 
 def quantile_bounds(

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eval.paired import PairedComparison, binomial_upper_tail, compare_paired, wilson_interval
+from flywheel.wording import sure
 
 if TYPE_CHECKING:
     from feedback.shadow import ShadowPair
@@ -222,12 +223,16 @@ def compare_shadow(
 def _error_check(report: ShadowReport, policy: ShadowPolicy) -> ShadowCheck:
     rate = report.error_rate
     low, _ = wilson_interval(report.errors, report.attempts, 1 - 2 * policy.alpha)
-    numbers = f"{report.errors}/{report.attempts} shadow answers failed ({rate:.1%})"
+    numbers = f"{report.errors} of {report.attempts} shadow answers failed ({rate:.1%})"
     if low > policy.max_error_rate:
         verdict: Verdict = "WORSE"
-        why = f"{numbers}: even the lower bound {low:.1%} is over {policy.max_error_rate:.1%}"
+        why = (
+            f"{numbers}: more than the {policy.max_error_rate:.1%} allowed, "
+            f"{1 - policy.alpha:.0%} sure (at least {low:.1%})"
+        )
     elif rate > policy.max_error_rate:
-        verdict, why = "UNPROVEN", f"{numbers}: over {policy.max_error_rate:.1%}, not proven"
+        verdict = "UNPROVEN"
+        why = f"{numbers}: over the {policy.max_error_rate:.1%} allowed, not sure yet"
     else:
         verdict, why = "OK", numbers
     return ShadowCheck("error_rate", 0.0, rate, None, verdict, why)
@@ -240,14 +245,15 @@ def _count_check(
     difference = count.difference(pairs)
     numbers = (
         f"{name}: shadow {shadow:.1%} vs champion {champion:.1%} on {pairs} pairs "
-        f"({count.shadow_only} only the shadow, {count.champion_only} only the champion; "
-        f"exact McNemar one-sided p {count.p_value:.2g})"
+        f"({count.shadow_only} only the shadow, {count.champion_only} only the champion)"
     )
+    certainty = f"{sure(count.p_value)} sure the shadow does it more often ({sure(alpha)} needed)"
     if difference > margin and count.p_value <= alpha:
         verdict: Verdict = "WORSE"
-        why = f"{numbers}: more often by {difference:+.1%}, over the margin {margin:.1%}"
+        why = f"{numbers}: {difference:+.1%}, over the {margin:.1%} allowed; {certainty}"
     elif difference > margin:
-        verdict, why = "UNPROVEN", f"{numbers}: {difference:+.1%} over the margin, not proven"
+        verdict = "UNPROVEN"
+        why = f"{numbers}: {difference:+.1%}, over the {margin:.1%} allowed; {certainty}"
     else:
         verdict, why = "OK", numbers
     return ShadowCheck(name, champion, shadow, count.p_value, verdict, why)
@@ -262,7 +268,8 @@ def _length_check(report: ShadowReport, policy: ShadowPolicy) -> ShadowCheck:
         return ShadowCheck("length_ratio", champion, shadow, None, "UNPROVEN", why)
     numbers = (
         f"length: shadow {shadow:.1f} vs champion {champion:.1f} tokens, ratio {ratio:.2f} "
-        f"({report.confidence:.0%} CI {low:.2f} to {high:.2f}; band {low_band:g} to {high_band:g})"
+        f"({report.confidence:.0%} interval {low:.2f} to {high:.2f}; allowed {low_band:g} to "
+        f"{high_band:g})"
     )
     if high < low_band or low > high_band:
         return ShadowCheck("length_ratio", champion, shadow, None, "WORSE", numbers)
@@ -301,7 +308,7 @@ def judge_shadow(report: ShadowReport, policy: ShadowPolicy) -> ShadowDecision:
         return ShadowDecision(ShadowAction.WAIT, (reason,), tuple(checks))
     unproven = tuple(c.why for c in checks if c.verdict == "UNPROVEN")
     if unproven and report.pairs >= policy.max_pairs:
-        out = f"no proof either way after {report.pairs} pairs (max_pairs {policy.max_pairs})"
+        out = f"not sure either way after {report.pairs} pairs (at most {policy.max_pairs})"
         return ShadowDecision(ShadowAction.REJECT, (*unproven, out), tuple(checks))
     if unproven:
         return ShadowDecision(ShadowAction.WAIT, unproven, tuple(checks))

@@ -20,6 +20,7 @@ from composition.recipes import packaged_recipes_dir, read_recipe
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from flywheel.wording import sure
 from registry.canary import (
     DEFAULT_MARGINS,
     RATES,
@@ -36,7 +37,6 @@ from registry.canary import (
     sequential_evidence,
     sequential_p_values,
     speed_check,
-    sure,
     tuned_mixture_scale,
 )
 from registry.ppi import SatisfactionSample

@@ -257,7 +257,19 @@ def test_overview_shows_the_canary_flows_latest_checks(home: PageHome) -> None:
         data = session.get(f"/api/lines/{line}/overview").json()
     assert 'id="canary-checks"' in text
     for metric in ("refusal_rate", "p99_ttft_ms", "p50_tpot_ms", "mean_output_tokens"):
-        assert metric in text
+        assert f'title="{metric}"' in text
+    checks = text[
+        text.index('id="canary-checks"') : text.index("</table>", text.index("canary-checks"))
+    ]
+    for words in (
+        "refusal rate",
+        "time to first token",
+        "mean answer length",
+        "sure the canary is worse",
+    ):
+        assert words in checks
+    assert "<td>1.0%</td><td>10.0%</td>" in checks  # the refusal rates, in percent
+    assert "p non-inferior" not in checks
     assert "other_adapter_metric" not in text
     shown = {c["metric"]: c["verdict"] for c in data["canary"]["checks"]}
     assert shown["refusal_rate"] == "WORSE"
