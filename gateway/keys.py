@@ -163,8 +163,25 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
+# A key file of this size holds tens of thousands of keys; a larger one is a mistake, and
+# the gateway re-reads the file on every change, so it is never read whole.
+MAX_KEY_FILE_BYTES = 8 * 1024 * 1024
+
+
+def _key_file_bytes(path: Path) -> bytes:
+    """The key file's bytes, at most :data:`MAX_KEY_FILE_BYTES` (UsageError beyond; a
+    missing file raises FileNotFoundError)."""
+    with path.open("rb") as source:
+        content = source.read(MAX_KEY_FILE_BYTES + 1)
+    if len(content) > MAX_KEY_FILE_BYTES:
+        raise UsageError(
+            f"{path}: larger than {MAX_KEY_FILE_BYTES // (1024 * 1024)} MB; not a key file"
+        )
+    return content
+
+
 def _read(path: Path) -> _KeyFile:
-    return _parse(path.read_bytes(), path)
+    return _parse(_key_file_bytes(path), path)
 
 
 def _parse(content: bytes, path: Path) -> _KeyFile:
@@ -199,24 +216,31 @@ class KeyFileWatch:
                 return self._ring
             self._next_read = now + self.min_interval_s
             try:
-                content = self.path.read_bytes()
+                content = _key_file_bytes(self.path)
             except FileNotFoundError:
                 self._ring, self._digest = None, None
                 return None
+            except UsageError as exc:
+                return self._keep_last_good(exc, f"oversize:{self.path.stat().st_size}")
             digest = hashlib.sha256(content).hexdigest()
             if digest in (self._digest, self._broken):
                 return self._ring
             try:
                 found = _parse(content, self.path)
             except UsageError as exc:
-                self._broken = digest
-                kept = len(self._ring) if self._ring is not None else 0
-                logger.error("%s; keeping the last good keys (%d)", exc, kept)
-                if self._ring is None:
-                    self._ring = KeyRing(())  # never parsed: nobody gets in
-                return self._ring
+                return self._keep_last_good(exc, digest)
             self._ring, self._digest, self._broken = KeyRing(found.keys, found.lines), digest, None
             return self._ring
+
+    def _keep_last_good(self, error: UsageError, broken: str) -> KeyRing:
+        """The last good keys after a file that cannot be used (logged once per version)."""
+        if broken != self._broken:
+            self._broken = broken
+            kept = len(self._ring) if self._ring is not None else 0
+            logger.error("%s; keeping the last good keys (%d)", error, kept)
+        if self._ring is None:
+            self._ring = KeyRing(())  # never parsed: nobody gets in
+        return self._ring
 
 
 def add_key(

@@ -71,3 +71,30 @@ def test_a_broken_file_keeps_the_last_good_keys_and_says_so(
 def test_no_file_is_no_keys(tmp_path: Path) -> None:
     assert KeyFileWatch(tmp_path / "absent.yaml").current() is None
     assert Gatekeeper(tmp_path / "absent.yaml").open_mode
+
+
+def test_a_huge_key_file_is_never_read_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key file over the bound is refused by name at the command line, and the running
+    servers keep the last good keys (one log line), reading no more than the bound."""
+    import gateway.keys as keys_module
+    from flywheel.errors import UsageError
+    from gateway.keys import KeyRing
+
+    monkeypatch.setattr(keys_module, "MAX_KEY_FILE_BYTES", 4096)
+    path = tmp_path / "keys.yaml"
+    _write(path, A)
+    watch = KeyFileWatch(path, min_interval_s=0)
+    assert watch.current() is not None
+    with path.open("a") as out:
+        out.write("# " + "x" * 10_000 + "\n")
+    with caplog.at_level(logging.ERROR):
+        ring = watch.current()
+        watch.current()
+    assert ring is not None
+    assert ring.authorize(A) is not None
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "larger than" in caplog.records[0].message
+    with pytest.raises(UsageError, match=r"keys\.yaml: larger than"):
+        KeyRing.load(path)
