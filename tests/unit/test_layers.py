@@ -96,3 +96,73 @@ def test_the_canary_judge_and_the_gate_never_climb_into_flows_or_servers() -> No
     for module in ("registry.canary", "registry.lifecycle", "eval.gate", "registry.shadow"):
         imported = {b for a, b in _imports() if a == module}
         assert not {b for b in imported if _package(b) in {"flows", "cli", "gateway"}}, module
+
+
+# Each table of the one database and the package that owns it: the one that declares it.
+TABLE_OWNERS: dict[str, set[str]] = {
+    "feedback": {
+        "interactions",
+        "feedback_events",
+        "quarantine",
+        "shadow_outputs",
+        "line_watermarks",
+        "signal_rollup",
+        "rollup_watermarks",
+        "forgotten_users",
+        "trained_records",
+    },
+    "registry": {
+        "routes",
+        "route_changes",
+        "canary_decisions",
+        "experiments",
+        "experiment_looks",
+        "experiment_tallies",
+        "experiment_tally_marks",
+        "replicas",
+    },
+    "dashboard": {"dashboard_sessions", "review_claims"},
+}
+
+
+def _named(node: ast.expr) -> str:
+    return getattr(node, "id", None) or getattr(node, "attr", "")
+
+
+def _declared_tables() -> list[tuple[str, str]]:
+    """(declaring module, table name) for each ``__tablename__ = "name"`` and each
+    ``Table("name", <a metadata>, ...)`` in the product."""
+    found = []
+    for package in LAYERS:
+        for path in (REPO / package).rglob("*.py") if (REPO / package).is_dir() else ():
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Assign)
+                    and any(_named(target) == "__tablename__" for target in node.targets)
+                    and isinstance(node.value, ast.Constant)
+                ):
+                    found.append((module, str(node.value.value)))
+                elif (
+                    isinstance(node, ast.Call)
+                    and _named(node.func) == "Table"
+                    and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Constant)
+                    and _named(node.args[1]).endswith("metadata")
+                ):
+                    found.append((module, str(node.args[0].value)))
+    return found
+
+
+def test_each_table_is_declared_once_by_its_owner() -> None:
+    owner_of = {table: package for package, tables in TABLE_OWNERS.items() for table in tables}
+    declared = _declared_tables()
+    names = [table for _, table in declared]
+    assert not {t for t in names if names.count(t) > 1}, "declared twice"
+    misplaced = [(m, t) for m, t in declared if _package(m) != owner_of.get(t)]
+    assert not misplaced, "\n".join(f"{m} declares {t}, {owner_of.get(t)}'s" for m, t in misplaced)
+    assert set(names) == set(owner_of)
+    # One migration history compares against them all: composition.tables loads each owner's.
+    from composition.tables import metadata
+
+    assert set(metadata.tables) == set(owner_of)
