@@ -98,6 +98,49 @@ def test_the_canary_judge_and_the_gate_never_climb_into_flows_or_servers() -> No
         assert not {b for b in imported if _package(b) in {"flows", "cli", "gateway"}}, module
 
 
+# RouteStore's writes: the table-only writers seed tests; the product goes through the door.
+ROUTE_WRITES = {
+    "change",
+    "set_canary",
+    "clear_canary",
+    "set_shadow",
+    "clear_shadow",
+    "set_champion",
+}
+# Modules outside registry/ still writing a routing table themselves, each with its reason.
+ROUTE_WRITERS_ALLOWED: dict[str, str] = {
+    "flows.experiments": "an A/B experiment's split in and out of the table: not yet an event "
+    "of the state machine (it refuses a candidate while one is live)",
+    "flows.placement": "a line's replicas: not yet an event of the state machine (the door "
+    "loads a line's adapters where it is placed)",
+}
+
+
+def _route_writers() -> set[str]:
+    """Product modules outside ``registry`` that call one of RouteStore's writes."""
+    found = set()
+    for package in LAYERS:
+        if package == "registry" or not (REPO / package).is_dir():
+            continue
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ROUTE_WRITES
+                ):
+                    found.add(".".join(path.relative_to(REPO).with_suffix("").parts))
+    return found
+
+
+def test_only_the_registry_writes_routing_tables() -> None:
+    # Every other change of a line's routing goes through registry.rollout's door, which
+    # advances the state machine and applies its effects (loads, aliases, unloads) with it.
+    writers = _route_writers()
+    assert writers <= ROUTE_WRITERS_ALLOWED.keys(), sorted(writers - ROUTE_WRITERS_ALLOWED.keys())
+    assert ROUTE_WRITERS_ALLOWED.keys() <= writers, "an allowed writer no longer writes: drop it"
+
+
 # Each table of the one database and the package that owns it: the one that declares it.
 TABLE_OWNERS: dict[str, set[str]] = {
     "feedback": {
