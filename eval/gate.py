@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eval.paired import compare_paired
 from eval.reports import EvalReport, GateCheck, GateDecision
+from flywheel.wording import sure
 
 if TYPE_CHECKING:
     from eval.satisfaction import PredictedSatisfaction
@@ -232,7 +233,7 @@ def _preference(candidate: EvalReport, champion: EvalReport, policy: GatePolicy)
             GateCheck(
                 name,
                 comparison.low > -margin,
-                f"{numbers}; non-inferior needs the CI lower bound > {-margin:+.3f}",
+                f"{numbers}; needs the interval's low end above {-margin:+.3f}",
             )
         ]
     gain = policy.min_preference_gain
@@ -240,7 +241,8 @@ def _preference(candidate: EvalReport, champion: EvalReport, policy: GatePolicy)
         GateCheck(
             name,
             comparison.p_value < policy.alpha and _at_least(comparison.difference, gain),
-            f"{numbers}; superior needs p < {policy.alpha:g} and difference >= {gain:+.3f}",
+            f"{numbers}; needs over {sure(policy.alpha)} sure and a difference of at least "
+            f"{gain:+.3f}",
         )
     ]
 

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from flywheel.wording import sure
+
 DEFAULT_CONFIDENCE = 0.95
 
 
@@ -130,14 +132,15 @@ class PairedComparison:
         return min(1.0, 2 * binomial_upper_tail(m - smaller, m))
 
     def describe(self, candidate: str = "candidate", baseline: str = "baseline") -> str:
-        """One line a gate reason or a report can quote: n, both accuracies, b/c, the
-        difference with its interval, and the one-sided p-value."""
+        """One line a gate reason or a report can quote, in words: n, both accuracies, the
+        pairs only one got right, the difference with its interval, and how sure the exact
+        one-sided McNemar test is that the candidate is better (1 - its p-value)."""
         return (
-            f"n={self.n}: {candidate} {self.candidate_accuracy:.3f} vs {baseline} "
-            f"{self.baseline_accuracy:.3f}; b={self.b} right only for the {candidate}, "
-            f"c={self.c} only for the {baseline}; difference {self.difference:+.3f} "
-            f"({self.confidence:.0%} CI {self.low:+.3f} to {self.high:+.3f}); "
-            f"exact McNemar one-sided p={_p(self.p_value)}"
+            f"on {self.n} pairs: {candidate} right on {self.candidate_accuracy:.3f} vs "
+            f"{baseline} {self.baseline_accuracy:.3f} ({self.b} only the {candidate}, "
+            f"{self.c} only the {baseline}); difference {self.difference:+.3f} "
+            f"({self.confidence:.0%} interval {self.low:+.3f} to {self.high:+.3f}); "
+            f"{sure(self.p_value)} sure the {candidate} is better"
         )
 
     def as_dict(self) -> dict[str, float | int]:
@@ -160,10 +163,6 @@ class PairedComparison:
 
     def __str__(self) -> str:
         return self.describe()
-
-
-def _p(value: float) -> str:
-    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
 
 
 def compare_counts(

@@ -88,9 +88,10 @@ def test_a_clearly_better_candidate_passes_every_check() -> None:
     assert all(reason.startswith("PASS ") for reason in decision.reasons)
     assert (
         "PASS preference_accuracy: held-out preference accuracy (per token), paired: "
-        "n=60: candidate 0.750 vs champion 0.550; b=15 right only for the candidate, "
-        "c=3 only for the champion; difference +0.200 (95% CI +0.064 to +0.325); "
-        "exact McNemar one-sided p=0.004; superior needs p < 0.05 and difference >= +0.020"
+        "on 60 pairs: candidate right on 0.750 vs champion 0.550 (15 only the candidate, "
+        "3 only the champion); difference +0.200 (95% interval +0.064 to +0.325); "
+        "99.6% sure the candidate is better; needs over 95% sure and a difference of at "
+        "least +0.020"
     ) in decision.reasons
 
 
@@ -101,8 +102,8 @@ def test_a_tie_is_not_promoted() -> None:
 
     assert not decision.promote
     assert decision.summary == "reject (preference_accuracy)"
-    assert "candidate 0.550 vs champion 0.550" in decision.reasons[0]
-    assert "p=0.656" in decision.reasons[0]
+    assert "candidate right on 0.550 vs champion 0.550" in decision.reasons[0]
+    assert "34% sure the candidate is better" in decision.reasons[0]
 
 
 def test_a_small_gain_within_the_noise_is_not_promoted_and_the_reason_shows_the_interval() -> None:
@@ -112,7 +113,7 @@ def test_a_small_gain_within_the_noise_is_not_promoted_and_the_reason_shows_the_
 
     assert decision.summary == "reject (preference_accuracy)"
     assert (
-        "difference +0.067 (95% CI -0.039 to +0.169); exact McNemar one-sided p=0.172"
+        "difference +0.067 (95% interval -0.039 to +0.169); 82% sure the candidate is better"
         in decision.reasons[0]
     )
 
@@ -135,7 +136,7 @@ def test_a_significant_gain_below_the_required_gain_is_not_promoted() -> None:
     policy = POLICY.model_copy(update={"min_preference_gain": 0.25})
 
     assert failed(GOOD, policy) == {"preference_accuracy"}
-    assert "superior needs p < 0.05 and difference >= +0.250" in detail(
+    assert "needs over 95% sure and a difference of at least +0.250" in detail(
         GOOD, "preference_accuracy", policy
     )
 
@@ -156,7 +157,7 @@ def test_alpha_sets_the_test_and_the_interval() -> None:
     decision = decide_promotion(candidate, champion, policy)
 
     assert decision.promote, decision.reasons
-    assert "(80% CI " in detail(candidate, "preference_accuracy", policy)
+    assert "(80% interval " in detail(candidate, "preference_accuracy", policy)
 
 
 def test_non_inferiority_passes_a_tie_and_rejects_a_clear_loss() -> None:
@@ -171,12 +172,12 @@ def test_non_inferiority_passes_a_tie_and_rejects_a_clear_loss() -> None:
 
     assert kept.promote, kept.reasons
     assert (
-        "difference +0.000 (95% CI -0.084 to +0.084); exact McNemar one-sided p=0.656; "
-        "non-inferior needs the CI lower bound > -0.100"
+        "difference +0.000 (95% interval -0.084 to +0.084); 34% sure the candidate is better; "
+        "needs the interval's low end above -0.100"
     ) in next(r for r in kept.reasons if "preference_accuracy" in r)
     assert not lost.promote
     assert lost.summary == "reject (preference_accuracy)"
-    assert "(95% CI -0.240 to -0.020)" in lost.reasons[0]
+    assert "(95% interval -0.240 to -0.020)" in lost.reasons[0]
 
 
 def test_a_narrower_margin_rejects_the_same_tie() -> None:
@@ -197,9 +198,10 @@ def test_a_worse_candidate_is_rejected_with_reasons() -> None:
     assert decision.summary == "reject (preference_accuracy, mean_margin)"
     assert decision.reasons[:2] == [
         "FAIL preference_accuracy: held-out preference accuracy (per token), paired: "
-        "n=60: candidate 0.417 vs champion 0.550; b=5 right only for the candidate, "
-        "c=13 only for the champion; difference -0.133 (95% CI -0.263 to +0.005); "
-        "exact McNemar one-sided p=0.985; superior needs p < 0.05 and difference >= +0.020",
+        "on 60 pairs: candidate right on 0.417 vs champion 0.550 (5 only the candidate, "
+        "13 only the champion); difference -0.133 (95% interval -0.263 to +0.005); "
+        "1% sure the candidate is better; needs over 95% sure and a difference of at least "
+        "+0.020",
         "FAIL mean_margin: mean preference margin (nats/token) -0.030 vs champion 0.050 "
         "(-0.080, needs >= +0.000)",
     ]
@@ -412,7 +414,7 @@ def test_a_copy_of_the_champion_is_never_superior_and_is_non_inferior_within_the
 
     if policy.preference_test == "superior":
         assert not decision.promote
-        assert "exact McNemar one-sided p=1.000" in decision.reasons[0]
+        assert "0% sure the candidate is better" in decision.reasons[0]
     else:
         interval = compare_paired(
             candidate.pair_wins, champion.pair_wins, confidence=1 - policy.alpha

@@ -48,9 +48,9 @@ def test_the_description_quotes_every_number() -> None:
     result = compare_counts(30, 15, 3, 12)
 
     assert str(result) == (
-        "n=60: candidate 0.750 vs baseline 0.550; b=15 right only for the candidate, "
-        "c=3 only for the baseline; difference +0.200 (95% CI +0.064 to +0.325); "
-        "exact McNemar one-sided p=0.004"
+        "on 60 pairs: candidate right on 0.750 vs baseline 0.550 (15 only the candidate, "
+        "3 only the baseline); difference +0.200 (95% interval +0.064 to +0.325); "
+        "99.6% sure the candidate is better"
     )
     assert "champion 0.550" in result.describe("adapter", "champion")
     assert result.as_dict()["difference_low"] == pytest.approx(result.low)
