@@ -52,9 +52,9 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 def fill_store(url: str, home: Path, requests: int) -> dict[str, int]:
     """Simulated traffic into the store; counts of what was stored."""
-    from feedback.simulate import SimulationSettings, TrafficSimulator
     from feedback.store import FeedbackStore
     from flywheel.settings import load_settings
+    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     store = FeedbackStore.open(load_settings(home=home, database_url=url))
     try:

@@ -72,10 +72,10 @@ class Site:
 
 def build_site(label: str, events: int, root: Path) -> Site:
     """Generate and ingest ``events`` served events into a fresh database."""
-    from feedback.simulate import SimulationSettings
     from feedback.store import FeedbackStore
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
+    from simulation.stored_traffic import SimulationSettings
     from tests.served_traffic import fill_demo_store
 
     url = fresh_database()

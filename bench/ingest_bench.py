@@ -33,8 +33,8 @@ from bench_db import drop_database, fresh_database  # noqa: E402 (beside this sc
 def make_traffic(path: Path, events: int) -> int:
     """Write about ``events`` simulated events to ``path``; returns the exact count."""
     from feedback.jsonl import dumps_line
-    from feedback.simulate import SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
+    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     # Roughly 1.45 events per request with the default rates.
     settings = SimulationSettings(

@@ -95,7 +95,7 @@ def _traffic(store: Any, lines: list[str], requests: int, seed: int) -> None:
     watermark, before the nightly opens its window). The simulator's late feedback (minutes
     to days after the answer) is brought forward to now: late feedback rightly brings an
     answer back into a later window, which would make the empty night not empty."""
-    from feedback.simulate import SimulationSettings, TrafficSimulator
+    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     now = datetime.now(UTC)
     simulation = SimulationSettings(

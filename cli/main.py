@@ -323,8 +323,8 @@ def simulate(
     from pydantic import ValidationError
 
     from feedback.jsonl import dumps_line
-    from feedback.simulate import SignalRates, SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
+    from simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
 
     settings = _settings()
     try:
@@ -795,9 +795,9 @@ def demo(
         run_loop_command,
         scrub_examples,
     )
-    from feedback.simulate import SimulationSettings, TrafficSimulator
     from flywheel.progress import progress_bar
     from simulation.protocol import load_users
+    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     settings = _loop_settings(_settings())
     if train_line_name not in settings.business_lines:

@@ -17,11 +17,11 @@ from sqlalchemy import select
 
 from feedback.rollup import feedback_signal, floor_hour
 from feedback.schema import feedback_table, interactions_table
-from feedback.simulate import PlantedPii, SimulationSettings
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
 from registry.routes import RouteStore
+from simulation.stored_traffic import PlantedPii, SimulationSettings
 from tests.served_traffic import fill_demo_store
 
 if TYPE_CHECKING:

@@ -10,11 +10,11 @@ import pytest
 
 from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.cleaning import run_partitioned
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 # ~45 s: a Prefect API, two worker processes each loading spaCy.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

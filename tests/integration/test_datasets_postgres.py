@@ -14,9 +14,9 @@ from feedback.datasets import manifests_with_user
 from feedback.pii import build_scrubber
 from feedback.schema import interactions_table
 from feedback.signals import pull_records
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore, create_store_engine, upgrade_schema
 from flywheel.settings.cleaning import CleaningSettings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = pytest.mark.integration
 

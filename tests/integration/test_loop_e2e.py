@@ -33,7 +33,6 @@ from sqlalchemy import select, update
 from composition.clients import build_clients
 from composition.recipes import start_training_run
 from feedback.schema import interactions_table, watermarks_table
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flywheel.settings import Settings, load_settings
@@ -47,6 +46,7 @@ from registry.routing import RoutingTable, choose_arm
 from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from tests.conftest import REPO
 from tests.servers import serving
 

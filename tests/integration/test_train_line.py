@@ -12,7 +12,6 @@ import pytest
 from composition.clients import build_clients
 from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flows.stages import train_line
 from flywheel.errors import FlywheelError
@@ -20,6 +19,7 @@ from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings
 from registry.records import TAG_ENDED_BECAUSE
 from registry.tracking import Registry
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

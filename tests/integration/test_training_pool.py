@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.settings import load_settings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

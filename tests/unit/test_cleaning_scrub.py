@@ -17,8 +17,8 @@ from feedback.cleaning import DetectionCache, clean_records, dedup_text, scrub_w
 from feedback.dedup import estimated_similarity, sign_texts
 from feedback.pii import ScrubberSettings, build_scrubber
 from feedback.pii.scrubber import Scrubber
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from sqlalchemy import select
 
 from feedback.rollup import RollupQuery, SignalRollup, floor_hour, rebuild_rollup
 from feedback.schema import interactions_table
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from tests.dashboard_store import recount
 from tests.served_traffic import ServingPlan, served_events
 

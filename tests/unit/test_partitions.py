@@ -12,10 +12,10 @@ from feedback.cleaning import clean_line
 from feedback.dedup.shuffle import bucket_shard
 from feedback.partitions import clean_partition, finish_partitions, partition_offsets
 from feedback.signals import id_partitions
-from feedback.simulate import SimulationSettings, TrafficSimulator
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from flywheel.settings.cleaning import CleaningSettings
+from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 

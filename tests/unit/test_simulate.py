@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from feedback.events import validate_event
-from feedback.simulate import SignalRates, SimulationSettings, TrafficSimulator
+from simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
 
 START = datetime(2026, 11, 29, tzinfo=UTC)
 
