@@ -569,7 +569,7 @@ def decide_canary(
     if not unproven:
         reasons = _promotion_reasons(checks, policy, requests)
         return CanaryDecision(CanaryAction.PROMOTE, reasons, tuple(checks), look, *tests)
-    reasons = tuple(_explain(c, policy, requests) for c in unproven)
+    reasons = _explain_unproven(unproven, policy, requests)
     if look >= policy.max_looks:
         reasons = (
             *reasons,
@@ -595,6 +595,26 @@ def _promotion_reasons(
         f"dissatisfied {dissatisfied.canary:.1%} vs {dissatisfied.champion:.1%}",
         *(_explain_reviews(c, policy) for c in checks if c.metric == PASS_RATE),
     )
+
+
+def _explain_unproven(
+    unproven: Sequence[MetricCheck], policy: CanaryPolicy, requests: str
+) -> tuple[str, ...]:
+    """Why the canary waits: several rates not yet shown within their margins read as one
+    sentence (the requests and the certainty needed said once), the rest one by one."""
+    rates = [c for c in unproven if c.metric in _RATE_METRICS and c.non_inferior_p is not None]
+    if len(rates) < 2:
+        return tuple(_explain(c, policy, requests) for c in unproven)
+    each = "; ".join(
+        f"{metric_label(c.metric)} {_shown(c, c.canary)} vs {_shown(c, c.champion)}, within "
+        f"{_points(c.margin)} {sure(c.non_inferior_p or 1.0)} sure"
+        for c in rates
+    )
+    grouped = (
+        f"rates not yet shown within their margins of the champion's ({requests}; "
+        f"{sure(policy.non_inferior_alpha)} sure needed): {each}"
+    )
+    return (grouped, *(_explain(c, policy, requests) for c in unproven if c not in rates))
 
 
 def combined_worse_p(checks: Sequence[MetricCheck], policy: CanaryPolicy) -> float:

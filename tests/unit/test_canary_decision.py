@@ -106,9 +106,11 @@ def test_an_equal_canary_with_modest_data_keeps_waiting_with_its_numbers() -> No
     assert decision.action is CanaryAction.WAIT
     reason = next(r for r in decision.reasons if "thumbs-down rate" in r)
     assert reason.startswith(
-        "thumbs-down rate not yet shown within 3 points of the champion's: 10.0% vs 10.0% "
+        "rates not yet shown within their margins of the champion's (250 canary / 2000 "
+        "champion requests; 95% sure needed): thumbs-down rate 10.0% vs 10.0%, within 3 "
+        "points 46% sure; "
     )
-    assert reason.endswith("(95% needed)")
+    assert reason.count("canary /") == 1  # the counts said once
 
 
 def test_how_sure_reads_as_a_percentage_never_rounded_up() -> None:
