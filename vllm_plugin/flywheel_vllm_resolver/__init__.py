@@ -10,6 +10,8 @@ the plugin changes nothing for a vLLM started otherwise.
 from __future__ import annotations
 
 PLUGIN_NAME = "flywheel_lora_resolver"
+# Under vLLM's own logger, so its handler and format (and level) apply to these lines.
+LOGGER_NAME = "vllm.plugins.flywheel_lora_resolver"
 
 
 def register() -> None:
@@ -21,7 +23,7 @@ def register() -> None:
     from flywheel_vllm_resolver.fetch import FetchSettings, ResolverConfigError
     from flywheel_vllm_resolver.resolver import FlywheelResolver
 
-    logger = init_logger(__name__)
+    logger = init_logger(LOGGER_NAME)
     try:
         settings = FetchSettings.from_env()
     except ResolverConfigError as exc:
@@ -31,3 +33,4 @@ def register() -> None:
         logger.debug("flywheel's LoRA resolver is not configured (no fetch command)")
         return
     LoRAResolverRegistry.register_resolver("flywheel", FlywheelResolver(settings))
+    logger.info("flywheel's LoRA resolver registered: adapters fetched into %s", settings.cache_dir)

@@ -6,9 +6,10 @@ from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.lora.resolver import LoRAResolver
 
+from flywheel_vllm_resolver import LOGGER_NAME
 from flywheel_vllm_resolver.fetch import AdapterFetcher, FetchSettings, stable_lora_id
 
-logger = init_logger(__name__)
+logger = init_logger(LOGGER_NAME)
 
 
 class FlywheelResolver(LoRAResolver):
