@@ -62,6 +62,7 @@ from registry.lifecycle import LoraBudget, Transition
 from registry.names import adapter_name
 from registry.placement import placed
 from registry.records import TAG_LINE
+from registry.replicas import serving_lora_limits
 from registry.rollout import RoutesChangedError
 from registry.routing import ExperimentSplit, RoutingTable
 
@@ -111,6 +112,7 @@ def _resolve_arm(parts: Rollout, table: RoutingTable, ref: str) -> str | None:
 def _probe(parts: Rollout, adapters: Sequence[str], replicas: Sequence[str]) -> list[str]:
     """Load and probe each adapter on every replica (the canary deploy's check); on a
     failure, unload what this call loaded and refuse. Returns what it loaded."""
+    from registry.replicas import load_checked
     from registry.vllm_admin import VllmAdminError
 
     loaded: list[str] = []
@@ -119,7 +121,8 @@ def _probe(parts: Rollout, adapters: Sequence[str], replicas: Sequence[str]) -> 
             path = parts.adapter_path(adapter)
             for url in replicas:
                 with parts.clients.vllm_admin(url) as client:
-                    if client.ensure_loaded(adapter, path) and adapter not in loaded:
+                    loads = load_checked(client, adapter, path, parts.clients.replicas)
+                    if loads and adapter not in loaded:
                         loaded.append(adapter)
                     probe = client.probe_adapter(adapter)
                 if not probe.passed:
@@ -192,15 +195,17 @@ def start_experiment(
     except ValueError as exc:
         raise UsageError(f"bad test settings: {exc}") from None
     planned = table.with_experiment(ExperimentSplit(id=1, a=a, b=b, share=share))
+    limits = serving_lora_limits(settings, parts.clients.replicas, table, upstreams)
     budget = LoraBudget(
-        settings.vllm_max_loras,
+        limits.max_loras,
         {**parts.routes.snapshot().tables, line: planned},
         tuple(upstreams),
     )
     if budget.most_on_one_replica() > budget.max_loras:
         raise UsageError(
             f"the arms would make {budget.most_on_one_replica()} adapters served at once, over "
-            f"the server's --max-loras {budget.max_loras}: {budget.describe()}"
+            f"the server's --max-loras {budget.max_loras} ({limits.max_loras_source}): "
+            f"{budget.describe()}"
         )
     replicas = placed(table, upstreams)
     arms = [adapter for adapter in (a, b) if adapter is not None]

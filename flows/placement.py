@@ -19,6 +19,7 @@ from composition.clients import Clients
 from flywheel.settings import Settings
 from registry.names import version_of
 from registry.placement import Placement, placement_moves, plan_placement, traffic_shares
+from registry.replicas import load_checked
 from registry.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
 from registry.routing import RoutingTable
 
@@ -102,7 +103,7 @@ def move_line(
     for url in gained:
         with clients.vllm_admin(url) as client:
             for adapter, path in paths.items():
-                client.ensure_loaded(adapter, path)
+                load_checked(client, adapter, path, clients.replicas)
         move.loaded_on.append(url)
 
     def edit(current: RoutingTable) -> RoutingTable:

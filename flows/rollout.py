@@ -112,6 +112,17 @@ class Rollout(LineRollout):
             in_flight=in_flight,
         )
 
+    def budget(self) -> LoraBudget:
+        """Every line's routed adapters against the ``--max-loras`` of the replicas this line
+        is placed on: the smallest, as they recorded it at their start (else as vLLM reports
+        it, else ``FLYWHEEL_VLLM_MAX_LORAS``), per replica."""
+        from registry.replicas import serving_lora_limits
+
+        table = self.routes.table(self.line)
+        limits = serving_lora_limits(self.settings, self.clients.replicas, table, self.upstreams)
+        tables = self.routes.snapshot().tables
+        return LoraBudget(limits.max_loras, tables, self.upstreams, limits.max_loras_source)
+
 
 def rollout(
     settings: Settings,
@@ -480,9 +491,11 @@ def sync_adapters(
     and places there, e.g. after a replica restarted; unload (drained) flywheel adapters no
     table names, and a placed line's adapters from the replicas it is not placed on
     (drained on that replica alone). Returns what changed per replica."""
+    from registry.replicas import refusal_on
     from registry.vllm_admin import reconcile
 
     desired, candidates = desired_adapters(settings, clients)
+    records = {record.url: record for record in clients.replicas.all()}
     homes = {
         adapter: placed(table, upstreams)
         for table in clients.routes.snapshot().tables.values()
@@ -493,11 +506,15 @@ def sync_adapters(
     try:
         for url, client in admins.items():
             here = {a: path for a, path in desired.items() if client.base_url in homes[a]}
+            # A replica serving another base than an adapter's never loads it.
+            refused = {a: refusal_on(records.get(client.base_url), p) for a, p in here.items()}
+            here = {a: path for a, path in here.items() if refused[a] is None}
             counter = _drain_counter(url, set(desired) - set(here), in_flight)
             report = reconcile([client], here, in_flight=counter, keep=candidates)
             [replica] = report.replicas
             # A load is not done until the probe shows the adapter answers and differs.
-            failed = [str(f) for f in replica.failures]
+            failed = [f"{a}: refused: {why}" for a, why in sorted(refused.items()) if why]
+            failed += [str(f) for f in replica.failures]
             for adapter in replica.loaded:
                 probe = client.probe_adapter(adapter)
                 if not probe.passed:
@@ -575,13 +592,8 @@ def lifecycle_check(
             },
             "drift": found,
         }
-    budget = LoraBudget(settings.vllm_max_loras, snapshot.tables, tuple(upstreams))
-    served = budget.most_on_one_replica()
-    if served > budget.max_loras:
-        problems.append(
-            f"{served} adapters are routed to one replica, over --max-loras "
-            f"{budget.max_loras}: " + budget.describe()
-        )
+    served, max_loras, over = _budget_check(settings, clients, snapshot.tables, upstreams)
+    problems += over
     for url, names in loaded.items():
         others = [n for n in names or [] if not any(n.startswith(f"{line}-v") for line in lines)]
         if others:
@@ -589,6 +601,43 @@ def lifecycle_check(
     return {
         "ok": not problems,
         "lines": lines,
-        "budget": {"routed": served, "max_loras": budget.max_loras},
+        "budget": {"routed": served, "max_loras": max_loras},
         "problems": problems,
     }
+
+
+def _budget_check(
+    settings: Settings,
+    clients: Clients,
+    tables: dict[str, RoutingTable],
+    upstreams: Sequence[str],
+) -> tuple[int, int, list[str]]:
+    """(adapters routed to the fullest replica, the smallest --max-loras, each replica over
+    its own --max-loras): the limits as the replicas recorded them, else as vLLM reports
+    them, else ``FLYWHEEL_VLLM_MAX_LORAS``."""
+    from registry.placement import adapters_by_replica
+    from registry.replicas import over_limits, read_lora_limits
+
+    records = {record.url: record for record in clients.replicas.all()}
+    if not upstreams:
+        budget = LoraBudget(settings.vllm_max_loras, tables)
+        served = budget.most_on_one_replica()
+        over = (
+            []
+            if served <= budget.max_loras
+            else [
+                f"{served} adapters are routed, over --max-loras {budget.max_loras} "
+                f"(the setting FLYWHEEL_VLLM_MAX_LORAS): {budget.describe()}"
+            ]
+        )
+        return served, budget.max_loras, over
+    limits = read_lora_limits(
+        upstreams,
+        records,
+        max_loras_setting=settings.vllm_max_loras,
+        max_lora_rank_setting=settings.vllm_max_lora_rank,
+    )
+    held = adapters_by_replica(tables.values(), upstreams)
+    served = max(len(adapters) for adapters in held.values())
+    smallest = min(limit.max_loras for limit in limits.values())
+    return served, smallest, over_limits(held, limits)

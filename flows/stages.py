@@ -348,6 +348,23 @@ def _training_set(
     return build
 
 
+def _check_servable_rank(settings: Settings, clients: Clients, line: str, rank: int) -> None:
+    """Refuse, before training, a LoRA rank above the ``--max-lora-rank`` of a replica the
+    line is placed on (as the replicas recorded it at their start, else the setting)."""
+    from registry.replicas import serving_lora_limits
+
+    # vLLM's metrics report no rank: they are not asked.
+    limits = serving_lora_limits(
+        settings, clients.replicas, clients.routes.table(line), metrics=lambda _: None
+    )
+    if rank > limits.max_lora_rank:
+        raise FlywheelError(
+            f"the {line} recipe's LoRA rank {rank} is above the serving vLLM's "
+            f"--max-lora-rank {limits.max_lora_rank} ({limits.max_lora_rank_source}): "
+            "the adapter could never be loaded; lower lora.rank or serve a higher rank"
+        )
+
+
 def train_line(
     settings: Settings,
     clients: Clients,
@@ -409,12 +426,7 @@ def train_line(
         version_of_code,
     )
     try:
-        if recipe.lora.rank > settings.vllm_max_lora_rank:
-            raise FlywheelError(
-                f"the {line} recipe's LoRA rank {recipe.lora.rank} is above the serving vLLM's "
-                f"--max-lora-rank {settings.vllm_max_lora_rank} (FLYWHEEL_VLLM_MAX_LORA_RANK): "
-                "the adapter could never be loaded; lower lora.rank or serve a higher rank"
-            )
+        _check_servable_rank(settings, clients, line, recipe.lora.rank)
         champion_version = registry.alias_version(line, "champion")
         # An inverted adapter starts from the base model: continuing the champion, it kept
         # much of what the champion had learnt (0.17 satisfied against v1's 0.31, customer

@@ -431,7 +431,7 @@ def _started_by_hand(
                 "refused",
                 (
                     f"{adapter} would make {needed} adapters served at once, over the "
-                    f"server's --max-loras {budget.max_loras}: {budget.describe()}",
+                    f"server's {budget.limit()}: {budget.describe()}",
                 ),
                 table,
             )
@@ -529,7 +529,7 @@ def _candidate(
                 "refused",
                 (
                     f"{adapter} would make {needed} adapters served at once, over the "
-                    f"server's --max-loras {budget.max_loras}: {budget.describe()}",
+                    f"server's {budget.limit()}: {budget.describe()}",
                 ),
                 table,
             )
@@ -747,11 +747,17 @@ def _champion_by_hand(table: RoutingTable, adapter: str | None, reason: str) -> 
 class LoraBudget:
     """The adapters every line's table names, against the server's ``--max-loras``: over
     all lines, or per replica when ``replicas`` are given (a placed line counts only on the
-    replicas it is placed on)."""
+    replicas it is placed on). ``source`` says where ``max_loras`` was read (a replica's
+    record, what vLLM reports, a setting)."""
 
     max_loras: int
     tables: Mapping[str, RoutingTable]
     replicas: Sequence[str] = ()
+    source: str = ""
+
+    def limit(self) -> str:
+        """``--max-loras 4``, with where it was read when known."""
+        return f"--max-loras {self.max_loras}" + (f" ({self.source})" if self.source else "")
 
     def served(self) -> set[str]:
         """Every adapter some table names (each may be requested at any time)."""

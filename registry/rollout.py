@@ -55,6 +55,7 @@ from registry.lifecycle import (
 )
 from registry.names import adapter_name, version_of
 from registry.placement import placed
+from registry.replicas import ReplicaStore, load_checked
 from registry.routes import RouteStore
 from registry.routing import RoutingTable
 
@@ -82,6 +83,11 @@ class RolloutServices(Protocol):
 
     def vllm_admin(self, url: str) -> VllmAdminClient:
         """A new admin client to the replica at ``url``; the caller closes it."""
+        ...
+
+    @property
+    def replicas(self) -> ReplicaStore:
+        """The replicas' records (the base each serves: an adapter of another is refused)."""
         ...
 
 
@@ -235,7 +241,7 @@ class LineRollout:
         path = self.adapter_path(adapter)
         for url in replicas:
             with self.services.vllm_admin(url) as client:
-                client.ensure_loaded(adapter, path)
+                load_checked(client, adapter, path, self.services.replicas)
 
     def _probe(
         self, adapter: str, replicas: Sequence[str], *, served_outside: bool = False
@@ -255,7 +261,8 @@ class LineRollout:
             try:
                 with self.services.vllm_admin(url) as client:
                     if path is not None:
-                        client.ensure_loaded(adapter, path)
+                        # A replica serving another base refuses it: a failed probe there.
+                        load_checked(client, adapter, path, self.services.replicas)
                     elif client.served_adapter(adapter) is None:
                         raise UsageError(
                             f"{adapter} is not loaded on {url} and the registry has no version "
