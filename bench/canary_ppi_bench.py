@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from feedback.events import ONLINE_SIGNALS
 from registry.canary import (
     RATES,
     WORSE_DESIGN_EFFECT,
@@ -64,7 +65,7 @@ FLOOR = 200
 NOISE = 0.1  # reviewers' wrong verdicts
 # Rates the users' satisfaction does not drive, equal on both arms.
 ERROR_RATE, REFUSAL_RATE = 0.002, 0.01
-NEGATIVE = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
+NEGATIVE = tuple(signal.value for signal in ONLINE_SIGNALS)
 CHUNK = 400_000  # answers drawn at once (memory)
 
 

@@ -14,19 +14,11 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 from dashboard.errors import PageError
-from feedback.rollup import BASE_ADAPTER
+from feedback.events import Signal
+from feedback.rollup import BASE_ADAPTER, FEEDBACK_SIGNALS
 
 # Signals a sample can be filtered by; "none" means no feedback at all.
-SAMPLE_SIGNALS: tuple[str, ...] = (
-    "thumbs_up",
-    "thumbs_down",
-    "regenerate",
-    "edit",
-    "abandon",
-    "task_success",
-    "task_failure",
-    "none",
-)
+SAMPLE_SIGNALS: tuple[str, ...] = (*FEEDBACK_SIGNALS, Signal.NONE.value)
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$")
 _DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

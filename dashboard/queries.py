@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, Select, and_, exists, literal, or_, select
 
 from dashboard.filters import BucketFilter, Cursor
+from feedback.events import EDIT_TYPES
 from feedback.examples import user_digest
 from feedback.rollup import (
     BASE_ADAPTER,
@@ -30,7 +31,6 @@ from feedback.rollup import (
     merge_counts,
 )
 from feedback.schema import feedback_table, interactions_table
-from feedback.signals import EDIT_TYPES
 
 
 @dataclass(frozen=True, slots=True)

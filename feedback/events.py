@@ -98,6 +98,76 @@ REVIEW_REASON = "reason"
 REVIEWER = "reviewer"
 
 
+class Signal(StrEnum):
+    """The one vocabulary of what users said about an answer, strongest first (the order
+    :data:`SIGNAL_PRIORITY` names a record's main signal by).
+
+    Feedback event types map onto it one to one, except ``task_outcome``, which splits by
+    its result (:class:`TaskOutcome`) into ``task_success`` and ``task_failure``; ``none``
+    names a record without any. Every list of signals is a group derived below, never a
+    list kept by hand.
+    """
+
+    EDIT = "edit"
+    THUMBS_DOWN = "thumbs_down"
+    THUMBS_UP = "thumbs_up"
+    REGENERATE = "regenerate"
+    ABANDON = "abandon"
+    TASK_FAILURE = "task_failure"
+    TASK_SUCCESS = "task_success"
+    RANK = "rank"
+    NONE = "none"
+
+    @property
+    def weight(self) -> float:
+        """How much the signal says about what the user wanted (the seed's ranking: edits and
+        task outcomes strong, thumbs strong, regenerate medium, abandon weak)."""
+        return _WEIGHTS[self]
+
+    @property
+    def event_type(self) -> str:
+        """The feedback event type that carries this signal."""
+        return "task_outcome" if self.value.startswith("task_") else self.value
+
+
+_WEIGHTS = {
+    Signal.EDIT: 1.0,
+    Signal.THUMBS_DOWN: 1.0,
+    Signal.THUMBS_UP: 1.0,
+    Signal.REGENERATE: 0.5,
+    Signal.ABANDON: 0.25,
+    Signal.TASK_FAILURE: 1.0,
+    Signal.TASK_SUCCESS: 1.0,
+    Signal.RANK: 1.0,
+    Signal.NONE: 0.0,
+}
+
+
+def signals_of_type(kind: FeedbackType) -> tuple[Signal, ...]:
+    """The signals one feedback event type carries (a task outcome's, success first)."""
+    if kind is FeedbackType.TASK_OUTCOME:
+        return tuple(Signal(f"task_{outcome.value}") for outcome in TaskOutcome)
+    return (Signal(kind.value),)
+
+
+SIGNAL_PRIORITY: tuple[Signal, ...] = tuple(Signal)
+# The signals users give, in the order reports show them (their event types' order).
+USER_SIGNALS: tuple[Signal, ...] = tuple(
+    signal
+    for kind in FeedbackType
+    if kind.value in SIGNAL_TYPES
+    for signal in signals_of_type(kind)
+)
+POSITIVE_SIGNALS: frozenset[Signal] = frozenset({Signal.THUMBS_UP, Signal.TASK_SUCCESS})
+# Every other user signal says the answer fell short: what the canary counts per request on
+# each arm (higher is worse), besides errors, and what a satisfied request has none of.
+ONLINE_SIGNALS: tuple[Signal, ...] = tuple(s for s in USER_SIGNALS if s not in POSITIVE_SIGNALS)
+# Those that label an answer bad on their own; an edit brings the better answer instead.
+NEGATIVE_SIGNALS: frozenset[Signal] = frozenset(ONLINE_SIGNALS) - {Signal.EDIT}
+# Feedback event types whose text is an edited answer: a user's edit, a reviewer's correction.
+EDIT_TYPES: tuple[str, ...] = (FeedbackType.EDIT.value, FeedbackType.REVIEW.value)
+
+
 def _utc(value: datetime) -> datetime:
     """Naive timestamps are taken as UTC; aware ones are converted to UTC."""
     if value.tzinfo is None:

@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 import orjson
 
+from feedback.events import EDIT_TYPES, NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal
 from feedback.placeholders import PLACEHOLDER, neutral_words
-from feedback.signals import EDIT_TYPES, NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal, signals_of
+from feedback.signals import signals_of
 
 ExampleKind = Literal["sft", "dpo", "kto"]
 

@@ -29,9 +29,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, and_, select
 
 from feedback.contributions import Answer, LookBound, counted_requests
-from feedback.events import FeedbackType, ReviewVerdict
+from feedback.events import ONLINE_SIGNALS, FeedbackType, ReviewVerdict, Signal
 from feedback.schema import feedback_table, interactions_table
-from feedback.signals import ONLINE_SIGNALS, Signal
 from flywheel.quantiles import observed_quantile
 
 COUNTED_SIGNALS = tuple(

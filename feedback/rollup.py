@@ -55,6 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from feedback.events import USER_SIGNALS
 from feedback.schema import (
     feedback_table,
     interactions_table,
@@ -66,15 +67,7 @@ BASE_ADAPTER = "base"
 REQUESTS = "requests"
 ERRORS = "errors"
 # Feedback signals as the rollup names them: a task outcome splits by its result.
-FEEDBACK_SIGNALS: tuple[str, ...] = (
-    "thumbs_up",
-    "thumbs_down",
-    "regenerate",
-    "edit",
-    "abandon",
-    "task_success",
-    "task_failure",
-)
+FEEDBACK_SIGNALS: tuple[str, ...] = tuple(signal.value for signal in USER_SIGNALS)
 SOURCES = ("interactions", "feedback_events")
 FOLD_CHUNK_ROWS = 250_000
 TAIL_PAGE_ROWS = 20_000

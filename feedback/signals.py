@@ -12,69 +12,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
+from feedback.events import EDIT_TYPES, SIGNAL_PRIORITY, Signal
 from feedback.schema import feedback_table, interactions_table
-
-
-class Signal(StrEnum):
-    """The one vocabulary of what users said about an answer, strongest first.
-
-    Feedback event types map onto it one to one, except ``task_outcome``, which
-    splits by its result into ``task_success`` and ``task_failure``.
-    """
-
-    EDIT = "edit"
-    THUMBS_DOWN = "thumbs_down"
-    THUMBS_UP = "thumbs_up"
-    REGENERATE = "regenerate"
-    ABANDON = "abandon"
-    TASK_FAILURE = "task_failure"
-    TASK_SUCCESS = "task_success"
-    RANK = "rank"
-    NONE = "none"
-
-    @property
-    def weight(self) -> float:
-        """How much the signal says about what the user wanted (the seed's ranking: edits and
-        task outcomes strong, thumbs strong, regenerate medium, abandon weak)."""
-        return _WEIGHTS[self]
-
-    @property
-    def event_type(self) -> str:
-        """The feedback event type that carries this signal."""
-        return "task_outcome" if self.value.startswith("task_") else self.value
-
-
-_WEIGHTS = {
-    Signal.EDIT: 1.0,
-    Signal.THUMBS_DOWN: 1.0,
-    Signal.THUMBS_UP: 1.0,
-    Signal.REGENERATE: 0.5,
-    Signal.ABANDON: 0.25,
-    Signal.TASK_FAILURE: 1.0,
-    Signal.TASK_SUCCESS: 1.0,
-    Signal.RANK: 1.0,
-    Signal.NONE: 0.0,
-}
-SIGNAL_PRIORITY: tuple[Signal, ...] = tuple(Signal)
-POSITIVE_SIGNALS: frozenset[Signal] = frozenset({Signal.THUMBS_UP, Signal.TASK_SUCCESS})
-NEGATIVE_SIGNALS: frozenset[Signal] = frozenset(
-    {Signal.THUMBS_DOWN, Signal.REGENERATE, Signal.ABANDON, Signal.TASK_FAILURE}
-)
-# Feedback event types whose text is an edited answer: a user's edit, a reviewer's correction.
-EDIT_TYPES: tuple[str, ...] = ("edit", "review")
-# What the canary counts per request on each arm (higher is worse), besides errors.
-ONLINE_SIGNALS: tuple[Signal, ...] = (
-    Signal.THUMBS_DOWN,
-    Signal.REGENERATE,
-    Signal.EDIT,
-    Signal.ABANDON,
-    Signal.TASK_FAILURE,
-)
 
 
 def signals_of(feedback: list[dict[str, Any]]) -> set[Signal]:

@@ -41,16 +41,16 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from feedback.events import ONLINE_SIGNALS, POSITIVE_SIGNALS, USER_SIGNALS
 from registry.canary import always_valid_p_value, score_test
 from registry.names import adapter_name, parse_adapter_name
 from registry.ppi import ArmEstimate, SatisfactionSample, estimate
 from registry.routing import RoutingTable
 
 # Facts about one request the metrics are made of (the store computes them per request).
-FLAGS = (
-    "thumbs_up", "thumbs_down", "regenerate", "edit", "abandon",
-    "task_success", "task_failure", "review_pass", "review_fail",
-)  # fmt: skip
+# Their order is each flag's bit in the stored tallies (registry.experiment_tally).
+FLAGS = (*(signal.value for signal in USER_SIGNALS), "review_pass", "review_fail")
+_POSITIVE = tuple(signal.value for signal in USER_SIGNALS if signal in POSITIVE_SIGNALS)
 EFFECT_GRID_STEP = 0.001
 ArmLabel = Literal["a", "b"]
 FloatArray = npt.NDArray[np.float64]
@@ -98,8 +98,8 @@ METRICS: dict[str, ExperimentMetric] = {
             "satisfied",
             True,
             among=(),
-            hit_any=("thumbs_up", "task_success"),
-            hit_none=("thumbs_down", "regenerate", "edit", "abandon", "task_failure"),
+            hit_any=_POSITIVE,
+            hit_none=tuple(signal.value for signal in ONLINE_SIGNALS),
             description="of all requests, the share with a positive and no negative signal",
         ),
         ExperimentMetric(

@@ -27,21 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from feedback.events import USER_SIGNALS, Signal
 from flywheel.errors import UsageError
 
 if TYPE_CHECKING:
     from simulation.feedback_profiles import FeedbackProfile
 
-REACTION_TYPES: tuple[str, ...] = (
-    "none",
-    "thumbs_up",
-    "thumbs_down",
-    "regenerate",
-    "edit",
-    "abandon",
-    "task_success",
-    "task_failure",
-)
+REACTION_TYPES: tuple[str, ...] = (Signal.NONE.value, *(signal.value for signal in USER_SIGNALS))
 
 
 @runtime_checkable

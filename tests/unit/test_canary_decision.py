@@ -571,8 +571,8 @@ def test_errors_are_the_model_sides_and_a_cancel_is_an_abandon(settings: Setting
 
 
 def test_the_canary_rates_are_the_online_signals_errors_and_refusals() -> None:
+    from feedback.events import ONLINE_SIGNALS
     from feedback.online import DISSATISFIED
-    from feedback.signals import ONLINE_SIGNALS
 
     expected = {s.value for s in ONLINE_SIGNALS} | {"error", DISSATISFIED, "refusal"}
     assert set(RATES) == expected

@@ -117,3 +117,30 @@ def test_feedback_key_is_given_or_derived_from_content() -> None:
 def test_non_object_is_refused() -> None:
     with pytest.raises(InvalidEventError, match="expected a JSON object, got list"):
         validate_event([1, 2])
+
+
+def test_every_list_of_signals_is_a_group_of_the_one_enum() -> None:
+    from dashboard.filters import SAMPLE_SIGNALS
+    from feedback.events import (
+        NEGATIVE_SIGNALS,
+        ONLINE_SIGNALS,
+        POSITIVE_SIGNALS,
+        USER_SIGNALS,
+        Signal,
+    )
+    from feedback.rollup import FEEDBACK_SIGNALS
+    from registry.experiments import FLAGS
+    from simulation.protocol import REACTION_TYPES
+
+    # The order reports show and experiments' tallies store their bits in.
+    shown = (
+        "thumbs_up", "thumbs_down", "regenerate", "edit", "abandon", "task_success", "task_failure",
+    )  # fmt: skip
+    assert tuple(s.value for s in USER_SIGNALS) == shown
+    assert POSITIVE_SIGNALS.isdisjoint(ONLINE_SIGNALS)
+    assert POSITIVE_SIGNALS | set(ONLINE_SIGNALS) == set(USER_SIGNALS)
+    assert set(ONLINE_SIGNALS) - {Signal.EDIT} == NEGATIVE_SIGNALS
+    assert shown == FEEDBACK_SIGNALS
+    assert (*shown, "none") == SAMPLE_SIGNALS
+    assert ("none", *shown) == REACTION_TYPES
+    assert FLAGS[: len(shown)] == shown
