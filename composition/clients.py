@@ -181,6 +181,8 @@ def build_clients(settings: Settings, *, migrate: bool = True) -> Clients:
     def store() -> FeedbackStore:
         from sqlalchemy.exc import OperationalError
 
+        # Every package's tables declared, so the store's erasures reach each one.
+        import composition.tables  # noqa: F401
         from feedback.store import FeedbackStore
 
         try:

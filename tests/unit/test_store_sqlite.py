@@ -54,3 +54,24 @@ def test_interactions_stored_before_keys_were_recorded_keep_no_key(settings: Set
         keys = dict(connection.execute(select(table.request_id, table.key_name)).all())
     engine.dispose()
     assert keys == {"old": None, "new": "support-app"}
+
+
+def test_a_store_the_composition_root_opens_erases_from_every_package_s_tables(
+    settings: Settings,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    FeedbackStore.open(settings).close()  # at the newest revision: the next open migrates nothing
+    erase = (
+        "from composition.clients import build_clients\n"
+        "from flywheel.settings import load_settings\n"
+        "with build_clients(load_settings()) as clients:\n"
+        "    print(clients.store.forget_user('nobody').total('interactions'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", erase], check=False, capture_output=True, text=True, env=os.environ
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
