@@ -139,9 +139,9 @@ class Registry:
 
     ``artifact_root`` is where new experiments keep their artifacts (a folder or
     a URI); leave it ``None`` against a tracking server so the server's own
-    ``--artifacts-destination`` applies. ``download_dir`` is where adapters of a
-    remote store are downloaded for serving; adapters in a local store are used
-    in place.
+    ``--artifacts-destination`` applies. ``download_dir`` is where adapters are
+    fetched for serving, digest-checked (:func:`registry.delivery.fetch_adapter`);
+    without one, a local store's adapter folders are checked and used in place.
     """
 
     def __init__(
