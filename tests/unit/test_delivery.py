@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.errors import FlywheelError
+from flywheel.settings import Settings
 from registry.delivery import (
     TAG_ADAPTER_DIGEST,
     AdapterDigestError,
@@ -266,3 +267,35 @@ def test_files_without_an_adapter_config_are_no_adapter(tmp_path: Path) -> None:
     with pytest.raises(FlywheelError, match=r"adapter_config\.json"):
         fetch_adapter(registry, "legal", 1, tmp_path / "cache")  # type: ignore[arg-type]
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+# --------------------------------------------------------------------------- the registry's paths
+
+
+def test_the_registry_hands_vllm_only_checked_folders(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from registry.tracking import Registry, artifact_root_for, tracking_uri_for
+    from tests.registered import register_version
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    home = settings.home
+    cached = Registry.for_home(home)
+    version = register_version(settings, cached, "legal", _adapter(tmp_path / "trained"), tmp_path)
+    in_place = Registry(tracking_uri_for(home, None), artifact_root_for(home))
+
+    folder = cached.adapter_path("legal", version)
+    assert folder == home / "mlflow" / "downloads" / f"legal-v{version}"
+    stored = in_place.adapter_path("legal", version)
+    assert stored != folder
+    assert adapter_digest(stored) == adapter_digest(folder)
+
+    (stored / "adapter_model.safetensors").write_bytes(b"changed")
+    with pytest.raises(AdapterDigestError, match="not the registered"):
+        in_place.adapter_path("legal", version)
+    # The copy verified before is still whole; a new fetch of the changed store is refused.
+    assert cached.adapter_path("legal", version) == folder
+    shutil.rmtree(folder)
+    with pytest.raises(AdapterDigestError):
+        cached.adapter_path("legal", version)
+    assert not folder.exists()
