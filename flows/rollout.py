@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from composition.clients import Clients
@@ -41,6 +42,7 @@ from registry.lifecycle import (
     CanaryLooked,
     ChampionJudged,
     ChampionSetByHand,
+    Event,
     LineState,
     LoraBudget,
     SetAlias,
@@ -210,6 +212,54 @@ def _arm(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """What one look of a judge found: the event for the state machine (from ``state``), the
+    look recorded with its outcome, the statistical decision behind it, and what goes to
+    the judged adapter's training run once the transition is known (None: nothing)."""
+
+    state: LineState
+    event: Event
+    look: Look
+    decision: CanaryDecision | None = None
+    training_run: Callable[[Transition], CanaryRecord | None] = lambda transition: None
+
+
+# A judge looks at a line's state at a time: what it found, or why there is nothing to judge.
+Judge = Callable[[Rollout, LineState, datetime], Judgement | str]
+
+
+def _judge(
+    settings: Settings,
+    clients: Clients,
+    line: str,
+    judge: Judge,
+    *,
+    upstreams: Sequence[str],
+    in_flight: Callable[[str], int] | None,
+    now: datetime | None,
+    actor: str,
+) -> CanaryOutcome:
+    """The canary flow's three judges in one skeleton: read the line's state, let ``judge``
+    look, then through the door (advance, apply, record the look) and, for a decision that
+    ends a stage, onto the training run of the adapter judged."""
+    until = now or datetime.now(UTC)
+    # Route changes made by this decision are stamped with the decision's time.
+    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
+    state = parts.state()
+    found = judge(parts, state, until)
+    if isinstance(found, str):
+        return CanaryOutcome(line, "none", found, state.table)
+    transition = parts.decide(found.state, found.event, found.look)
+    numbers = dict(found.look.numbers)
+    record = found.training_run(transition)
+    if record is not None:
+        _log_to_training_run(parts, found.look.adapter, record, numbers)
+    return CanaryOutcome(
+        line, transition.action, transition.reason, transition.table, found.decision, numbers
+    )
+
+
 def judge_canary(
     settings: Settings,
     clients: Clients,
@@ -225,67 +275,68 @@ def judge_canary(
 ) -> CanaryOutcome:
     """Decide on the line's canary and apply it (``force`` skips the test and the soak); the
     decision is recorded with its numbers. ``look`` counts this share's decisions so far + 1."""
-    until = now or datetime.now(UTC)
-    # Route changes made by this decision are stamped with the decision's time.
-    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
-    store = parts.store
-    state = parts.state()
-    table = state.table
+    judge = partial(_canary_look, look=look, force=force, reason=reason)
+    return _judge(settings, clients, line, judge, upstreams=upstreams, in_flight=in_flight,
+                  now=now, actor=actor)  # fmt: skip
+
+
+def _canary_look(
+    parts: Rollout,
+    state: LineState,
+    until: datetime,
+    *,
+    look: int | None,
+    force: CanaryAction | None,
+    reason: str | None,
+) -> Judgement | str:
+    """The canary against the champion since its share started (the anytime-valid test, or
+    the operator's ``force``)."""
+    table, line = state.table, parts.line
     if table.canary is None:
-        return CanaryOutcome(line, "none", "no canary on this line", table)
+        return "no canary on this line"
+    adapter, arms = table.canary, [table.champion, table.canary]
     since = state.step_started or datetime.min.replace(tzinfo=UTC)
     policy = parts.recipe.canary_policy()
     # Each user's first answers and each key's share, as the policy bounds them.
-    windows = adapter_windows(
-        store.engine, line, [table.champion, table.canary], since, until, policy.bound
-    )
+    windows = adapter_windows(parts.store.engine, line, arms, since, until, policy.bound)
     satisfaction, scorer = None, None
     if policy.satisfaction is not None and force is None:
         from flows.satisfaction import arm_satisfaction
 
         satisfaction, scorer = arm_satisfaction(
-            settings, clients, line, [table.champion, table.canary], since, until, policy.bound
+            parts.settings, parts.clients, line, arms, since, until, policy.bound
         )
-    champion = _arm(windows, table.champion, satisfaction)
-    canary = _arm(windows, table.canary, satisfaction)
-    if look is None:
-        look = looks_since(store.engine, line, table.canary, since) + 1
+    champion, canary = (_arm(windows, arm, satisfaction) for arm in arms)
+    number = look if look is not None else looks_since(parts.store.engine, line, adapter, since) + 1
     numbers: dict[str, Any] = {
         "window_start": since.isoformat(),
         "window_end": until.isoformat(),
         "champion": _recorded(windows[table.champion]),
-        "canary": _recorded(windows[table.canary]),
+        "canary": _recorded(windows[adapter]),
     }
     if scorer is not None:
         numbers["satisfaction_scored_by"] = scorer
     decision = None
-    if force is None:
-        decision = decide_canary(champion, canary, policy, look=look)
+    if force is not None:
+        event = CanaryLooked(force, (reason or f"by hand ({force.value})",), until)
+        state = LineState(table, None, state.champion_since)  # by hand: no soak
+    else:
+        decision = decide_canary(champion, canary, policy, look=number)
         event = CanaryLooked(decision.action, decision.reasons, until)
         numbers["checks"] = [asdict(check) for check in decision.checks]
         numbers["worse_alpha"] = decision.worse_alpha
         numbers["non_inferior_alpha"] = decision.non_inferior_alpha
-    else:
-        event = CanaryLooked(force, (reason or f"by hand ({force.value})",), until)
-        state = LineState(table, None, state.champion_since)  # by hand: no soak
-    judged = Look(table.canary, table.canary_fraction, look, until, numbers)
-    transition = parts.decide(state, event, judged)
-    outcome = CanaryOutcome(line, transition.action, transition.reason, transition.table)
-    outcome.decision, outcome.numbers = decision, numbers
-    if outcome.action in ("promote", "rollback"):
-        record = canary_record(
-            outcome.action,
-            outcome.reason,
-            table.canary,
-            actor=actor,
-            decided_at=until,
-            fraction=table.canary_fraction,
-            look=look,
-            requests=(champion.requests, canary.requests),
-            checks=decision.checks if decision is not None else (),
-        )
-        _log_to_training_run(parts, table.canary, record, numbers)
-    return outcome
+
+    def training_run(transition: Transition) -> CanaryRecord | None:
+        if transition.action not in ("promote", "rollback"):
+            return None
+        return canary_record(transition.action, transition.reason, adapter, actor=parts.actor,
+                             decided_at=until, fraction=table.canary_fraction, look=number,
+                             requests=(champion.requests, canary.requests),
+                             checks=decision.checks if decision is not None else ())  # fmt: skip
+
+    judged = Look(adapter, table.canary_fraction, number, until, numbers)
+    return Judgement(state, event, judged, decision, training_run)
 
 
 def _log_to_training_run(
@@ -338,32 +389,28 @@ def judge_shadow_stage(
     """Judge the line's shadow on its answers so far (``registry.shadow``) and apply it: on to
     the recipe's first canary share, rolled back (unloaded, the version rejected), or left
     to answer more. Recorded with the canary's decisions, with its numbers."""
-    until = now or datetime.now(UTC)
-    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
-    store = parts.store
-    history = parts.routes.history(line, limit=500)
-    state = LineState.of(parts.routes.table(line), history)
+    return _judge(settings, clients, line, _shadow_look, upstreams=upstreams,
+                  in_flight=in_flight, now=now, actor=actor)  # fmt: skip
+
+
+def _shadow_look(parts: Rollout, state: LineState, until: datetime) -> Judgement | str:
+    """The shadow's answers against the champion's on the same requests since it started."""
     table = state.table
     if table.shadow is None:
-        return CanaryOutcome(line, "none", "no shadow on this line", table)
-    report = shadow_report(store, table, history, until)
-    decision = judge_shadow(report, parts.recipe.rollout.shadow)
+        return "no shadow on this line"
+    history = parts.routes.history(parts.line, limit=500)
     since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
+    report = shadow_report(parts.store, table, history, until)
+    decision = judge_shadow(report, parts.recipe.rollout.shadow)
     numbers = {
         "window_start": since.isoformat(),
         "window_end": until.isoformat(),
         "shadow": report.as_dict(),
         "checks": [asdict(check) for check in decision.checks],
     }
-    look = looks_since(store.engine, line, table.shadow, since) + 1
-    transition = parts.decide(
-        state,
-        ShadowLooked(decision.action, decision.reasons, until),
-        Look(table.shadow, table.shadow_fraction, look, until, numbers),
-    )
-    return CanaryOutcome(
-        line, transition.action, transition.reason, transition.table, None, numbers
-    )
+    look = looks_since(parts.store.engine, parts.line, table.shadow, since) + 1
+    event = ShadowLooked(decision.action, decision.reasons, until)
+    return Judgement(state, event, Look(table.shadow, table.shadow_fraction, look, until, numbers))
 
 
 def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -387,60 +434,49 @@ def watch_champion(
     """While the recipe's ``watch_s`` runs after a promotion: the champion since then against
     ``previous`` over the ``watch_s`` before it, on the canary's test; shown worse → revert
     (routing and alias together, ``previous`` reloaded, the reason in MLflow)."""
-    until = now or datetime.now(UTC)
-    parts = rollout(settings, clients, line, upstreams, in_flight=in_flight, actor=actor, now=until)
-    store = parts.store
-    state = parts.state()
-    table = state.table
+    return _judge(settings, clients, line, _champion_look, upstreams=upstreams,
+                  in_flight=in_flight, now=now, actor=actor)  # fmt: skip
+
+
+def _champion_look(parts: Rollout, state: LineState, until: datetime) -> Judgement | str:
+    """The champion since its promotion against ``previous`` before it."""
+    table, line = state.table, parts.line
     if not watching(state, until, parts.recipe.rollout):
-        return CanaryOutcome(line, "none", "the champion is not under watch", table)
+        return "the champion is not under watch"
     assert state.champion_since is not None
     assert table.champion is not None
-    since = state.champion_since
+    since, champion, previous = state.champion_since, table.champion, table.previous
     # previous as champion over the watch period before the promotion (at least as long as
     # the champion has served since): its settled numbers, not a few minutes of them.
     before = since - max(until - since, timedelta(seconds=parts.recipe.rollout.watch_s))
-    policy = parts.recipe.canary_policy()
-    then = adapter_windows(store.engine, line, [table.previous], before, since, policy.bound)
-    lately = adapter_windows(store.engine, line, [table.champion], since, until, policy.bound)
+    policy, engine = parts.recipe.canary_policy(), parts.store.engine
+    then = adapter_windows(engine, line, [previous], before, since, policy.bound)
+    lately = adapter_windows(engine, line, [champion], since, until, policy.bound)
     # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
     # from turning "not proven non-inferior yet" into a revert.
-    decision = decide_canary(
-        _arm(then, table.previous), _arm(lately, table.champion), policy, look=1
-    )
-    regressed = decision.action is CanaryAction.ROLLBACK
+    decision = decide_canary(_arm(then, previous), _arm(lately, champion), policy, look=1)
     numbers = {
         "window_start": before.isoformat(),
         "promoted_at": since.isoformat(),
         "window_end": until.isoformat(),
-        "previous": _recorded(then[table.previous]),
-        "champion": _recorded(lately[table.champion]),
+        "previous": _recorded(then[previous]),
+        "champion": _recorded(lately[champion]),
         "checks": [asdict(check) for check in decision.checks],
     }
-    look = looks_since(store.engine, line, table.champion, since) + 1
-    transition = parts.decide(
-        state,
-        ChampionJudged(regressed, decision.reasons, until),
-        Look(table.champion, 1.0, look, until, numbers),
-    )
-    if transition.action == "revert":
-        record = canary_record(
-            "revert",
-            transition.reason,
-            table.champion,
-            actor=actor,
-            decided_at=until,
-            fraction=1.0,
-            look=1,
-            requests=(then[table.previous].requests, lately[table.champion].requests),
-            checks=decision.checks,
-            prefix="watch",
-            arms=("previous", "champion"),
-        )
-        _log_to_training_run(parts, table.champion, record, numbers)
-    return CanaryOutcome(
-        line, transition.action, transition.reason, transition.table, decision, numbers
-    )
+    look = looks_since(engine, line, champion, since) + 1
+    event = ChampionJudged(decision.action is CanaryAction.ROLLBACK, decision.reasons, until)
+
+    def training_run(transition: Transition) -> CanaryRecord | None:
+        if transition.action != "revert":
+            return None
+        return canary_record("revert", transition.reason, champion, actor=parts.actor,
+                             decided_at=until, fraction=1.0, look=1,
+                             requests=(then[previous].requests, lately[champion].requests),
+                             checks=decision.checks, prefix="watch",
+                             arms=("previous", "champion"))  # fmt: skip
+
+    judged = Look(champion, 1.0, look, until, numbers)
+    return Judgement(state, event, judged, decision, training_run)
 
 
 def set_champion(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from registry.lifecycle import ByHand, Transition
     from registry.routes import RouteStore
     from registry.routing import RoutingTable
+    from registry.shadow import ShadowDecision, ShadowReport
 
 canary_app = typer.Typer(
     help="Send a share of a line's users to a new adapter.", no_args_is_help=True
@@ -507,9 +508,19 @@ def shadow_report_command(
         }
         out.print_json(orjson.dumps(body).decode())
         return
+    _print_shadow_report(table, report, decision, judged, users)
+
+
+def _print_shadow_report(
+    table: RoutingTable,
+    report: ShadowReport,
+    decision: ShadowDecision,
+    judged: dict[str, float | int | None] | None,
+    users: str | None,
+) -> None:
     out.print(
-        f"{business_line}: {table.shadow} on {table.shadow_fraction:.1%} of the requests of "
-        f"{table.champion or 'the base model'}; {report.pairs} pairs, {report.errors} errors"
+        f"{table.business_line}: {table.shadow} on {table.shadow_fraction:.1%} of the requests "
+        f"of {table.champion or 'the base model'}; {report.pairs} pairs, {report.errors} errors"
     )
     for check in decision.checks:
         out.print(f"  {check.verdict:<8} {check.why}")
