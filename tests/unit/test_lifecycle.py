@@ -268,3 +268,63 @@ def test_a_revert_keeps_the_lines_placement() -> None:
     judged = step(state, ChampionJudged(True, ("worse",), T0 + timedelta(minutes=5)))
     assert judged.action == "revert"
     assert judged.table.replicas == ("http://a",)
+
+
+def test_a_canary_or_shadow_by_hand_is_probed_first_then_replaces_the_live_one() -> None:
+    from registry.lifecycle import CanaryStartedByHand, ShadowStartedByHand, alias_repairs
+
+    live = LineState(table(champion="legal-v1", canary="legal-v2", canary_fraction=0.3))
+    started = CanaryStartedByHand("legal-v3", 0.1, "try v3")
+    assert step(live, started).effects == (Load("legal-v3"),)
+    done = step(live, ProbesDone("legal-v3", ("a",), by_hand=started))
+    assert (done.action, done.table.canary, done.table.canary_fraction) == (
+        "canary",
+        "legal-v3",
+        0.1,
+    )
+    assert done.effects == (
+        Route(done.table, "canary_set"),
+        Reject(2),
+        Unload("legal-v2"),
+        SetAlias("canary", 3),
+    )
+    assert done.reason.startswith("try v3; legal-v3 probed on 1 replica(s)")
+    # Another share for the live canary: routed again, nothing rolled back.
+    again = CanaryStartedByHand("legal-v2", 0.5, "more")
+    moved = step(live, ProbesDone("legal-v2", ("a",), by_hand=again))
+    assert moved.effects == (Route(moved.table, "canary_set"), SetAlias("canary", 2))
+    # ... and a probe failing for it leaves it routed and loaded.
+    failed = step(live, ProbesDone("legal-v2", (), {"a": "no"}, by_hand=again))
+    assert (failed.action, failed.effects) == ("probe_failed", ())
+    shadow = ShadowStartedByHand("legal-v3", 0.2, "mirror v3")
+    mirrored = step(live, ProbesDone("legal-v3", ("a",), by_hand=shadow))
+    assert (mirrored.table.shadow, mirrored.table.canary) == ("legal-v3", "legal-v2")
+    assert mirrored.effects == (Route(mirrored.table, "shadow_set"),)
+    # What the table cannot hold is refused before anything is loaded.
+    for refused in (
+        CanaryStartedByHand("legal-v1", 0.1, "x"),
+        CanaryStartedByHand("medical-v4", 0.1, "x"),
+    ):
+        assert (step(live, refused).action, step(live, refused).effects) == ("refused", ())
+    assert (
+        "not an adapter of legal" in step(live, CanaryStartedByHand("medical-v4", 0.1, "x")).reason
+    )
+    assert alias_repairs(live.table, {"champion": 1, "canary": 2}) == ()
+    assert alias_repairs(live.table, {"champion": 4, "previous": 1}) == (
+        SetAlias("champion", 1),
+        SetAlias("canary", 2),
+    )
+
+
+def test_a_shadow_stopped_by_hand_is_rolled_back() -> None:
+    from registry.lifecycle import ShadowStoppedByHand
+
+    live = LineState(table(champion="legal-v1", shadow="legal-v2", shadow_fraction=0.1))
+    stopped = step(live, ShadowStoppedByHand("too slow"))
+    assert (stopped.action, stopped.reason, stopped.table.shadow) == (
+        "shadow_reject",
+        "too slow",
+        None,
+    )
+    assert stopped.effects == (Route(stopped.table, "shadow_clear"), Reject(2), Unload("legal-v2"))
+    assert step(LineState(table()), ShadowStoppedByHand("x")).action == "none"
