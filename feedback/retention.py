@@ -7,8 +7,8 @@ text, a shadow answer) with the scrubber's output and stamps the row's metadata 
 which keeps the task idempotent and its cost to the rows that crossed the line since.
 Deleting removes old interactions with their feedback and shadow answers; the hourly
 rollup keeps its counts (counts name nobody), datasets keep their scrubbed examples, and
-an A/B experiment's numbers are those of the requests still stored (its running tally is
-counted again).
+an A/B experiment's numbers are those of the requests still stored (the tallies of the
+line's experiments that started before the cutoff are counted again).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from feedback.schema import (
     rows_about_requests,
     shadow_outputs_table,
 )
-from flywheel.database import recounted_after_erasure
+from flywheel.database import recounted_after_erasure, recounted_rows
 
 SCRUBBED_AT = "scrubbed_at"
 # Rows scrubbed per transaction: a long night is resumable, a lock is short.
@@ -176,7 +176,8 @@ def apply_retention(
                 # Running counts only ever add (an experiment's tally): whatever may have
                 # counted a deleted request counts again on its next read.
                 for table in recounted_after_erasure():
-                    connection.execute(delete(table))
+                    counted = recounted_rows(table, business_line, cutoff)
+                    connection.execute(delete(table).where(counted))
         return report
     targets = (
         (i, ("messages", "response"), _unscrubbed(i, business_line, cutoff)),

@@ -10,9 +10,10 @@ promise another package's table can make to the feedback store's erasures.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, Table, func
+from sqlalchemy import JSON, BigInteger, ColumnElement, DateTime, Integer, Table, func, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
@@ -29,9 +30,11 @@ JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 NOW = func.current_timestamp()
 
 # ``Table.info`` key: the table holds running counts over stored requests that only ever
-# add, so a deletion of requests (a forgotten user, retention's delete) empties it and its
-# owner counts again on the next read. Feedback erases; the owner keeps the promise.
+# add, so a deletion of requests (a forgotten user, retention's delete) drops the rows that
+# may have counted them and the owner counts again on the next read. Its value is True, or
+# a scope: which rows may count a business line's requests created before a time.
 RECOUNTED_AFTER_ERASURE = "recounted_after_erasure"
+CountedScope = Callable[[Table, str, datetime], ColumnElement[bool]]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -68,3 +71,10 @@ def recounted_after_erasure() -> list[Table]:
     return [
         table for table in Base.metadata.sorted_tables if table.info.get(RECOUNTED_AFTER_ERASURE)
     ]
+
+
+def recounted_rows(table: Table, business_line: str, before: datetime) -> ColumnElement[bool]:
+    """The rows of a :func:`recounted_after_erasure` table that may count a request of
+    ``business_line`` created before ``before`` (every row where its owner gave no scope)."""
+    scope = table.info[RECOUNTED_AFTER_ERASURE]
+    return scope(table, business_line, before) if callable(scope) else true()

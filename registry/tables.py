@@ -4,8 +4,9 @@ A/B experiments (their looks and running tallies) and what each vLLM replica ser
 They sit on the one database's base (:mod:`flywheel.database`); the one migration history
 (``feedback/migrations``) creates them with every other package's tables. Only the
 registry writes them. An experiment's tallies count stored requests, so the feedback
-store's erasures empty them (:data:`~flywheel.database.RECOUNTED_AFTER_ERASURE`) and
-``registry.experiment_tally`` counts again on the next view.
+store's erasures drop those that may count an erased one
+(:data:`~flywheel.database.RECOUNTED_AFTER_ERASURE`, scoped here) and
+``registry.experiment_tally`` counts them again on the next view.
 """
 
 from __future__ import annotations
@@ -13,7 +14,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    select,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.database import (
@@ -122,6 +135,18 @@ class Experiment(Base):
     __table_args__ = (Index("ix_experiments_line_started", "business_line", "started_at"),)
 
 
+def _tally_of_experiments_started_before(
+    table: Table, business_line: str, before: datetime
+) -> ColumnElement[bool]:
+    """An experiment's tally rows that may count a request of ``business_line`` created
+    before ``before``: those of the line's experiments that started before it."""
+    experiments = Experiment.__table__.c
+    started = select(experiments.id).where(
+        experiments.business_line == business_line, experiments.started_at < before
+    )
+    return table.c.experiment_id.in_(started)
+
+
 class ExperimentLookRecord(Base):
     """One look at an experiment: each arm's samples and hits on its metric, the effect
     (B - A), its confidence sequence, the always-valid p-value and the verdict."""
@@ -148,7 +173,7 @@ class ExperimentTally(Base):
     (``registry.experiment_tally``): every metric is a sum over these few cells."""
 
     __tablename__ = "experiment_tallies"
-    __table_args__ = ({"info": {RECOUNTED_AFTER_ERASURE: True}},)
+    __table_args__ = ({"info": {RECOUNTED_AFTER_ERASURE: _tally_of_experiments_started_before}},)
 
     experiment_id: Mapped[int] = mapped_column(
         PrimaryKey,
@@ -166,7 +191,7 @@ class ExperimentTallyMark(Base):
     in ``flag_names`` (in bit order). ``version`` moves by compare-and-set with each fold."""
 
     __tablename__ = "experiment_tally_marks"
-    __table_args__ = ({"info": {RECOUNTED_AFTER_ERASURE: True}},)
+    __table_args__ = ({"info": {RECOUNTED_AFTER_ERASURE: _tally_of_experiments_started_before}},)
 
     experiment_id: Mapped[int] = mapped_column(
         PrimaryKey,

@@ -210,3 +210,21 @@ def test_the_page_shows_the_tally_and_when_it_was_counted(store: FeedbackStore,
     assert 'id="counted"' in shown
     assert "Numbers as of" in shown
     assert listed[0]["now"]["a_samples"] == expected.a.samples
+
+
+def test_another_line_s_retention_keeps_the_tally(store: FeedbackStore) -> None:
+    record = start(store)
+    Traffic(store, rng=random.Random(5)).round(requests=100, late=20)
+    fold_tally(store.engine, record, grace=timedelta(0))
+    old = START - timedelta(days=30)
+    medical = [interaction(f"medical-{n}", None, old, line="medical") for n in range(3)]
+    store.ingest(medical, source="test")
+
+    policy = RetentionPolicy(raw_days=5, action="delete")
+    report = apply_retention(store.engine, "medical", policy, lambda records, _: records, now=START)
+
+    assert report.interactions == 3
+    with store.engine.connect() as connection:
+        left = connection.execute(select(func.count()).select_from(experiment_tallies_table))
+        assert left.scalar_one() > 0  # no request of the legal line went: nothing to recount
+    assert tallied(store.engine, record) == recounted(store.engine, record)
