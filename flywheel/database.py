@@ -66,8 +66,8 @@ class Base(DeclarativeBase):
 
 
 def recounted_after_erasure() -> list[Table]:
-    """The declared tables that erasing stored requests empties
-    (:data:`RECOUNTED_AFTER_ERASURE`)."""
+    """The declared tables whose counts erasing stored requests drops, wholly (a forgotten
+    user) or in their scope (:func:`recounted_rows`; :data:`RECOUNTED_AFTER_ERASURE`)."""
     return [
         table for table in Base.metadata.sorted_tables if table.info.get(RECOUNTED_AFTER_ERASURE)
     ]
@@ -76,5 +76,5 @@ def recounted_after_erasure() -> list[Table]:
 def recounted_rows(table: Table, business_line: str, before: datetime) -> ColumnElement[bool]:
     """The rows of a :func:`recounted_after_erasure` table that may count a request of
     ``business_line`` created before ``before`` (every row where its owner gave no scope)."""
-    scope = table.info[RECOUNTED_AFTER_ERASURE]
+    scope: CountedScope | bool = table.info[RECOUNTED_AFTER_ERASURE]
     return scope(table, business_line, before) if callable(scope) else true()
