@@ -75,3 +75,18 @@ def test_a_store_the_composition_root_opens_erases_from_every_package_s_tables(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+def test_an_erasure_refuses_while_the_database_holds_an_undeclared_table(
+    settings: Settings,
+) -> None:
+    from sqlalchemy import text
+
+    from feedback.schema import UndeclaredTablesError
+
+    store = FeedbackStore.open(settings)
+    with store.engine.begin() as connection:
+        connection.execute(text("CREATE TABLE stray_counts (request_id TEXT)"))
+    with pytest.raises(UndeclaredTablesError, match=r"not declared \(stray_counts\)"):
+        store.forget_user("nobody")
+    store.close()
