@@ -80,8 +80,9 @@ def build_page_home(
     seed: int = 11,
     with_dataset: bool = True,
     with_keys: bool = True,
+    days: int = 3,
 ) -> PageHome:
-    """Fill a store under ``home`` with served traffic over three days."""
+    """Fill a store under ``home`` with served traffic over ``days`` days."""
     settings = load_settings(
         home=home, database_url=database_url or f"sqlite:///{home / 'flywheel.db'}"
     )
@@ -90,7 +91,7 @@ def build_page_home(
         requests=requests,
         seed=seed,
         start=START,
-        span=timedelta(days=3),
+        span=timedelta(days=days),
         pii_share=pii_share,
         business_lines=LINES,
     )

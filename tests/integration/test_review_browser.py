@@ -5,13 +5,12 @@ through the queue (blind, scrubbed answers of the champion and the live canary, 
 random order), passes the champion's answers, fails the canary's and corrects one
 Chinese answer; the queue then says it is empty, the correction is stored as a
 review event that training reads as an edit, and the overview shows each arm's pass
-rate and the canary flow's look at it. Screenshots go to the test's tmp dir and
-``bench/results/dashboard/`` (.ci/run installs fonts-noto-cjk: Chinese is readable).
+rate and the canary flow's look at it. Screenshots go to ``$FLYWHEEL_SCREENSHOTS`` or
+the test's tmp dir (.ci/run installs fonts-noto-cjk: Chinese is readable).
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -29,7 +28,12 @@ from flows.rollout import _arm
 from registry.canary import PASS_RATE, CanaryPolicy, ReviewTest, decide_canary
 from registry.decisions import record_decision
 from tests.dashboard_store import shared_scrubber
-from tests.integration.test_dashboard_browser import RESULTS, browser  # noqa: F401 (fixture)
+from tests.integration.test_dashboard_browser import (  # noqa: F401 (fixture)
+    VIEWPORT,
+    browser,
+    only_from,
+    screenshot_dir,
+)
 from tests.pg_instance import free_port
 from tests.review_world import LINE, ReviewWorld, build_review_world
 from tests.servers import serving
@@ -60,24 +64,16 @@ def test_a_reviewer_works_through_the_queue_and_corrects_a_chinese_answer(
     world, url = site
     fonts = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True, check=False)
     assert fonts.stdout.strip(), "no CJK font: install fonts-noto-cjk (.ci/run does)"
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    outside: list[str] = []
-
-    def only_this_server(route: Any) -> None:
-        if route.request.url.startswith(url):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_this_server)
+    context = browser.new_context(viewport=VIEWPORT)
+    outside = only_from(url, context)
     page = context.new_page()
     page.set_default_timeout(90_000)  # a scrub of a new text on a busy two-core machine
     shots: list[Path] = []
+    folder = screenshot_dir(tmp_path)
 
     def shot(name: str) -> None:
-        path = tmp_path / f"review-{len(shots) + 1:02d}-{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        path = folder / f"review-{len(shots) + 1:02d}-{name}.png"
+        page.screenshot(path=str(path))
         shots.append(path)
 
     page.goto(f"{url}/lines/{LINE}/review")
@@ -168,8 +164,5 @@ def test_a_reviewer_works_through_the_queue_and_corrects_a_chinese_answer(
     shot("overview-pass-rates")
     assert outside == [], f"the page fetched from elsewhere: {outside}"
     context.close()
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
     for path in shots:
         assert path.stat().st_size > 10_000
-        shutil.copy(path, RESULTS / path.name)
