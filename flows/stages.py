@@ -26,7 +26,7 @@ from composition.recipes import (
 from eval.reports import EvalReport, GateDecision
 from feedback.datasets import DatasetBuild
 from feedback.retention import RetentionPolicy, RetentionReport, apply_retention
-from flywheel.errors import FlywheelError
+from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
 from training.config import training_method
 
@@ -222,7 +222,7 @@ def _evaluate_and_gate(
     detector = pii_detector_for(clients.scrubber, GENERATION_PII_TYPES)
     reports: dict[str, EvalReport] = {}
     for name, adapter in (("champion", champion_adapter), ("candidate", candidate_adapter)):
-        model, tokenizer = load_for_eval(base_dir, adapter)
+        model, tokenizer = load_for_eval(base_dir, adapter, precision=recipe.precision)
         reports[name] = evaluate_model(
             model,
             tokenizer,
@@ -239,7 +239,7 @@ def _evaluate_and_gate(
         if champion_adapter is None:
             base_loss = reports["champion"].general_loss
         else:
-            model, tokenizer = load_for_eval(base_dir, None)
+            model, tokenizer = load_for_eval(base_dir, None, precision=recipe.precision)
             base_loss = general_set_loss(
                 model,
                 tokenizer,
@@ -390,12 +390,17 @@ def train_line(
     worse adapter, for rehearsing a rollback: ``flywheel loop --bad-canary``);
     it always trains anew and its run is tagged so.
     """
+    from flywheel.hardware import detect_accelerator, quantization_refusal
     from registry.names import adapter_name, training_run_name
     from registry.records import TAG_ENDED_BECAUSE, truncate
     from training.base_model import ensure_base_model
     from training.train import train_adapter, trains_in_bf16
 
     recipe = recipe_for(settings, line)
+    # A recipe this machine cannot train (4-bit without a GPU) is refused before a run opens.
+    refusal = quantization_refusal(recipe.quantization, detect_accelerator())
+    if refusal is not None:
+        raise UsageError(f"{line}: {refusal}")
     build = _training_set(settings, line, recipe, dataset_hash)
     if isinstance(build, TrainingOutcome):
         return build

@@ -216,3 +216,26 @@ def test_a_few_steps_train_on_the_cpu_with_checkpointing_on_and_off(
     assert len(losses) == 3
     assert losses[-1] < losses[0]
     assert (result.adapter_dir / "adapter_config.json").exists()
+
+
+def test_a_line_whose_recipe_needs_a_gpu_is_refused_before_a_training_run_opens(
+    settings: Any, tmp_path: Path
+) -> None:
+    """On a machine without a CUDA GPU a 4-bit recipe stops the line with the reason (exit
+    2 at the command line), and no MLflow run is opened for it."""
+    from flows.stages import train_line
+    from tests.fake_clients import fake_clients
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "legal.yaml").write_text(
+        "business_line: legal\nmethod: sft\nmax_steps: 1\nquantization: 4bit\n"
+    )
+    settings = settings.model_copy(update={"recipes_dir": recipes})
+
+    class Registry:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the registry was used: {name}")
+
+    with pytest.raises(UsageError, match=r"legal: .*4bit"):
+        train_line(settings, fake_clients(settings, registry=Registry()), "legal")
