@@ -36,7 +36,7 @@ from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from registry.canary import ArmStats, CanaryAction, CanaryDecision, decide_canary
+from registry.canary import ArmNames, ArmStats, CanaryAction, CanaryDecision, decide_canary
 from registry.decisions import latest_decisions, looks_since
 from registry.lifecycle import (
     CanaryLooked,
@@ -454,7 +454,10 @@ def _champion_look(parts: Rollout, state: LineState, until: datetime) -> Judgeme
     lately = adapter_windows(engine, line, [champion], since, until, policy.bound)
     # The test of "worse" is anytime-valid; look 1 keeps max_looks (a canary's patience)
     # from turning "not proven non-inferior yet" into a revert.
-    decision = decide_canary(_arm(then, previous), _arm(lately, champion), policy, look=1)
+    watched = ArmNames(champion="previous champion", canary="new champion")
+    decision = decide_canary(
+        _arm(then, previous), _arm(lately, champion), policy, look=1, names=watched
+    )
     numbers = {
         "window_start": before.isoformat(),
         "promoted_at": since.isoformat(),

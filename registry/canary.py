@@ -84,8 +84,9 @@ same code on many canaries at once.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -531,10 +532,41 @@ def sequential_p_values(
     return _p_of(worse), _p_of(non_inferior)
 
 
+@dataclass(frozen=True, slots=True)
+class ArmNames:
+    """What the reasons call the two arms: a canary against its champion, or, when the
+    champion is watched after its promotion, the new champion against the previous one."""
+
+    champion: str = "champion"
+    canary: str = "canary"
+
+
+_ARM_WORDS = re.compile(r"\b(canary|champion)\b")
+
+
 def decide_canary(
+    champion: ArmStats,
+    canary: ArmStats,
+    policy: CanaryPolicy,
+    *,
+    look: int,
+    names: ArmNames | None = None,
+) -> CanaryDecision:
+    """The decision at the ``look``-th check (1-based) of this canary share; its reasons
+    call the arms by ``names`` (default: champion and canary)."""
+    decision = _decide(champion, canary, policy, look=look)
+    if names is None or names == ArmNames():
+        return decision
+    chosen = {"champion": names.champion, "canary": names.canary}
+    reasons = tuple(
+        _ARM_WORDS.sub(lambda word: chosen[word.group(1)], reason) for reason in decision.reasons
+    )
+    return replace(decision, reasons=reasons)
+
+
+def _decide(
     champion: ArmStats, canary: ArmStats, policy: CanaryPolicy, *, look: int
 ) -> CanaryDecision:
-    """The decision at the ``look``-th check (1-based) of this canary share."""
     requests = f"{canary.requests} canary / {champion.requests} champion requests"
     if min(champion.requests, canary.requests) < policy.min_requests:
         reason = f"waiting for data: {requests}, {policy.min_requests} needed per arm"

@@ -25,6 +25,7 @@ from registry.canary import (
     DEFAULT_MARGINS,
     RATES,
     WORSE_TESTS,
+    ArmNames,
     ArmStats,
     CanaryAction,
     CanaryPolicy,
@@ -137,6 +138,17 @@ def test_reasons_are_plain_words_with_their_numbers(
         for jargon in ("always-valid", "UNPROVEN", "WORSE", "OK ", "<=", " p ", "_rate"):
             assert jargon not in reason, (jargon, reason)
     assert any(f"{canary[0]} canary" in reason for reason in decision.reasons)
+
+
+def test_a_watched_champion_s_reasons_name_the_new_and_the_previous_champion() -> None:
+    names = ArmNames(champion="previous champion", canary="new champion")
+    decision = decide_canary(_arm(4000, 0.10), _arm(400, 0.25), POLICY, look=1, names=names)
+    [reason] = decision.reasons
+    assert reason.startswith("thumbs-down rate higher on the new champion: 25.0% vs 10.0% ")
+    assert "(400 new champion / 4000 previous champion requests)" in reason
+    assert "canary" not in reason
+    plain = decide_canary(_arm(4000, 0.10), _arm(400, 0.25), POLICY, look=1)
+    assert plain.checks == decision.checks
 
 
 def test_the_new_rates_count_like_the_others() -> None:

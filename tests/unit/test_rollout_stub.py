@@ -225,6 +225,8 @@ def test_a_champion_that_regresses_after_promotion_is_reverted(world: World) -> 
     outcome = watch_champion(world.settings, world.clients, LINE, upstreams=world.urls,
                              now=promoted + timedelta(minutes=20))  # fmt: skip
     assert outcome.action == "revert", outcome.reason
+    assert "higher on the new champion" in outcome.reason
+    assert "previous champion requests" in outcome.reason
     table = world.table()
     assert (table.champion, table.previous) == (old, None)
     assert world.registry.aliases(LINE)["champion"] == v1
