@@ -26,7 +26,7 @@ from registry.delivery import AdapterRefusedError, base_refusal
 from registry.placement import placed, replica_url
 from registry.routing import RoutingTable
 from registry.tables import replicas_table
-from registry.vllm_admin import VllmAdminClient, VllmAdminError
+from registry.vllm_admin import VllmAdminClient, VllmAdminError, VllmRequestError
 from training.base_model import BaseFingerprint, read_base_record
 
 
@@ -239,7 +239,28 @@ def load_checked(
     refusal = refusal_on(record, Path(path))
     if refusal is not None:
         raise ReplicaRefusedError(f"{client.base_url} refuses {adapter}: {refusal}")
+    if record is not None and record.resolver:
+        # ``path`` is on this process's disk, which the replica may not share: it fetches
+        # the version into its own cache (digest and base checked there) instead.
+        return fetched_by_replica(client, adapter)
     return client.ensure_loaded(adapter, path)
+
+
+def fetched_by_replica(client: VllmAdminClient, adapter: str) -> bool:
+    """Have a replica running flywheel's resolver serve ``adapter`` from its own cache: a
+    one-token request naming it makes vLLM ask the resolver, which fetches the version from
+    the registry. True when this call had it fetched; False when it was served already.
+    :class:`ReplicaRefusedError` when the replica answers that it cannot serve it (its log
+    says why: digest, base, rolled back, registry unreachable)."""
+    if client.served_adapter(adapter) is not None:
+        return False
+    try:
+        client.chat(adapter, "Hi", max_tokens=1)
+    except VllmRequestError as exc:
+        raise ReplicaRefusedError(
+            f"{client.base_url} did not fetch {adapter} ({exc}); its log has the resolver's reason"
+        ) from None
+    return True
 
 
 def line_lora_limits(

@@ -50,7 +50,8 @@ def _record(url: str, max_loras: int = 4, **changes: object) -> ReplicaRecord:
         "base_digest": "sha256:" + "ab" * 32,
         "max_loras": max_loras,
         "max_lora_rank": 16,
-        "resolver": True,
+        # The stand-in vLLM has no resolver: it loads from the path it is given.
+        "resolver": False,
         "started_at": STARTED,
         **changes,
     }

@@ -356,3 +356,60 @@ def test_serve_vllm_switches_the_resolver_on(
     assert f"FLYWHEEL_ADAPTER_SERVED_BASE={model}" in line
     assert "adapters" in line.split("FLYWHEEL_ADAPTER_FETCH=", 1)[1].split(" FLYWHEEL_")[0]
     assert "--max-loras 2" in line
+
+
+# --- the rollout's loads on a replica that runs the resolver ------------------------------
+
+
+class ResolvingReplica:
+    """The two members of the admin client a load on a resolver replica uses: what vLLM
+    lists, and a chat request that makes its resolver fetch (or refuse) the adapter."""
+
+    def __init__(self, fetchable: set[str]) -> None:
+        self.base_url = "http://gpu-1:8000"
+        self.fetchable = fetchable
+        self.served: set[str] = set()
+        self.asked: list[str] = []
+
+    def served_adapter(self, name: str) -> object | None:
+        return name if name in self.served else None
+
+    def chat(self, model: str, prompt: str, *, max_tokens: int = 32) -> None:
+        from registry.vllm_admin import VllmRequestError
+
+        self.asked.append(model)
+        if model not in self.fetchable:
+            raise VllmRequestError(f"{model} does not exist", status_code=404)
+        self.served.add(model)
+
+    def ensure_loaded(self, name: str, path: Path | str) -> bool:
+        raise AssertionError(f"a path on the operator's disk was sent to the replica: {path}")
+
+
+def test_a_resolver_replica_fetches_into_its_own_cache_instead_of_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC, datetime
+
+    from feedback.store import FeedbackStore
+    from flywheel.settings import load_settings
+    from registry.replicas import ReplicaRecord, ReplicaRefusedError, ReplicaStore, load_checked
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLYWHEEL_DATABASE_URL", raising=False)
+    store = FeedbackStore.open(load_settings())
+    replicas = ReplicaStore(store.engine)
+    replica = ResolvingReplica({"legal-v1"})
+    replicas.record(
+        ReplicaRecord(replica.base_url, "SmolLM2-135M-Instruct", "sha256:" + "ab" * 32, 2, 16,
+                      True, datetime.now(UTC))
+    )  # fmt: skip
+    operator_copy = _adapter(tmp_path / "operator" / "legal-v1", 8)
+    try:
+        assert load_checked(replica, "legal-v1", operator_copy, replicas)  # type: ignore[arg-type]
+        assert not load_checked(replica, "legal-v1", operator_copy, replicas)  # type: ignore[arg-type]
+        assert replica.asked == ["legal-v1"]
+        with pytest.raises(ReplicaRefusedError, match="did not fetch legal-v2"):
+            load_checked(replica, "legal-v2", operator_copy, replicas)  # type: ignore[arg-type]
+    finally:
+        store.close()
