@@ -30,6 +30,10 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flywheel.settings import Settings
 
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -57,6 +61,14 @@ class TorchPlan:
     local: PipStep
     local_dependencies: PipStep
     from_index: PipStep
+
+
+def vllm_venv(settings: Settings) -> Path:
+    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
+    checkout = PYPROJECT.parent
+    if PYPROJECT.exists():
+        return checkout / ".venv-vllm"
+    return settings.home / "vllm-venv"
 
 
 def torch_requirement(pyproject: Path = PYPROJECT) -> str:

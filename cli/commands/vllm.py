@@ -173,6 +173,7 @@ def serve_vllm(
     (digest and base model checked), this replica's limits recorded for the rollout."""
     from pydantic import ValidationError
 
+    from flywheel.install import vllm_venv
     from registry.placement import replica_url
     from registry.vllm_server import (
         VllmEnvironment,
@@ -181,7 +182,6 @@ def serve_vllm(
         log_tail,
         resolver_environment,
     )
-    from simulation.live import vllm_venv
     from training.base_model import base_fingerprint, ensure_base_model
 
     settings = load_settings()
