@@ -17,7 +17,6 @@ from rich.text import Text
 
 from cli.commands.buckets import buckets as buckets_command
 from cli.commands.common import (
-    SHORT_NAMES,
     clients,
     err,
     open_store,
@@ -34,6 +33,17 @@ from cli.commands.loop import loop as loop_command
 from cli.commands.placement import placement_app
 from cli.commands.privacy import forget as forget_command
 from cli.commands.privacy import retention_app
+from cli.commands.reports import (
+    build_datasets,
+    cleaning_with,
+    finish_ingest,
+    parse_start,
+    print_buckets,
+    print_feedback_page_hint,
+    print_funnel,
+    print_ingest_report,
+    require_file,
+)
 from cli.commands.scrub import scrub as scrub_command
 from cli.commands.serving import (
     canary_app,
@@ -50,7 +60,7 @@ from flywheel.file_modes import private_home
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from feedback.store import FeedbackStore, IngestReport
+    from feedback.store import FeedbackStore
 
 app = typer.Typer(
     name="flywheel",
@@ -95,34 +105,6 @@ def _settings() -> Settings:
 
 def _open_store(settings: Settings) -> FeedbackStore:
     return open_store(settings)
-
-
-def _print_report(report: IngestReport) -> None:
-    out.print(
-        Text.assemble(
-            (report.source, "bold"),
-            f": read {report.read}, added {report.interactions_added} "
-            f"interactions and {report.feedback_added} feedback events, "
-            f"{report.duplicates} duplicates skipped, {report.quarantined} quarantined",
-        )
-    )
-    for message in report.rejections:
-        err.print(Text.assemble(("quarantined", "yellow"), f" {message}"))
-    if report.quarantined > len(report.rejections):
-        err.print(
-            f"... and {report.quarantined - len(report.rejections)} more (flywheel quarantine)"
-        )
-
-
-def _finish(report: IngestReport) -> None:
-    _print_report(report)
-    if report.quarantined:
-        raise typer.Exit(1)
-
-
-def _require_file(path: Path) -> None:
-    if not path.is_file():
-        raise UsageError(f"no such file: {path}")
 
 
 @db_app.command("upgrade")
@@ -187,11 +169,11 @@ def import_jsonl(
     from feedback.jsonl import iter_jsonl
     from flywheel.progress import progress_bar
 
-    _require_file(path)
+    require_file(path)
     store = _open_store(_settings())
     with progress_bar(f"importing {path.name}") as advance:
         report = store.ingest(iter_jsonl(path), source=str(path), on_progress=advance)
-    _finish(report)
+    finish_ingest(report)
 
 
 @import_app.command("oasst")
@@ -210,16 +192,16 @@ def import_oasst(
     from feedback.jsonl import iter_jsonl
     from flywheel.progress import progress_bar
 
-    _require_file(path)
+    require_file(path)
     if rules is not None:
-        _require_file(rules)
+        require_file(rules)
     business_rules = load_business_rules(rules)
     store = _open_store(_settings())
     with progress_bar(f"importing {path.name}") as advance:
         report = store.ingest(
             oasst_items(iter_jsonl(path), business_rules), source=str(path), on_progress=advance
         )
-    _finish(report)
+    finish_ingest(report)
 
 
 @import_app.command("pairs")
@@ -245,7 +227,7 @@ def import_pairs(
     from feedback.importers.pairs import PAIR_FORMATS, iter_pairs_file, pairs_items
     from flywheel.progress import progress_bar
 
-    _require_file(path)
+    require_file(path)
     if pair_format is not None and pair_format not in PAIR_FORMATS:
         raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
     if not re.fullmatch(BUSINESS_LINE, line):
@@ -263,18 +245,7 @@ def import_pairs(
     with progress_bar(f"importing {path.name}") as advance:
         report = store.ingest(items, source=str(path), on_progress=advance)
     # Unlike a feedback log, a pairs file with a few bad rows is still worth importing.
-    _print_report(report)
-
-
-def _parse_start(start: str | None) -> datetime:
-    if start is None:
-        today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-        return today - timedelta(days=1)
-    try:
-        value = datetime.fromisoformat(start.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"--start {start!r} is not an ISO-8601 time") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    print_ingest_report(report)
 
 
 @app.command()
@@ -332,7 +303,7 @@ def simulate(
         simulation = SimulationSettings(
             requests=requests,
             seed=seed,
-            start=_parse_start(start),
+            start=parse_start(start),
             span=timedelta(hours=hours),
             business_lines=tuple(lines.split(",")) if lines else settings.business_lines,
             chinese_share=chinese_share,
@@ -364,7 +335,7 @@ def simulate(
             report = store.ingest(events, source=f"simulate:seed={seed}", on_progress=advance)
     except (ValidationError, ValueError) as exc:
         raise UsageError(f"invalid simulation settings: {exc}") from None
-    _finish(report)
+    finish_ingest(report)
 
 
 def _drive_gateway(
@@ -429,27 +400,7 @@ def stats(
     if as_json:
         sys.stdout.write(orjson.dumps(counts, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    _print_buckets(counts)
-
-
-def _print_buckets(counts: dict[str, Any]) -> None:
-    signals = list(counts["events"])
-    table = Table(title="feedback by business line")
-    table.add_column("line", no_wrap=True)
-    # Numbers fold onto a second line when the table is too wide; never cut to "10…".
-    table.add_column("requests", justify="right", overflow="fold")
-    for signal in signals:
-        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", overflow="fold")
-    for name, entry in counts["business_lines"].items():
-        row = [name, str(entry["interactions"])]
-        row += [str(entry["events"].get(s, 0)) for s in signals]
-        table.add_row(*row)
-    total: list[str | Text] = [Text("all", style="bold"), str(counts["interactions"])]
-    total += [str(counts["events"][s]) for s in signals]
-    table.add_row(*total)
-    out.print(table)
-    if counts.get("quarantined"):
-        out.print(f"{counts['quarantined']} records in quarantine (flywheel quarantine)")
+    print_buckets(counts)
 
 
 @app.command()
@@ -509,7 +460,7 @@ def datasets_build(
     unknown = sorted(set(lines) - set(known))
     if unknown:
         raise UsageError(f"no interactions for business line(s): {', '.join(unknown)}")
-    start = _parse_start(since) if since else None
+    start = parse_start(since) if since else None
     if workers > 1:
         rows = _build_datasets_on_workers(
             settings,
@@ -527,7 +478,7 @@ def datasets_build(
                 "dataset": str(r.dataset.path) if r.dataset else None,
                 "content_hash": r.dataset.content_hash if r.dataset else None,
             }
-            for r in _build_datasets(
+            for r in build_datasets(
                 settings,
                 store,
                 lines,
@@ -540,7 +491,7 @@ def datasets_build(
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     for row in rows:
-        _print_funnel(row["business_line"], row["funnel"])
+        print_funnel(row["business_line"], row["funnel"])
         out.print(f"  dataset: {row['dataset'] or 'no examples, nothing written'}")
 
 
@@ -558,7 +509,7 @@ def _build_datasets_on_workers(
     configure_prefect(settings)
     from flows.cleaning import dask_cluster, run_partitioned
 
-    cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
+    cleaning = cleaning_with(settings, eval_fraction, max_user_share)
     rows = []
     with dask_cluster(workers, settings.dask_address) as address:
         for name in lines:
@@ -576,30 +527,6 @@ def _build_datasets_on_workers(
                 }
             )
     return rows
-
-
-def _cleaning_with(settings: Settings, eval_fraction: float, max_user_share: float) -> Any:
-    """The configured cleaning settings with the command's dataset options on top (validated)."""
-    values = settings.cleaning.model_dump()
-    values["datasets"] |= {"eval_fraction": eval_fraction, "max_user_share": max_user_share}
-    return type(settings.cleaning).model_validate(values)
-
-
-def _print_funnel(line: str, funnel: dict[str, Any]) -> None:
-    steps = funnel["steps"]
-    signals = sorted({s for counts in steps.values() for s in counts})
-    table = Table(title=f"{line}: records by signal after each cleaning step")
-    table.add_column("step", no_wrap=True)
-    for signal in signals:
-        table.add_column(SHORT_NAMES.get(signal, signal), justify="right", overflow="fold")
-    table.add_column("total", justify="right", overflow="fold")
-    for step, counts in steps.items():
-        table.add_row(step, *[str(counts.get(s, 0)) for s in signals], str(sum(counts.values())))
-    out.print(table)
-    dropped = ", ".join(f"{k} {v}" for k, v in funnel["dropped"].items()) or "none"
-    found = ", ".join(f"{k} {v}" for k, v in funnel["pii"].items()) or "none"
-    examples = ", ".join(f"{k} {v}" for k, v in funnel["examples"].items())
-    out.print(f"  dropped: {dropped}\n  PII replaced: {found}\n  examples: {examples}")
 
 
 @app.command()
@@ -811,18 +738,18 @@ def demo(
         from feedback.importers.oasst import oasst_items
         from feedback.jsonl import iter_jsonl
 
-        _require_file(oasst)
+        require_file(oasst)
         with progress_bar(f"importing {oasst.name}") as advance:
             report = store.ingest(
                 oasst_items(iter_jsonl(oasst), load_business_rules()),
                 source=str(oasst),
                 on_progress=advance,
             )
-        _print_report(report)
+        print_ingest_report(report)
     others = tuple(line for line in settings.business_lines if line != train_line_name)
     if others:
         simulation = SimulationSettings(
-            requests=requests, seed=seed, start=_parse_start(None), business_lines=others
+            requests=requests, seed=seed, start=parse_start(None), business_lines=others
         )
         out.print(f"yesterday's stored traffic on {', '.join(others)}: {requests} requests")
         with progress_bar("simulating") as advance:
@@ -831,15 +758,15 @@ def demo(
                 source=f"simulate:seed={seed}",
                 on_progress=advance,
             )
-        _print_report(report)
-        _print_buckets(store.stats())
+        print_ingest_report(report)
+        print_buckets(store.stats())
         out.print(
             Text.assemble(
                 ("2/3", "bold"), f" cleaning {', '.join(others)}: PII scrubbing, dedup, datasets"
             )
         )
-        for result in _build_datasets(settings, store, list(others)):
-            _print_funnel(result.business_line, result.funnel.as_dict())
+        for result in build_datasets(settings, store, list(others)):
+            print_funnel(result.business_line, result.funnel.as_dict())
     if no_serve:
         out.print("stopping before serving (--no-serve)")
         return
@@ -892,48 +819,7 @@ def demo(
         f"  Prefect: {prefect_server_command(settings.home / 'prefect')}, then "
         "http://127.0.0.1:4200 (each flow run's logs and artifacts)"
     )
-    _print_feedback_page_hint(settings)
-
-
-def _print_feedback_page_hint(settings: Settings) -> None:
-    """How to open the feedback page on this home, commands whole (a wrapped one breaks)."""
-    from dashboard.access import login_commands
-
-    make_key, serve_page = login_commands(settings.home)
-    page = f"http://{settings.dashboard.host}:{settings.dashboard.port}"
-    out.print(f"  feedback page: {serve_page}, then {page}", soft_wrap=True)
-    out.print(f"    logging in with the key this prints: {make_key}", soft_wrap=True)
-
-
-def _build_datasets(
-    settings: Settings,
-    store: FeedbackStore,
-    lines: list[str],
-    *,
-    eval_fraction: float = 0.1,
-    max_user_share: float = 0.1,
-    since: datetime | None = None,
-) -> list[Any]:
-    from feedback.cleaning import clean_line, scrub_with
-    from flywheel.progress import progress_bar
-
-    cleaning = _cleaning_with(settings, eval_fraction, max_user_share)
-    scrub = scrub_with(clients(settings).scrubber)
-    results = []
-    for name in lines:
-        with progress_bar(f"cleaning {name}") as advance:
-            results.append(
-                clean_line(
-                    store.engine,
-                    name,
-                    scrub=scrub,
-                    settings=cleaning,
-                    dataset_root=settings.datasets_dir,
-                    since=since,
-                    on_progress=advance,
-                )
-            )
-    return results
+    print_feedback_page_hint(settings)
 
 
 def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from cli.main import _print_feedback_page_hint
+from cli.commands.reports import print_feedback_page_hint
 from cli.main import app as cli
 from dashboard.access import login_commands
 from flywheel.settings import load_settings
@@ -37,7 +37,7 @@ def test_the_printed_key_logs_in_on_the_demo_home_and_reviews(
     monkeypatch.delenv("FLYWHEEL_GATEWAY_KEYS_FILE", raising=False)
     monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "another home"))  # the shell's own
     make_key, serve = login_commands(home)
-    _print_feedback_page_hint(load_settings(home=home))
+    print_feedback_page_hint(load_settings(home=home))
     printed = capsys.readouterr().out
     assert make_key in printed
     assert serve in printed

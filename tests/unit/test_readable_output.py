@@ -67,10 +67,10 @@ def _counts(big: int) -> dict[str, object]:
 def test_a_table_off_a_terminal_keeps_long_numbers_whole(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli.main import _print_buckets
+    from cli.commands.reports import print_buckets
 
     monkeypatch.delenv("COLUMNS", raising=False)
-    _print_buckets(_counts(1_000_000_000))
+    print_buckets(_counts(1_000_000_000))
     printed = capsys.readouterr().out
     assert "…" not in printed
     for number in ("1000000000", "1000000001", "2000000000"):
@@ -80,10 +80,10 @@ def test_a_table_off_a_terminal_keeps_long_numbers_whole(
 def test_a_table_at_80_columns_folds_numbers_instead_of_cutting_them(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cli.main import _print_buckets
+    from cli.commands.reports import print_buckets
 
     monkeypatch.setenv("COLUMNS", "80")
-    _print_buckets(_counts(1_000_000_000))
+    print_buckets(_counts(1_000_000_000))
     printed = capsys.readouterr().out
     assert "…" not in printed
     assert max(len(line) for line in printed.splitlines()) <= 80
