@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -220,10 +220,12 @@ class LineRollout:
                     self._load(adapter, replicas or placed(state.table, self.upstreams))
                 case Route(table, action):
                     self._route(state.table, table, action, reason)
-                case Promote(version) if registered(self.registry, self.line, version, "@champion"):
-                    self.registry.promote(self.line, version, actor=self.actor, reason=reason)
-                case Reject(version) if registered(self.registry, self.line, version, "rejection"):
-                    self.registry.reject(self.line, version, reason, actor=self.actor)
+                case Promote(version):
+                    with outside_registry_skipped(self.line, version, "@champion"):
+                        self.registry.promote(self.line, version, actor=self.actor, reason=reason)
+                case Reject(version):
+                    with outside_registry_skipped(self.line, version, "rejection"):
+                        self.registry.reject(self.line, version, reason, actor=self.actor)
                 case Revert(version, restored):
                     self.registry.reject(self.line, version, reason, actor=self.actor)
                     self.registry.set_alias(self.line, "champion", restored)
@@ -253,7 +255,10 @@ class LineRollout:
 
         version = version_of(adapter)
         path = None
-        if not served_outside or registered(self.registry, self.line, version, "files"):
+        if served_outside:
+            with outside_registry_skipped(self.line, version, "files"):
+                path = self.adapter_path(adapter)
+        else:
             path = self.adapter_path(adapter)
         passed: list[str] = []
         failed: dict[str, str] = {}
@@ -316,19 +321,20 @@ class LineRollout:
                 )
 
 
-def registered(registry: Registry, line: str, version: int, what: str) -> bool:
-    """Whether the registry holds the line's ``version``; if not, the ``what`` it would have
-    given or moved is skipped, said in the log."""
+@contextlib.contextmanager
+def outside_registry_skipped(line: str, version: int, what: str) -> Iterator[None]:
+    """Run the block; for a version the registry does not hold (an adapter served outside
+    it) the ``what`` it would have given or moved is skipped, said in the log."""
+    from registry.tracking import VersionNotFoundError
+
     try:
-        registry.version_tags(line, version)
-    except FlywheelError:
+        yield
+    except VersionNotFoundError:
         logger.warning(
             "%s is not in the registry (served outside it): MLflow's %s not used",
             adapter_name(line, version),
             what,
         )
-        return False
-    return True
 
 
 def move_alias(registry: Registry, line: str, move: SetAlias) -> None:
@@ -336,7 +342,8 @@ def move_alias(registry: Registry, line: str, move: SetAlias) -> None:
     hold gets no alias)."""
     if move.version is None:
         registry.remove_alias(line, move.alias)
-    elif registered(registry, line, move.version, f"@{move.alias}"):
+        return
+    with outside_registry_skipped(line, move.version, f"@{move.alias}"):
         registry.set_alias(line, move.alias, move.version)
 
 
