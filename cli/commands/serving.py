@@ -110,7 +110,9 @@ def canary_set(
 @canary_app.command("clear")
 def canary_clear(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
-    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why, for the routing history and MLflow.")
+    ] = None,
 ) -> None:
     """Every user of the line back on the champion (every gateway within a second); the canary
     is rolled back: its version rejected in MLflow with the reason, drained and unloaded."""
@@ -453,7 +455,9 @@ def shadow_set(
 @shadow_app.command("clear")
 def shadow_clear(
     business_line: Annotated[str, typer.Argument(help="The business line.")],
-    reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why, for the routing history and MLflow.")
+    ] = None,
 ) -> None:
     """Stop mirroring the line's requests; the shadow is rolled back: its version rejected in
     MLflow with the reason, drained and unloaded."""
