@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -407,14 +408,13 @@ def test_an_experiment_on_satisfaction_waits_for_reviews_then_decides(world: Wor
     assert numbers["b_rate"] == pytest.approx(0.8)
 
 
-def test_an_experiment_on_satisfaction_needs_a_review_block(
-    world: World, tmp_path: Path
-) -> None:
+def test_an_experiment_on_satisfaction_needs_a_review_block(world: World, tmp_path: Path) -> None:
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    recipe = (Path(__file__).parents[2] / "recipes" / f"{LINE}.yaml").read_text()
-    without_review = recipe.split("\nreview:")[0] + "\n"
-    (recipes / f"{LINE}.yaml").write_text(without_review)
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "recipes" / f"{LINE}.yaml").read_text())
+    recipe.pop("review")
+    recipe.pop("canary")  # its satisfaction test needs the review block too
+    (recipes / f"{LINE}.yaml").write_text(yaml.safe_dump(recipe))
     world.settings = world.settings.model_copy(update={"recipes_dir": recipes})
     v1, v2 = world.register(), world.register()
     with pytest.raises(UsageError, match="no review block"):
