@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -41,8 +42,15 @@ def fetch_command() -> list[str]:
     inside vLLM runs it (vLLM's virtualenv cannot import flywheel)."""
     script = Path(sys.executable).with_name("flywheel")
     if script.is_file() and os.access(script, os.X_OK):
-        return [str(script), "adapters", "fetch"]
-    return [sys.executable, "-c", "from cli.main import main; main()", "adapters", "fetch"]
+        command = [str(script), "adapters", "fetch"]
+    else:
+        command = [sys.executable, "-c", "from cli.main import main; main()", "adapters", "fetch"]
+    # vLLM's environment drops PYTHONPATH; flywheel found through it must be found again.
+    path = os.environ.get("PYTHONPATH")
+    env = shutil.which("env")
+    if path and env:
+        return [env, f"PYTHONPATH={path}", *command]
+    return command
 
 
 def routed_adapters(
