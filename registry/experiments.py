@@ -42,6 +42,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedback.events import ONLINE_SIGNALS, POSITIVE_SIGNALS, USER_SIGNALS
+from flywheel.wording import sure
 from registry.canary import always_valid_p_value, score_test
 from registry.names import adapter_name, parse_adapter_name
 from registry.ppi import ArmEstimate, SatisfactionSample, estimate
@@ -310,16 +311,16 @@ def judge_experiment(
         verdict = Verdict.B_BETTER if b_higher == metric.higher_is_better else Verdict.A_BETTER
         better = "B" if verdict is Verdict.B_BETTER else "A"
         reason = (
-            f"{better} is better on {metric.name} ({counts}; effect B-A {effect:+.3f}, "
-            f"interval [{lower:+.3f}, {upper:+.3f}]; always-valid p {p_value:.2g} "
-            f"<= {policy.alpha:.3g})"
+            f"{better} is better on {metric.name} ({counts}; difference B-A {effect:+.3f}, "
+            f"{_interval(lower, upper, policy)}); {sure(p_value)} sure "
+            f"({sure(policy.alpha)} needed)"
         )
     else:
         shown = f"{effect:+.3f}" if effect is not None else "n/a"
         reason = (
-            f"no difference shown yet on {metric.name} ({counts}; effect B-A {shown}, "
-            f"interval [{lower:+.3f}, {upper:+.3f}]; always-valid p {p_value:.2g} "
-            f"> {policy.alpha:.3g})"
+            f"no difference shown yet on {metric.name} ({counts}; difference B-A {shown}, "
+            f"{_interval(lower, upper, policy)}); {sure(p_value)} sure there is one, "
+            f"{sure(policy.alpha)} needed"
         )
         verdict = Verdict.UNDECIDED
     return ExperimentLook(
@@ -371,22 +372,32 @@ def judge_satisfaction(
     numbers = (
         f"A {arms[0].mean:.3f} of {arms[0].answers} answers ({arms[0].reviews} reviewed), "
         f"B {arms[1].mean:.3f} of {arms[1].answers} ({arms[1].reviews} reviewed); "
-        f"B-A {effect:+.3f}, {1 - policy.alpha:.0%} interval over every look "
-        f"[{lower:+.3f}, {upper:+.3f}]"
+        f"difference B-A {effect:+.3f}, {_interval(lower, upper, policy)}"
     )
     if p_value <= policy.alpha:
         verdict = Verdict.B_BETTER if effect > 0 else Verdict.A_BETTER
         better = "B" if verdict is Verdict.B_BETTER else "A"
-        reason = f"{better} satisfies more users ({numbers}; p {p_value:.2g} <= {policy.alpha:g})"
+        reason = (
+            f"{better} satisfies more users ({numbers}); {sure(p_value)} sure "
+            f"({sure(policy.alpha)} needed)"
+        )
     else:
         verdict = Verdict.UNDECIDED
-        reason = f"no difference in satisfaction shown yet ({numbers}; p {p_value:.2g})"
+        reason = (
+            f"no difference in satisfaction shown yet ({numbers}); {sure(p_value)} sure there is "
+            f"one, {sure(policy.alpha)} needed"
+        )
     return ExperimentLook(
         SATISFACTION,
         _satisfaction_count(a, arms[0]),
         _satisfaction_count(b, arms[1]),
         effect, lower, upper, p_value, verdict, (reason,), policy.alpha, policy.min_reviews,
     )  # fmt: skip
+
+
+def _interval(lower: float, upper: float, policy: ExperimentPolicy) -> str:
+    """The confidence sequence in words: valid at every look, not only this one."""
+    return f"{sure(policy.alpha)} interval {lower:+.3f} to {upper:+.3f}, valid at every look"
 
 
 def _satisfaction_count(sample: SatisfactionSample, arm: ArmEstimate | None) -> ArmCount:
