@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from feedback.events import ONLINE_SIGNALS
+from lab.simulation.feedback_profiles import PROFILES, SIGNALS
 from registry.canary import (
     RATES,
     WORSE_DESIGN_EFFECT,
@@ -56,7 +57,6 @@ from registry.canary import (
     sequential_evidence,
 )
 from registry.ppi import estimate_arrays
-from simulation.feedback_profiles import PROFILES, SIGNALS
 
 LOOKS = 50
 CANARY_USERS = np.unique(np.round(np.geomspace(100, 20_000, LOOKS)).astype(int))

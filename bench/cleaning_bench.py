@@ -54,7 +54,7 @@ def fill_store(url: str, home: Path, requests: int) -> dict[str, int]:
     """Simulated traffic into the store; counts of what was stored."""
     from feedback.store import FeedbackStore
     from flywheel.settings import load_settings
-    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+    from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     store = FeedbackStore.open(load_settings(home=home, database_url=url))
     try:
@@ -152,8 +152,8 @@ def clean_one_process(home: Path, url: str, lines: list[str], cleaning: Any) -> 
 
 def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str, Any]:
     """A real nightly run of one line (vLLM on the CPU); its report with seconds by stage."""
-    from cli.main import _vllm_venv
     from composition.recipes import packaged_recipes_dir
+    from flywheel.install import vllm_venv
     from flywheel.settings import load_settings
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
@@ -161,7 +161,7 @@ def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str
     settings = load_settings(home=home / "nightly", database_url=url)
     base = ensure_base_model(settings.models_dir, settings.base_model)
     python = VllmEnvironment(
-        _vllm_venv(settings), torch_index=settings.torch_index, report=out.print
+        vllm_venv(settings), torch_index=settings.torch_index, report=out.print
     ).ensure()
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
     log = settings.home / "vllm.log"

@@ -75,7 +75,7 @@ def build_site(label: str, events: int, root: Path) -> Site:
     from feedback.store import FeedbackStore
     from flywheel.progress import progress_bar
     from flywheel.settings import load_settings
-    from simulation.stored_traffic import SimulationSettings
+    from lab.simulation.stored_traffic import SimulationSettings
     from tests.served_traffic import fill_demo_store
 
     url = fresh_database()

@@ -55,8 +55,8 @@ NOT_CHECKED = "not checked"
 
 
 def _rows(apologise: bool, count: int) -> list[dict[str, Any]]:
-    from simulation.prompts import builtin_prompts, topic_of
-    from simulation.users import CustomerServiceUsers
+    from lab.simulation.prompts import builtin_prompts, topic_of
+    from lab.simulation.users import CustomerServiceUsers
 
     users = CustomerServiceUsers()
     rows = []

@@ -34,7 +34,7 @@ def make_traffic(path: Path, events: int) -> int:
     """Write about ``events`` simulated events to ``path``; returns the exact count."""
     from feedback.jsonl import dumps_line
     from flywheel.progress import progress_bar
-    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+    from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     # Roughly 1.45 events per request with the default rates.
     settings = SimulationSettings(

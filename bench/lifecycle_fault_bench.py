@@ -95,7 +95,7 @@ def _traffic(store: Any, lines: list[str], requests: int, seed: int) -> None:
     watermark, before the nightly opens its window). The simulator's late feedback (minutes
     to days after the answer) is brought forward to now: late feedback rightly brings an
     answer back into a later window, which would make the empty night not empty."""
-    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+    from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
     now = datetime.now(UTC)
     simulation = SimulationSettings(
@@ -186,9 +186,9 @@ def main() -> int:
     from feedback.store import FeedbackStore
     from flows.canary import canary_watch
     from flows.nightly import line_nightly
+    from flywheel.install import vllm_venv
     from registry.routes import RouteStore
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
-    from simulation.live import vllm_venv
     from training.base_model import ensure_base_model
 
     cached = REPO / ".cache" / "models"

@@ -10,10 +10,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import orjson
 import typer
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from cli.commands.buckets import buckets as buckets_command
 from cli.commands.common import (
@@ -28,8 +30,6 @@ from cli.commands.dedup import dedup as dedup_command
 from cli.commands.delivery import adapters_app
 from cli.commands.evaluate import evaluate as evaluate_command
 from cli.commands.experiments import experiment_app
-from cli.commands.loop import FEEDBACK_HELP
-from cli.commands.loop import loop as loop_command
 from cli.commands.placement import placement_app
 from cli.commands.privacy import forget as forget_command
 from cli.commands.privacy import retention_app
@@ -39,7 +39,6 @@ from cli.commands.reports import (
     finish_ingest,
     parse_start,
     print_buckets,
-    print_feedback_page_hint,
     print_funnel,
     print_ingest_report,
     require_file,
@@ -62,7 +61,29 @@ from flywheel.settings import Settings, load_settings
 if TYPE_CHECKING:
     from feedback.store import FeedbackStore
 
+# The lab's commands (lab/commands), imported only when one of them runs or help lists them:
+# the product never loads the lab on its own.
+LAB_COMMANDS = ("demo", "loop", "simulate")
+
+
+class _CommandsWithLab(TyperGroup):
+    """flywheel's commands, then the lab's, each of those loaded when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *LAB_COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in LAB_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        from lab.commands import lab_app
+
+        group = typer.main.get_command(lab_app)
+        assert isinstance(group, click.Group | TyperGroup)
+        return group.get_command(ctx, cmd_name)
+
+
 app = typer.Typer(
+    cls=_CommandsWithLab,
     name="flywheel",
     help="Turn user feedback on an LLM service into better LoRA adapters, safely.",
     no_args_is_help=True,
@@ -94,7 +115,6 @@ serve_app.command("dashboard")(serve_dashboard)
 serve_app.command("vllm")(serve_vllm)
 app.command("buckets")(buckets_command)
 app.command("eval")(evaluate_command)
-app.command("loop")(loop_command)
 app.command("forget")(forget_command)
 app.add_typer(retention_app, name="retention")
 
@@ -246,149 +266,6 @@ def import_pairs(
         report = store.ingest(items, source=str(path), on_progress=advance)
     # Unlike a feedback log, a pairs file with a few bad rows is still worth importing.
     print_ingest_report(report)
-
-
-@app.command()
-def simulate(
-    requests: Annotated[int, typer.Option(min=1, help="Number of interactions.")] = 1_000,
-    seed: Annotated[int, typer.Option(help="Same seed, same traffic.")] = 0,
-    start: Annotated[
-        str | None,
-        typer.Option(help="ISO time of the first request (default: yesterday 00:00 UTC)."),
-    ] = None,
-    hours: Annotated[float, typer.Option(min=0.001, help="Time span of the traffic.")] = 24.0,
-    lines: Annotated[
-        str | None, typer.Option(help="Comma-separated business lines (default: settings).")
-    ] = None,
-    chinese_share: Annotated[float, typer.Option(min=0, max=1)] = 0.35,
-    pii_share: Annotated[float, typer.Option(min=0, max=1)] = 0.2,
-    flood_share: Annotated[float, typer.Option(min=0, max=1)] = 0.1,
-    rate: Annotated[
-        list[str] | None,
-        typer.Option(help="Signal rate, e.g. --rate thumbs_down=0.2 (repeatable)."),
-    ] = None,
-    out_path: Annotated[
-        Path | None, typer.Option("--out", help="Write JSONL here instead of the store.")
-    ] = None,
-    gateway: Annotated[
-        str | None,
-        typer.Option(help="Send the traffic through this gateway URL (real answers) instead."),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="FLYWHEEL_API_KEY", help="The gateway key (all simulated lines)."),
-    ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Gateway users at once.")] = 4,
-    users: Annotated[
-        str,
-        typer.Option(
-            help="With --gateway: the user model (path/to/file.py:NAME or package.module:NAME) "
-            "that reacts to each real answer."
-        ),
-    ] = "simulation.users:BuiltinUsers",
-    feedback: Annotated[str | None, typer.Option(help="With --gateway: " + FEEDBACK_HELP)] = None,
-) -> None:
-    """Generate realistic traffic with feedback and store it, write it as JSONL, or send
-    simulated users through the gateway to vLLM, reacting to the answers they get (the
-    gateway logs everything and infers regenerates)."""
-    from pydantic import ValidationError
-
-    from feedback.jsonl import dumps_line
-    from flywheel.progress import progress_bar
-    from simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
-
-    settings = _settings()
-    try:
-        rates = SignalRates(**_parse_rates(rate or []))
-        simulation = SimulationSettings(
-            requests=requests,
-            seed=seed,
-            start=parse_start(start),
-            span=timedelta(hours=hours),
-            business_lines=tuple(lines.split(",")) if lines else settings.business_lines,
-            chinese_share=chinese_share,
-            pii_share=pii_share,
-            flood_share=flood_share,
-            rates=rates,
-        )
-        if feedback is not None and gateway is None:
-            raise UsageError("--feedback sets how the users of --gateway react; give --gateway too")
-        if gateway is not None:
-            # Each answer's arm as the gateway routes it (no answer says): the store's tables.
-            def routes(line: str) -> Any:
-                return clients(settings).routes.table(line)
-
-            _drive_gateway(gateway, api_key, users, simulation, concurrency, feedback, routes)
-            return
-        events = TrafficSimulator(simulation).events()
-        if out_path is not None:
-            count = 0
-            with out_path.open("wb") as sink, progress_bar("simulating") as advance:
-                for event in events:
-                    sink.write(dumps_line(event))
-                    count += 1
-                    advance(1)
-            out.print(f"wrote {count} events to {out_path}")
-            return
-        store = _open_store(settings)
-        with progress_bar("simulating") as advance:
-            report = store.ingest(events, source=f"simulate:seed={seed}", on_progress=advance)
-    except (ValidationError, ValueError) as exc:
-        raise UsageError(f"invalid simulation settings: {exc}") from None
-    finish_ingest(report)
-
-
-def _drive_gateway(
-    url: str,
-    api_key: str | None,
-    spec: str,
-    simulation: Any,
-    concurrency: int,
-    feedback: str | None = None,
-    routes: Any = None,
-) -> None:
-    from flywheel.progress import progress_bar
-    from simulation.protocol import load_users
-    from simulation.traffic import UserTraffic, user_requests
-
-    if not api_key:
-        raise UsageError("--gateway needs --api-key (or FLYWHEEL_API_KEY)")
-    users = load_users(spec, feedback)
-    lines = simulation.business_lines
-    for line in lines:
-        users.check(line)
-    out.print(f"users {spec}: {users.describe_feedback()}")
-    traffic = UserTraffic(url, api_key, users, concurrency=concurrency, routes=routes)
-    failed = False
-    for index, line in enumerate(lines):
-        share = simulation.requests // len(lines) + (index < simulation.requests % len(lines))
-        ids = [f"sim-{simulation.seed}-{line}-{k % simulation.user_count()}" for k in range(share)]
-        requests = user_requests(users, line, ids, simulation.seed, f"sim-{simulation.seed}-{line}")
-        with progress_bar(f"{line} through the gateway", total=len(requests)) as advance:
-            report = traffic.run(line, requests, seed=simulation.seed, on_request=advance)
-        summary = report.as_dict()
-        out.print(
-            f"{line}: {len(requests)} users, served by {summary['served_by']}, satisfied "
-            f"{summary['satisfied']}, feedback posted {summary['feedback_posted']}"
-        )
-        if report.failures:
-            err.print(Text.assemble(("failures", "yellow"), f": {dict(report.failures)}"))
-            failed = True
-    if failed:
-        raise typer.Exit(1)
-
-
-def _parse_rates(pairs: list[str]) -> dict[str, float]:
-    rates: dict[str, float] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--rate {pair!r}: expected SIGNAL=RATE, e.g. thumbs_down=0.2")
-        try:
-            rates[name.strip()] = float(value)
-        except ValueError:
-            raise UsageError(f"--rate {pair!r}: {value!r} is not a number") from None
-    return rates
 
 
 @app.command()
@@ -669,157 +546,6 @@ def schedule(
             f"canary every {canary_minutes:g} min; Ctrl-C stops"
         )
         serve_schedules(cron, timezone, timedelta(minutes=canary_minutes))
-
-
-@app.command()
-def demo(
-    requests: Annotated[
-        int, typer.Option(min=1, help="Yesterday's stored interactions on the other lines.")
-    ] = 2_000,
-    seed: Annotated[int, typer.Option(help="Simulation seed.")] = 0,
-    oasst: Annotated[
-        Path | None, typer.Option(help="Also import these OpenAssistant trees (JSONL).")
-    ] = None,
-    train_line_name: Annotated[
-        str, typer.Option("--train-line", help="The line the loop runs on, with its demo recipe.")
-    ] = "customer_service",
-    nights: Annotated[int, typer.Option(min=1, max=10, help="Nights of the loop.")] = 1,
-    loop_requests: Annotated[
-        int, typer.Option("--loop-requests", min=1, help="User requests per night.")
-    ] = 200,
-    users: Annotated[
-        str, typer.Option(help="User model: path/to/file.py:NAME or package.module:NAME.")
-    ] = "simulation.users:BuiltinUsers",
-    feedback: Annotated[
-        str,
-        typer.Option(
-            help="How often the users voice what they think (see flywheel loop --help). The "
-            "demo's one night uses dense users, whose signals suffice to train on 200 requests; "
-            "at the realistic rates a night of 200 requests has too few to train on."
-        ),
-    ] = "dense",
-    no_serve: Annotated[
-        bool,
-        typer.Option("--no-serve", help="Stop after the cleaning funnel: no vLLM, no loop."),
-    ] = False,
-    bad_canary: Annotated[
-        bool,
-        typer.Option(
-            "--bad-canary",
-            help="The night's canary is trained on inverted preferences: see the users' "
-            "reactions roll it back.",
-        ),
-    ] = False,
-) -> None:
-    """The main job on embedded defaults, end to end: feedback in the store and the cleaning
-    funnel, then a short loop on vLLM and the gateway (users react to the real answers, the
-    nightly flow puts a candidate on a 5% canary, the canary flow decides from their
-    reactions) and the final champion against the base model on fresh prompts."""
-    from cli.commands.loop import (
-        _loop_settings,
-        log_loop,
-        plot_loop,
-        run_loop_command,
-        scrub_examples,
-    )
-    from flywheel.progress import progress_bar
-    from simulation.protocol import load_users
-    from simulation.stored_traffic import SimulationSettings, TrafficSimulator
-
-    settings = _loop_settings(_settings())
-    if train_line_name not in settings.business_lines:
-        raise UsageError(f"unknown business line {train_line_name!r}")
-    loaded = load_users(users, feedback)
-    loaded.check(train_line_name)
-    store = _open_store(settings)
-    out.print(Text.assemble(("1/3", "bold"), f" feedback store: {_safe_url(settings)}"))
-    if oasst is not None:
-        from feedback.importers.business_rules import load_business_rules
-        from feedback.importers.oasst import oasst_items
-        from feedback.jsonl import iter_jsonl
-
-        require_file(oasst)
-        with progress_bar(f"importing {oasst.name}") as advance:
-            report = store.ingest(
-                oasst_items(iter_jsonl(oasst), load_business_rules()),
-                source=str(oasst),
-                on_progress=advance,
-            )
-        print_ingest_report(report)
-    others = tuple(line for line in settings.business_lines if line != train_line_name)
-    if others:
-        simulation = SimulationSettings(
-            requests=requests, seed=seed, start=parse_start(None), business_lines=others
-        )
-        out.print(f"yesterday's stored traffic on {', '.join(others)}: {requests} requests")
-        with progress_bar("simulating") as advance:
-            report = store.ingest(
-                TrafficSimulator(simulation).events(),
-                source=f"simulate:seed={seed}",
-                on_progress=advance,
-            )
-        print_ingest_report(report)
-        print_buckets(store.stats())
-        out.print(
-            Text.assemble(
-                ("2/3", "bold"), f" cleaning {', '.join(others)}: PII scrubbing, dedup, datasets"
-            )
-        )
-        for result in build_datasets(settings, store, list(others)):
-            print_funnel(result.business_line, result.funnel.as_dict())
-    if no_serve:
-        out.print("stopping before serving (--no-serve)")
-        return
-    out.print(
-        Text.assemble(
-            ("3/3", "bold"),
-            f" the loop on {train_line_name}: {nights} night(s) of {loop_requests} users "
-            "through the gateway, nightly flow, canary, canary flow"
-            + (
-                " (the canary is trained on inverted preferences: --bad-canary)"
-                if bad_canary
-                else ""
-            ),
-        )
-    )
-    result = run_loop_command(
-        settings,
-        train_line_name,
-        loaded,
-        nights=nights,
-        requests=loop_requests,
-        eval_prompts=50,
-        seed=seed,
-        canary_users=30,
-        bad_canary=bad_canary,
-        # Minutes, not days: the demo picks 30 users per arm a round (flywheel loop shows the
-        # canary only its true share).
-        canary_traffic="picked",
-    )
-    document = scrub_examples(result.as_dict(), clients(settings).scrubber)
-    plot = plot_loop(document, settings.home / "loop" / f"demo-{train_line_name}.png")
-    run_id = log_loop(settings, document, plot)
-    final = document["final"]
-    out.print(
-        f"fresh prompts (n={final['base']['n']}): base satisfied {final['base']['satisfied']:.2f}, "
-        f"champion {final['champion']['name'] or 'base'} {final['champion']['satisfied']:.2f}"
-    )
-    from registry.tracking import tracking_uri_for
-
-    tracking = tracking_uri_for(settings.home, settings.mlflow_tracking_uri)
-    out.print("\nwhere to look:")
-    out.print(f"  the loop: plot {plot}; MLflow run {run_id} (experiment flywheel-loop)")
-    out.print(f"  store: {_safe_url(settings)} (flywheel buckets, flywheel routes)")
-    out.print(f"  canary decisions: flywheel canary status {train_line_name}")
-    out.print(f"  datasets: {settings.datasets_dir}")
-    out.print(f"  MLflow: .venv/bin/mlflow ui --backend-store-uri {tracking} (flywheel runs)")
-    from flows.schedule import prefect_server_command
-
-    out.print(
-        f"  Prefect: {prefect_server_command(settings.home / 'prefect')}, then "
-        "http://127.0.0.1:4200 (each flow run's logs and artifacts)"
-    )
-    print_feedback_page_hint(settings)
 
 
 def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:

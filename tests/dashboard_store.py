@@ -20,8 +20,8 @@ from feedback.schema import feedback_table, interactions_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
+from lab.simulation.stored_traffic import PlantedPii, SimulationSettings
 from registry.routes import RouteStore
-from simulation.stored_traffic import PlantedPii, SimulationSettings
 from tests.served_traffic import fill_demo_store
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """A generated store that looks served: adapter versions, a canary, routing history.
 
-The traffic simulator (``simulation.stored_traffic``) logs every request against the base
+The traffic simulator (``lab.simulation.stored_traffic``) logs every request against the base
 model. The page is about adapter versions, so this module replays the same
 traffic as if each line had moved from ``<line>-v1`` to ``<line>-v2`` part way
 through, with ``<line>-v3`` as a sticky canary on a share of the users since a
@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from feedback.store import FeedbackStore, IngestReport
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from registry.routes import RouteStore
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 ACTOR = "demo-store"
 

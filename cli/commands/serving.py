@@ -552,14 +552,13 @@ def _shadow_judged_by_users(
     from datetime import UTC, datetime
 
     from feedback.shadow import shadow_answer_pairs
+    from flywheel.named_objects import load_named_object
     from registry.lifecycle import shadow_since
     from registry.shadow import shadow_satisfaction
-    from simulation.protocol import UsersSpecError, load_users
 
-    try:
-        model = load_users(spec)
-    except UsersSpecError as exc:
-        raise UsageError(str(exc)) from None
+    model = load_named_object(spec, "--users")
+    if not callable(getattr(model, "satisfied", None)):
+        raise UsageError(f"--users {spec}: the object has no satisfied() method")
     line = table.business_line
     since = shadow_since(routes.history(line, limit=500), table)
     assert table.shadow is not None

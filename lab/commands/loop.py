@@ -26,13 +26,13 @@ from flywheel.wording import in_words
 
 if TYPE_CHECKING:
     from feedback.pii import Scrubber
-    from simulation.traffic import Sampling
+    from lab.simulation.traffic import Sampling
 
-DEFAULT_USERS = "simulation.users:BuiltinUsers"
+DEFAULT_USERS = "lab.simulation.users:BuiltinUsers"
 FEEDBACK_HELP = (
     "How often the users voice what they think: realistic (the default: thumbs on a few "
     "percent of answers, edits on under 1%), dense (chatty users), no_edits, or a .yaml/.json "
-    "file of rates (simulation.feedback_profiles)."
+    "file of rates (lab.simulation.feedback_profiles)."
 )
 
 
@@ -107,22 +107,22 @@ def loop(
         int | None,
         typer.Option(
             help="Longest answer the users ask for, in tokens, in the traffic and the final "
-            "scoring (default: simulation.traffic.Sampling's).",
+            "scoring (default: lab.simulation.traffic.Sampling's).",
         ),
     ] = None,
     temperature: Annotated[
         float | None,
         typer.Option(
             help="Sampling temperature of the users' requests and of the final scoring "
-            "(default: simulation.traffic.Sampling's).",
+            "(default: lab.simulation.traffic.Sampling's).",
         ),
     ] = None,
 ) -> None:
     """Run N nights of the loop with simulated users who react to the real answers, then score
     the base model and the final champion on fresh prompts."""
-    from simulation.protocol import load_users
+    from lab.simulation.protocol import load_users
 
-    settings = _loop_settings(load_settings())
+    settings = loop_settings(load_settings())
     if line not in settings.business_lines:
         raise UsageError(
             f"unknown business line {line!r}; known: {', '.join(settings.business_lines)}"
@@ -169,7 +169,7 @@ def _sampling(**chosen: float | None) -> Sampling:
     range is a usage error naming the option."""
     from pydantic import ValidationError
 
-    from simulation.traffic import Sampling
+    from lab.simulation.traffic import Sampling
 
     try:
         return Sampling.model_validate({k: v for k, v in chosen.items() if v is not None})
@@ -197,7 +197,7 @@ def _reviewers(settings: Settings, line: str, asked: int | None) -> int:
     return asked
 
 
-def _loop_settings(settings: Settings) -> Settings:
+def loop_settings(settings: Settings) -> Settings:
     if settings.recipes_dir is None:
         from composition.recipes import packaged_recipes_dir
 
@@ -225,11 +225,11 @@ def run_loop_command(
     sampling: Sampling | None = None,
 ) -> Any:
     """The loop on live services, with progress and a table per night; ``sampling`` (default
-    :class:`~simulation.traffic.Sampling`'s) is how the users' requests and the final scoring
+    :class:`~lab.simulation.traffic.Sampling`'s) is how the users' requests and the final scoring
     ask the model to answer."""
-    from simulation.live import live_services
-    from simulation.loop import LoopPlan, run_loop
-    from simulation.traffic import Sampling
+    from lab.simulation.live import live_services
+    from lab.simulation.loop import LoopPlan, run_loop
+    from lab.simulation.traffic import Sampling
 
     plan = LoopPlan(
         business_line=line,

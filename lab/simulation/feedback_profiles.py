@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from flywheel.errors import InputFileError, UsageError
 from flywheel.user_files import read_user_text
-from simulation.protocol import REACTION_TYPES
+from lab.simulation.protocol import REACTION_TYPES
 
 # The signals a profile can give: every reaction but saying nothing.
 SIGNALS: tuple[str, ...] = tuple(t for t in REACTION_TYPES if t != "none")

@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flywheel.install import vllm_venv
 from flywheel.processes import service_process
 from flywheel.settings import Settings
 from flywheel.wording import in_words
-from simulation.loop import CanaryResult, LoopServices, NightlyResult
+from lab.simulation.loop import CanaryResult, LoopServices, NightlyResult
 
 if TYPE_CHECKING:
     from composition.clients import Clients
@@ -191,11 +192,3 @@ def live_services(
             review_url=review_url,
             reviewer_keys=reviewer_keys,
         )
-
-
-def vllm_venv(settings: Settings) -> Path:
-    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".venv-vllm"
-    return settings.home / "vllm-venv"

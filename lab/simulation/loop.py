@@ -17,8 +17,8 @@ How the canary meets users is the plan's ``canary_traffic``:
 
 Users react to what they got; with ``reviews_per_round`` and a feedback page to
 review on, simulated reviewers judge a blind sample too
-(:mod:`simulation.reviewers`: the users' hidden ``satisfied()`` with noise). After the last night,
-fresh prompts (another seed) are answered by the base model and by the final
+(:mod:`lab.simulation.reviewers`: the users' hidden ``satisfied()`` with noise). After the
+last night, fresh prompts (another seed) are answered by the base model and by the final
 champion with the traffic's sampling settings and scored with the users' hidden
 ``satisfied()``.
 
@@ -39,16 +39,16 @@ from typing import Any, Literal
 
 import httpx
 
-from registry.routing import RoutingTable, choose_arm
-from simulation.protocol import LoadedUsers
-from simulation.reviewers import SimulatedReviewers
-from simulation.traffic import (
+from lab.simulation.protocol import LoadedUsers
+from lab.simulation.reviewers import SimulatedReviewers
+from lab.simulation.traffic import (
     Sampling,
     TrafficReport,
     UserRequest,
     UserTraffic,
     user_requests,
 )
+from registry.routing import RoutingTable, choose_arm
 
 CanaryTraffic = Literal["share", "picked"]
 

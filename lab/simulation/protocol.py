@@ -18,20 +18,16 @@ SPEC is ``path/to/file.py:NAME`` or ``package.module:NAME``.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
-import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from feedback.events import USER_SIGNALS, Signal
 from flywheel.errors import UsageError
+from flywheel.named_objects import NamedObjectError, load_named_object
 
 if TYPE_CHECKING:
-    from simulation.feedback_profiles import FeedbackProfile
+    from lab.simulation.feedback_profiles import FeedbackProfile
 
 REACTION_TYPES: tuple[str, ...] = (Signal.NONE.value, *(signal.value for signal in USER_SIGNALS))
 
@@ -116,7 +112,7 @@ class LoadedUsers:
     def prompts(self, business_line: str, n: int, seed: int) -> list[str]:
         """``n`` prompts of the line (the model's own, else the built-in ones)."""
         if self._prompts is None:
-            from simulation.prompts import builtin_prompts
+            from lab.simulation.prompts import builtin_prompts
 
             return builtin_prompts(business_line, n, seed)
         prompts = list(self._prompts(business_line, n, seed))
@@ -168,53 +164,14 @@ def load_users(spec: str, feedback: str | None = None) -> LoadedUsers:
     ``feedback`` (a ``--feedback`` profile name or file), voicing opinions at its rates."""
     loaded = _load_users(spec)
     if feedback is not None:
-        from simulation.feedback_profiles import load_profile
+        from lab.simulation.feedback_profiles import load_profile
 
         loaded.use_feedback(load_profile(feedback))
     return loaded
 
 
 def _load_users(spec: str) -> LoadedUsers:
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise UsersSpecError(
-            f"--users {spec}: expected path/to/file.py:NAME or package.module:NAME"
-        )
-    module = _module_from_file(spec, Path(target)) if target.endswith(".py") else None
-    if module is None:
-        try:
-            module = importlib.import_module(target)
-        except (Exception, SystemExit) as exc:
-            raise UsersSpecError(
-                f"--users {spec}: cannot import {target}: {type(exc).__name__}: {exc}"
-            ) from None
-    if not hasattr(module, name):
-        raise UsersSpecError(f"--users {spec}: {target} has no {name}")
-    obj = getattr(module, name)
-    if inspect.isclass(obj):
-        try:
-            obj = obj()
-        except (Exception, SystemExit) as exc:
-            raise UsersSpecError(
-                f"--users {spec}: {name}() failed: {type(exc).__name__}: {exc}"
-            ) from None
-    return LoadedUsers(spec, obj)
-
-
-def _module_from_file(spec: str, path: Path) -> Any:
-    if not path.is_file():
-        raise UsersSpecError(f"--users {spec}: {path} does not exist")
-    module_name = f"flywheel_users_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise UsersSpecError(f"--users {spec}: {path} cannot be loaded as Python")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
     try:
-        loader_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
-        sys.modules.pop(module_name, None)
-        raise UsersSpecError(
-            f"--users {spec}: {path} failed to load: {type(exc).__name__}: {exc}"
-        ) from None
-    return module
+        return LoadedUsers(spec, load_named_object(spec, "--users"))
+    except NamedObjectError as exc:
+        raise UsersSpecError(str(exc)) from None

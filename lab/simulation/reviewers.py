@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from simulation.protocol import LoadedUsers
+from lab.simulation.protocol import LoadedUsers
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from faker import Faker
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from feedback.events import BUSINESS_LINE, prompt_hash
-from simulation.stored_traffic_content import CONTENT, FLOODS, LineContent
+from lab.simulation.stored_traffic_content import CONTENT, FLOODS, LineContent
 
 SOURCE = "simulate"
 DEFAULT_BASE_MODEL = "SmolLM2-135M-Instruct"

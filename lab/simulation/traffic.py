@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from lab.simulation.protocol import LoadedUsers, Reaction, reaction_seed
 from registry.routing import RoutingTable, choose_arm
-from simulation.protocol import LoadedUsers, Reaction, reaction_seed
 
 REQUEST_ID_HEADER = "x-request-id"
 SESSION_HEADER = "x-session-id"

@@ -1,7 +1,7 @@
 """flywheel's own user models: one per business line, each with a hidden preference.
 
 Every model judges the answer it really got. Basic checks come first (on
-topic, finished, not looping, not padding: :mod:`simulation.judging`), then the
+topic, finished, not looping, not padding: :mod:`lab.simulation.judging`), then the
 line's taste:
 
 - customer service users want a **short answer that apologises**: at most 60
@@ -17,7 +17,7 @@ words or more (an apology, a referral or a caveat around a stray sentence does
 not do).
 
 Feedback is sparse and noisy, at the rates of the users' feedback profile
-(:mod:`simulation.feedback_profiles`; by default the rates real products see,
+(:mod:`lab.simulation.feedback_profiles`; by default the rates real products see,
 about nine answers in ten silent): a few contradict themselves (a thumbs-up on
 an answer they did not like), some regenerate or leave, and a few edit the
 answer into what they wanted; task outcomes follow satisfaction with noise and
@@ -30,8 +30,8 @@ import random
 import re
 from typing import Any
 
-from simulation.feedback_profiles import DEFAULT_PROFILE, PROFILES, FeedbackProfile
-from simulation.judging import (
+from lab.simulation.feedback_profiles import DEFAULT_PROFILE, PROFILES, FeedbackProfile
+from lab.simulation.judging import (
     advice_terms,
     gives_advice,
     is_complete,
@@ -42,7 +42,7 @@ from simulation.judging import (
     sentences,
     word_count,
 )
-from simulation.prompts import Topic, builtin_prompts, topic_of
+from lab.simulation.prompts import Topic, builtin_prompts, topic_of
 
 
 class HiddenPreferenceUsers:

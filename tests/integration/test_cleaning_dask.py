@@ -14,7 +14,7 @@ from feedback.store import FeedbackStore
 from flows.cleaning import run_partitioned
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 # ~45 s: a Prefect API, two worker processes each loading spaCy.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,7 +16,7 @@ from feedback.schema import interactions_table
 from feedback.signals import pull_records
 from feedback.store import FeedbackStore, create_store_engine, upgrade_schema
 from flywheel.settings.cleaning import CleaningSettings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = pytest.mark.integration
 

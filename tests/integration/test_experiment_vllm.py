@@ -1,6 +1,6 @@
 """An A/B experiment through the gateway on a real vLLM (CPU, runtime LoRA) between two
 tiny adapters trained by flywheel's own trainer: one answers late-delivery questions with
-an apology, the other without. Simulated customer-service users (``simulation.users``)
+an apology, the other without. Simulated customer-service users (``lab.simulation.users``)
 judge the answer they really got and report a task outcome through the gateway's feedback
 API; the sequential test must pick the apologising adapter, ``promote`` must make it the
 champion (routing and MLflow alias), and the feedback page must show the decision."""
@@ -30,12 +30,12 @@ from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from lab.simulation.users import CustomerServiceUsers
 from registry.routes import RouteStore
 from registry.routing import choose_arm
 from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
-from simulation.users import CustomerServiceUsers
 from tests.dashboard_store import shared_scrubber
 from tests.integration.conftest import ADAPTER_LESSONS
 from tests.registered import register_version

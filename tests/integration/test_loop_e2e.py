@@ -39,6 +39,7 @@ from flywheel.settings import Settings, load_settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from registry.names import model_name
 from registry.records import TAG_DATASET_HASH
 from registry.routes import RouteStore
@@ -46,7 +47,6 @@ from registry.routing import RoutingTable, choose_arm
 from registry.tracking import Registry
 from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, free_port
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from tests.conftest import REPO
 from tests.servers import serving
 

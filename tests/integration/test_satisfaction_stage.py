@@ -21,9 +21,9 @@ from feedback.examples import build_examples
 from flows.satisfaction import train_satisfaction_model
 from flywheel.settings import load_settings
 from flywheel.settings.cleaning import DatasetSettings
+from lab.simulation.prompts import builtin_prompts, topic_of
+from lab.simulation.users import CustomerServiceUsers
 from registry.tracking import Registry
-from simulation.prompts import builtin_prompts, topic_of
-from simulation.users import CustomerServiceUsers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings
 from registry.records import TAG_ENDED_BECAUSE
 from registry.tracking import Registry
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ import pytest
 
 from feedback.store import FeedbackStore
 from flywheel.settings import load_settings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

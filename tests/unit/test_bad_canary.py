@@ -13,7 +13,7 @@ import pytest
 import flows.rollout
 import flows.stages
 import flywheel.settings
-from simulation.live import _deploy_inverted
+from lab.simulation.live import _deploy_inverted
 
 
 class _Rollout:

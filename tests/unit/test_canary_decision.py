@@ -424,7 +424,7 @@ def _share_canary(
     """The loop's canary at its true share (``flywheel loop``'s default): users speak at the
     realistic profile's rates (guardrails), reviewers check each arm's review share blind
     with 10% of verdicts wrong, no satisfaction model yet (reviews alone): the first canary."""
-    from simulation.feedback_profiles import PROFILES
+    from lab.simulation.feedback_profiles import PROFILES
 
     profile = PROFILES["realistic"]
     negative = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")

@@ -18,7 +18,7 @@ from feedback.dedup import estimated_similarity, sign_texts
 from feedback.pii import ScrubberSettings, build_scrubber
 from feedback.pii.scrubber import Scrubber
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 
 @pytest.fixture(scope="module")

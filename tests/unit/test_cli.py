@@ -115,8 +115,8 @@ def test_serve_vllm_prints_its_command(
 def test_loop_passes_its_sampling_to_the_users_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cli.commands.loop as loop_command
-    from simulation.traffic import Sampling
+    import lab.commands.loop as loop_command
+    from lab.simulation.traffic import Sampling
 
     seen: dict[str, object] = {}
 

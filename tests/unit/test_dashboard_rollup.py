@@ -14,7 +14,7 @@ from feedback.rollup import RollupQuery, SignalRollup, floor_hour, rebuild_rollu
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from tests.dashboard_store import recount
 from tests.served_traffic import ServingPlan, served_events
 

@@ -129,8 +129,8 @@ def test_every_list_of_signals_is_a_group_of_the_one_enum() -> None:
         Signal,
     )
     from feedback.rollup import FEEDBACK_SIGNALS
+    from lab.simulation.protocol import REACTION_TYPES
     from registry.experiments import FLAGS
-    from simulation.protocol import REACTION_TYPES
 
     # The order reports show and experiments' tallies store their bits in.
     shown = (

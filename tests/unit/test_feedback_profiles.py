@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from simulation.feedback_profiles import (
+from lab.simulation.feedback_profiles import (
     DEFAULT_PROFILE,
     PROFILES,
     FeedbackProfileError,
     load_profile,
 )
-from simulation.prompts import builtin_prompts, topic_of
-from simulation.protocol import LoadedUsers, UsersSpecError
-from simulation.users import BuiltinUsers, CustomerServiceUsers, LegalUsers, MedicalUsers
+from lab.simulation.prompts import builtin_prompts, topic_of
+from lab.simulation.protocol import LoadedUsers, UsersSpecError
+from lab.simulation.users import BuiltinUsers, CustomerServiceUsers, LegalUsers, MedicalUsers
 
 
 def test_the_default_is_the_realistic_profile_and_it_is_mostly_silent() -> None:
@@ -64,7 +64,7 @@ def test_the_users_honour_their_profile_rates(name: str, users_class: type) -> N
 
 
 def test_builtin_users_take_the_profile_for_every_line() -> None:
-    users = LoadedUsers("simulation.users:BuiltinUsers", BuiltinUsers())
+    users = LoadedUsers("lab.simulation.users:BuiltinUsers", BuiltinUsers())
     assert users.feedback is not None
     assert users.feedback.name == "realistic"
     users.use_feedback(PROFILES["dense"])

@@ -22,11 +22,11 @@ from flywheel.settings import Settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from lab.simulation.loop import CanaryResult, LoopPlan, LoopServices, NightlyResult, run_loop
+from lab.simulation.protocol import LoadedUsers
 from registry.canary import CanaryAction, CanaryPolicy, decide_canary
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
-from simulation.loop import CanaryResult, LoopPlan, LoopServices, NightlyResult, run_loop
-from simulation.protocol import LoadedUsers
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 

@@ -15,7 +15,7 @@ from feedback.signals import id_partitions
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from flywheel.settings.cleaning import CleaningSettings
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ import pytest
 
 from feedback.pii import ScrubberSettings, build_scrubber, scrub_records
 from feedback.pii.scrubber import Scrubber
-from simulation.stored_traffic import SimulationSettings, TrafficSimulator
-from simulation.stored_traffic_content import CONTENT
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic_content import CONTENT
 
 SEEDS = (0, 1, 2, 3)
 REQUESTS = 1_500

@@ -26,8 +26,8 @@ def test_a_mapping_reads_as_words() -> None:
 def test_the_loops_night_prints_reactions_without_braces(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cli.commands.loop import _print_night
-    from simulation.loop import NightRecord
+    from lab.commands.loop import _print_night
+    from lab.simulation.loop import NightRecord
 
     record = NightRecord(
         night=1,

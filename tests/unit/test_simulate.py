@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from feedback.events import validate_event
-from simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
 
 START = datetime(2026, 11, 29, tzinfo=UTC)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from simulation.feedback_profiles import PROFILES
-from simulation.judging import is_complete, is_degenerate
-from simulation.prompts import builtin_prompts, topic_of
-from simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
-from simulation.users import CustomerServiceUsers, LegalUsers, MedicalUsers
+from lab.simulation.feedback_profiles import PROFILES
+from lab.simulation.judging import is_complete, is_degenerate
+from lab.simulation.prompts import builtin_prompts, topic_of
+from lab.simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
+from lab.simulation.users import CustomerServiceUsers, LegalUsers, MedicalUsers
 
 MODELS = (
     ("customer_service", CustomerServiceUsers()),
@@ -65,7 +65,7 @@ def test_users_load_from_a_file_path_and_react_to_the_answer(users_file: Path) -
 
 
 def test_users_load_from_a_module_and_fall_back_to_builtin_prompts() -> None:
-    users = load_users("simulation.users:BuiltinUsers")
+    users = load_users("lab.simulation.users:BuiltinUsers")
     assert users.prompts("medical", 5, 1) == builtin_prompts("medical", 5, 1)
     users.check("medical")
 
@@ -199,7 +199,7 @@ def test_answer_checks() -> None:
 def test_an_edit_fits_in_what_the_traffic_lets_an_answer_say(line: str, users: object) -> None:
     """A long, on-topic answer rewritten by its user still fits the traffic's 96 tokens (about
     70 words), and satisfies that user: the answer users write is one a model can give."""
-    from simulation.judging import word_count
+    from lab.simulation.judging import word_count
 
     for prompt in builtin_prompts(line, 20, 7):
         topic = topic_of(line, prompt)
@@ -218,7 +218,7 @@ def test_an_edit_fits_in_what_the_traffic_lets_an_answer_say(line: str, users: o
 def test_an_edit_of_a_thin_answer_is_one_its_user_accepts(line: str, users: object) -> None:
     """An answer with one on-topic sentence and no advice: the user's edit keeps that
     sentence and adds the fix they know, so the target training learns from satisfies them."""
-    from simulation.judging import word_count
+    from lab.simulation.judging import word_count
 
     for prompt in builtin_prompts(line, 40, 17):
         topic = topic_of(line, prompt)
@@ -241,7 +241,7 @@ def test_an_edit_keeps_the_sentences_that_help_and_cuts_those_that_brush_the_top
     """A sentence naming two of the topic's terms (one beyond the question's own) stays in the
     user's edit; one that names a single term in passing is cut, as a person rewriting the
     answer would."""
-    from simulation.judging import mentions
+    from lab.simulation.judging import mentions
 
     for prompt in builtin_prompts(line, 30, 23):
         topic = topic_of(line, prompt)
@@ -272,7 +272,7 @@ def test_an_answer_that_restates_the_question_is_not_advice(line: str, users: ob
     """What medical v3 got away with: the question's own words back ("a skin rash depends on
     the type of rash") inside the taste. Advice names a term the question did not; the
     user's edit cuts the echo and keeps the sentence that does."""
-    from simulation.judging import mentions
+    from lab.simulation.judging import mentions
 
     checked = 0
     for prompt in builtin_prompts(line, 60, 29):
