@@ -17,9 +17,11 @@ from flows.stages import train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings
+from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from registry.delivery import adapter_digest
 from registry.records import TAG_ENDED_BECAUSE
 from registry.tracking import Registry
-from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from training.base_model import base_fingerprint, read_base_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,6 +87,11 @@ def test_train_line_registers_once_with_lineage(
     assert tags["base_model"] == base_model_dir.name
     assert len(tags["dataset_hash"]) == 64
     assert (registry.adapter_path("customer_service", 1) / "adapter_config.json").exists()
+    # The base it was trained on travels with it, and the files carry their digest.
+    assert tags["flywheel.base_digest"] == base_fingerprint(base_model_dir).digest
+    fetched = registry.adapter_path("customer_service", 1)
+    assert tags["flywheel.adapter_digest"] == adapter_digest(fetched)
+    assert read_base_record(fetched) == base_fingerprint(base_model_dir)
     runs = registry.recent_runs("customer_service")
     assert len(runs) == 1
     assert runs[0].gate_decision == "promote"
