@@ -133,6 +133,10 @@ class NameGazetteer:
     """Words written capitalised clearly more often than not ("mason", "tanner")."""
     name_like: frozenset[str] = frozenset()
     """Words used the way given names and surnames are (see :func:`load_name_statistics`)."""
+    known_words: frozenset[str] = frozenset()
+    """The corpus's most frequent word forms, case-folded: what people write, names among them."""
+    frequent_words: frozenset[str] = frozenset()
+    """The most frequent of those: a word one typo from one of these is that word misspelt."""
 
     def is_place(self, word: str) -> bool:
         """True for a known country, state, province or city name."""
@@ -175,6 +179,8 @@ class NameGazetteer:
             usually_capitalised=statistics.usually_capitalised,
             often_capitalised=statistics.often_capitalised,
             name_like=statistics.name_like,
+            known_words=statistics.known_words,
+            frequent_words=statistics.frequent_words,
         )
 
     def is_verb(self, word: str) -> bool:
@@ -229,6 +235,32 @@ class NameGazetteer:
             candidate in self.english_words or candidate in self.common_words
             for candidate in _one_edit(folded)
         )
+
+    def is_known_word(self, word: str) -> bool:
+        """True for a frequent word form of the corpus, an English word or a chat word."""
+        folded = word.casefold()
+        return (
+            folded in self.known_words
+            or self.is_english_word(folded)
+            or self.is_informal_word(folded)
+        )
+
+    def is_rare_word(self, word: str) -> bool:
+        """True for a word the corpus hardly knows and no typo of a frequent word.
+
+        In lower-case chat, most such words are names no list holds ("kunjana");
+        the rest are misspellings, foreign words and coinages. False when no corpus
+        statistics were loaded.
+        """
+        folded = word.casefold()
+        if not self.known_words or folded in self.known_words:
+            return False
+        if any(
+            folded[:cut] in self.frequent_words and folded[cut:] in self.frequent_words
+            for cut in range(4, len(folded) - 3)
+        ):
+            return False  # a compound of two frequent words: "tilework", "hydropower"
+        return not any(candidate in self.frequent_words for candidate in _one_edit(folded))
 
     def is_given_name(self, word: str) -> bool:
         """True for a given name that is not also a common English word."""
@@ -418,6 +450,8 @@ class NameStatistics:
     usually_capitalised: frozenset[str]
     often_capitalised: frozenset[str]
     name_like: frozenset[str]
+    known_words: frozenset[str] = frozenset()
+    frequent_words: frozenset[str] = frozenset()
 
 
 _CAPITALISED_LOG_RATIO = 1.0
@@ -427,6 +461,10 @@ _OFTEN_CAPITALISED_LOG_RATIO = 0.5
 _NAME_CLUSTER_SHARE = 0.2
 """A word cluster in which at least this share of words are listed names holds names."""
 _MIN_CLUSTER_SIZE = 20
+_KNOWN_WORDS = 100_000
+"""The corpus's most frequent word forms (of its 1,000,000): words people know and write."""
+_FREQUENT_WORDS = 50_000
+"""The forms a misspelling is most likely to be a typo of."""
 
 
 @cache
@@ -437,8 +475,9 @@ def load_name_statistics() -> NameStatistics:
     A word whose capitalised form is far more frequent than its lower-case one is a
     proper noun even when typed in lower case. A Brown cluster groups words used in
     the same contexts; where Faker's names make up a good share of a cluster, its
-    other words are used as names too. Empty when the package is not installed.
-    Cached; about 1.5 s and 300 MB while reading, about 20 MB kept.
+    other words are used as names too. The most frequent word forms tell a word from a
+    rare one and a typo of a frequent one. Empty when the package is not installed.
+    Cached; about 2 s and 300 MB while reading, about 30 MB kept.
     """
     import gzip
     import importlib.resources
@@ -456,6 +495,10 @@ def load_name_statistics() -> NameStatistics:
         gzip.decompress((folder / "en_lexeme_prob.json.gz").read_bytes())
     )
     floor = min(probabilities.values())
+    by_frequency = sorted(probabilities, key=probabilities.__getitem__, reverse=True)
+    known = frozenset(w.casefold() for w in by_frequency[:_KNOWN_WORDS])
+    frequent = frozenset(w.casefold() for w in by_frequency[:_FREQUENT_WORDS])
+    del by_frequency
     ratios = {
         word.casefold(): probability - probabilities.get(word.lower(), floor)
         for word, probability in probabilities.items()
@@ -479,6 +522,8 @@ def load_name_statistics() -> NameStatistics:
         frozenset(w for w, ratio in ratios.items() if ratio >= _CAPITALISED_LOG_RATIO),
         frozenset(w for w, ratio in ratios.items() if ratio >= _OFTEN_CAPITALISED_LOG_RATIO),
         frozenset(name_like),
+        known,
+        frequent,
     )
 
 
@@ -531,14 +576,20 @@ class PersonNameFinder:
     def __init__(self, gazetteer: NameGazetteer) -> None:
         self.gazetteer = gazetteer
         self._misspellings: dict[str, bool] = {}
+        self._rare_words: dict[str, bool] = {}
 
     def find(self, text: str, entities: Iterable[tuple[int, int, str]]) -> list[RecognizerResult]:
         """Names in ``text`` given spaCy's entities as ``(start, end, label)``."""
         return self.from_entities(text, entities) + self.from_rules(text)
 
-    def from_rules(self, text: str) -> list[RecognizerResult]:
-        """Names the gazetteer and the cue, chat and corpus rules find, without NER."""
-        return self._gazetteer_names(text)
+    def from_rules(self, text: str, *, latin_script: bool = True) -> list[RecognizerResult]:
+        """Names the gazetteer and the cue, chat and corpus rules find, without NER.
+
+        ``latin_script``: the text is written in Latin script only. Within Chinese text,
+        Latin words in lower case are brands and links more often than names, so the
+        rule for a lower-case writer's rare words is left out.
+        """
+        return self._gazetteer_names(text, latin_script)
 
     def from_entities(
         self, text: str, entities: Iterable[tuple[int, int, str]]
@@ -608,7 +659,7 @@ class PersonNameFinder:
             return True
         return len(words) >= 2 and self.gazetteer.is_surname(words[-1])
 
-    def _gazetteer_names(self, text: str) -> list[RecognizerResult]:
+    def _gazetteer_names(self, text: str, latin_script: bool = True) -> list[RecognizerResult]:
         words = _words_of(text)
         results = []
         index = 0
@@ -624,17 +675,21 @@ class PersonNameFinder:
         results.extend(self._speakers(text))
         results.extend(self._handles(text))
         results.extend(self._lists(text, words))
-        results.extend(self._informal_names(text, words))
+        results.extend(self._informal_names(text, words, latin_script))
         return results
 
-    def _informal_names(self, text: str, words: list[_Word]) -> list[RecognizerResult]:
+    def _informal_names(
+        self, text: str, words: list[_Word], latin_script: bool = True
+    ) -> list[RecognizerResult]:
         """Names as people type them in chats and comments, where NER is weakest.
 
         See :meth:`_informal_name` for the rules; a name found so also makes the
         unknown word it is coordinated with a name ("emma and kaite").
         """
+        lower_case_writer = latin_script and _writes_in_lower_case(text, words, self.gazetteer)
         found = [
-            self._informal_name(text, words, index) or self._has_kin(text, words, index)
+            self._informal_name(text, words, index, lower_case_writer)
+            or self._has_kin(text, words, index)
             for index in range(len(words))
         ]
         for index in [i for i, is_name in enumerate(found) if is_name]:
@@ -667,6 +722,14 @@ class PersonNameFinder:
             and not self._misspelt(base)
         )
 
+    def _rare(self, word: str) -> bool:
+        known = self._rare_words.get(word)
+        if known is None:
+            if len(self._rare_words) >= _MISSPELLING_CACHE:
+                self._rare_words.clear()
+            known = self._rare_words[word] = self.gazetteer.is_rare_word(word)
+        return known
+
     def _misspelt(self, word: str) -> bool:
         known = self._misspellings.get(word)
         if known is None:
@@ -675,7 +738,9 @@ class PersonNameFinder:
             known = self._misspellings[word] = self.gazetteer.is_misspelling(word)
         return known
 
-    def _informal_name(self, text: str, words: list[_Word], index: int) -> bool:
+    def _informal_name(
+        self, text: str, words: list[_Word], index: int, lower_case_writer: bool
+    ) -> bool:
         """One word of informal text that is a name on its own (see the two cases)."""
         word = words[index]
         base = _POSSESSIVE.sub("", word.text)
@@ -695,7 +760,7 @@ class PersonNameFinder:
             return self._capitalised_name(text, words, index, base)
         if base.isupper():
             return base.casefold() in gazetteer.given_names and not gazetteer.is_english_word(base)
-        return base.islower() and self._lower_case_name(text, words, index, base)
+        return base.islower() and self._lower_case_name(text, words, index, base, lower_case_writer)
 
     def _has_kin(self, text: str, words: list[_Word], index: int) -> bool:
         """ "Beauty's mother", "kapil's wife": whose family member is named is a person, even
@@ -782,7 +847,9 @@ class PersonNameFinder:
             )
         )
 
-    def _lower_case_name(self, text: str, words: list[_Word], index: int, base: str) -> bool:
+    def _lower_case_name(
+        self, text: str, words: list[_Word], index: int, base: str, lower_case_writer: bool
+    ) -> bool:
         """A name typed in lower case.
 
         A word people mostly write capitalised that is a listed name or no English
@@ -790,7 +857,9 @@ class PersonNameFinder:
         English word ("notice gaby"), or one that is but is used like a name and
         written capitalised clearly more often ("help mason"); an unknown word (no
         English, chat, place or misspelt word) that does something ("momo is the best", "kapil's
-        expression") or is greeted or compared ("better than klay").
+        expression"), is greeted or compared ("better than klay") or spoken to ("wow
+        edubes, your video"); and where the writer types in lower case (so would not
+        capitalise a name either), a word the corpus hardly knows ("salute to kunjana").
         """
         gazetteer = self.gazetteer
         folded = base.casefold()
@@ -807,17 +876,47 @@ class PersonNameFinder:
             )
         if folded in gazetteer.given_names:
             return True
-        if gazetteer.is_place(base) or self._misspelt(base):
+        if gazetteer.is_place(base):
             return False
+        if lower_case_writer and self._rare_word_alone(text, words, index, base):
+            return True
+        return not self._misspelt(base) and self._acts_or_addressed(text, words, index, base)
+
+    def _rare_word_alone(self, text: str, words: list[_Word], index: int, base: str) -> bool:
+        """A rare word (see :meth:`NameGazetteer.is_rare_word`) of plain ASCII letters,
+        a whole token (no link or file name), not after a preposition of place ("in
+        begunje")."""
+        return (
+            base.isascii()
+            and base.isalpha()
+            and _standalone(text, words[index])
+            and not (index and words[index - 1].text.casefold() in _BEFORE_PLACES)
+            and self._rare(base)
+        )
+
+    def _acts_or_addressed(self, text: str, words: list[_Word], index: int, base: str) -> bool:
+        """The word acts (see :meth:`_acts`), follows a greeting or a comparison, or is
+        spoken to at a sentence's start or after an interjection."""
+        gazetteer = self.gazetteer
         word = words[index]
         acts = self._acts(text, words, index, base)
         previous = words[index - 1] if index else None
-        addressed = (
+        after_cue = (
             previous is not None
             and previous.text.casefold() in _ADDRESS_CUES
             and text[previous.end : word.start].strip() == ""
         )
-        return acts or addressed
+        # "wow edubes, your video": spoken to, at a sentence's start or after an interjection
+        # ("for phenome, you can" is a clause's end).
+        vocative = (_VOCATIVE.match(text, word.end) is not None and _standalone(text, word)) and (
+            _sentence_start(text, word.start)
+            or (
+                previous is not None
+                and gazetteer.is_informal_word(previous.text)
+                and text[previous.end : word.start].strip() == ""
+            )
+        )
+        return acts or after_cue or vocative
 
     def _speakers(self, text: str) -> list[RecognizerResult]:
         """``Ubul: What a wife.`` -- a name labelling a line of dialogue."""
@@ -1000,6 +1099,10 @@ _KIN = re.compile(
 """A family member after a possessive: the possessor is a person."""
 _SPLIT_POSSESSIVE = re.compile(r" ['’] ?s\b")
 """The possessive as a tokeniser leaves it ("Trump ' s"), detached from its word."""
+_BEFORE_PLACES = _words("in at from near of de del la le du na")
+"""Prepositions (some French, Spanish, Slavic) before a place's name: "flown in from chennai"."""
+_VOCATIVE = re.compile(r"\s*,\s*(?:you|your|you're|you’re|youre|u|ur)\b", re.IGNORECASE)
+"""A word set off by a comma before "you": the one spoken to ("nice one jess, you rock")."""
 _ADDRESS_CUES = _words("thanks thank thx hey hi hello bye yo dear love miss than like with")
 """Words after which an unknown lower-case word is someone greeted, thanked or compared."""
 _COORDINATORS = frozenset({"and", "or"})
@@ -1014,6 +1117,46 @@ def _coordinated(text: str, words: list[_Word], index: int, other: int) -> bool:
     middle = words[left + 1].text.casefold()
     gap = between.replace(words[left + 1].text, " ", 1)
     return middle in _COORDINATORS and gap.strip(" ,") == ""
+
+
+_CODE = re.compile(r"[{};=]|\(\)|</")
+"""Braces, semicolons, assignments, calls, closing tags: code, whose names are no one's."""
+
+
+def _writes_in_lower_case(text: str, words: list[_Word], gazetteer: NameGazetteer) -> bool:
+    """True for an English text, not code, whose writer does not capitalise: it starts in
+    lower case or writes the pronoun "i" so ("i think", "i'm"). Such a writer does not
+    capitalise names either. English: at least half of its words are known words."""
+    if not words or _CODE.search(text):
+        return False
+    lower = words[0].text[0].islower() or any(
+        word.text in {"i'm", "i’m", "i've", "i’ve", "i'll", "i’ll", "i'd", "i’d"}
+        or (
+            word.text == "i"
+            and position + 1 < len(words)
+            and _adjacent(text, word, words[position + 1])
+            and gazetteer.is_verb(words[position + 1].text)
+        )
+        for position, word in enumerate(words)
+    )
+    if not lower:
+        return False
+    known = sum(word.text.isascii() and gazetteer.is_known_word(word.text) for word in words)
+    return 2 * known >= len(words)
+
+
+_EDGE_PUNCTUATION = "\"'“”‘’()[]{}<>.,!?;:…*~"
+
+
+def _standalone(text: str, word: _Word) -> bool:
+    """True when the word is a whole token between spaces, give or take punctuation at its
+    edges: not part of a link, an address, a hashtag or a code name ("sinaurl.cn")."""
+    start, end = word.start, word.end
+    while start and not text[start - 1].isspace():
+        start -= 1
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    return text[start:end].strip(_EDGE_PUNCTUATION) == word.text
 
 
 def _plural(word: str, gazetteer: NameGazetteer) -> bool:

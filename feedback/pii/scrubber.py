@@ -227,7 +227,9 @@ class Scrubber:
         if language is not TextLanguage.ZH and "en" in self.settings.languages:
             latin = _latin_view(text, language)
             if self._names is not None:
-                results.extend(self._names.from_rules(latin))
+                results.extend(
+                    self._names.from_rules(latin, latin_script=language is TextLanguage.EN)
+                )
             if self._street_addresses is not None:
                 results.extend(self._street_addresses.analyze(latin))
         if language is not TextLanguage.EN and self._segmenter is not None:
