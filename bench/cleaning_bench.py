@@ -161,7 +161,7 @@ def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str
     settings = load_settings(home=home / "nightly", database_url=url)
     base = ensure_base_model(settings.models_dir, settings.base_model)
     python = VllmEnvironment(
-        vllm_venv(settings), torch_index=settings.torch_index, report=out.print
+        vllm_venv(settings.home), torch_index=settings.torch_index, report=out.print
     ).ensure()
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
     log = settings.home / "vllm.log"

@@ -195,7 +195,7 @@ def main() -> int:
     if cached.is_dir() and not settings.models_dir.exists():
         shutil.copytree(cached, settings.models_dir)
     base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(vllm_venv(settings), torch_index=settings.torch_index).ensure()
+    python = VllmEnvironment(vllm_venv(settings.home), torch_index=settings.torch_index).ensure()
     server = VllmServer(
         VllmServerSettings(
             model=base, port=free_port(), served_model_name=base.name, max_lora_rank=SERVER_RANK

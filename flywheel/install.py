@@ -30,10 +30,6 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from flywheel.settings import Settings
 
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -63,12 +59,12 @@ class TorchPlan:
     from_index: PipStep
 
 
-def vllm_venv(settings: Settings) -> Path:
-    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under FLYWHEEL_HOME."""
-    checkout = PYPROJECT.parent
+def vllm_venv(home: Path) -> Path:
+    """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under ``home``
+    (FLYWHEEL_HOME)."""
     if PYPROJECT.exists():
-        return checkout / ".venv-vllm"
-    return settings.home / "vllm-venv"
+        return PYPROJECT.parent / ".venv-vllm"
+    return home / "vllm-venv"
 
 
 def torch_requirement(pyproject: Path = PYPROJECT) -> str:

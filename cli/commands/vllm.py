@@ -196,7 +196,7 @@ def serve_vllm(
     private_home(settings.home)
     base = ensure_base_model(settings.models_dir, settings.base_model)
     environment = VllmEnvironment(
-        venv or vllm_venv(settings), torch_index=settings.torch_index, report=out.print
+        venv or vllm_venv(settings.home), torch_index=settings.torch_index, report=out.print
     )
     chosen = {"host": host, "max_loras": max_loras, "max_lora_rank": max_lora_rank}
     try:

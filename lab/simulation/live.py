@@ -149,7 +149,7 @@ def live_services(
 
     base = ensure_base_model(settings.models_dir, settings.base_model)
     python = VllmEnvironment(
-        vllm_venv(settings), torch_index=settings.torch_index, report=report
+        vllm_venv(settings.home), torch_index=settings.torch_index, report=report
     ).ensure()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = settings.home / "logs"
