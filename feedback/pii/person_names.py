@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -686,7 +686,15 @@ class PersonNameFinder:
         See :meth:`_informal_name` for the rules; a name found so also makes the
         unknown word it is coordinated with a name ("emma and kaite").
         """
-        lower_case_writer = latin_script and _writes_in_lower_case(text, words, self.gazetteer)
+        gazetteer = self.gazetteer
+        writer: list[bool] = []
+
+        def lower_case_writer() -> bool:
+            # Judged once per text, and only when a rare word asks.
+            if not writer:
+                writer.append(latin_script and _writes_in_lower_case(text, words, gazetteer))
+            return writer[0]
+
         found = [
             self._informal_name(text, words, index, lower_case_writer)
             or self._has_kin(text, words, index)
@@ -739,7 +747,7 @@ class PersonNameFinder:
         return known
 
     def _informal_name(
-        self, text: str, words: list[_Word], index: int, lower_case_writer: bool
+        self, text: str, words: list[_Word], index: int, lower_case_writer: Callable[[], bool]
     ) -> bool:
         """One word of informal text that is a name on its own (see the two cases)."""
         word = words[index]
@@ -848,7 +856,12 @@ class PersonNameFinder:
         )
 
     def _lower_case_name(
-        self, text: str, words: list[_Word], index: int, base: str, lower_case_writer: bool
+        self,
+        text: str,
+        words: list[_Word],
+        index: int,
+        base: str,
+        lower_case_writer: Callable[[], bool],
     ) -> bool:
         """A name typed in lower case.
 
@@ -878,7 +891,7 @@ class PersonNameFinder:
             return True
         if gazetteer.is_place(base):
             return False
-        if lower_case_writer and self._rare_word_alone(text, words, index, base):
+        if self._rare_word_alone(text, words, index, base) and lower_case_writer():
             return True
         return not self._misspelt(base) and self._acts_or_addressed(text, words, index, base)
 
