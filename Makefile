@@ -59,11 +59,11 @@ format: setup
 	$(BIN)/ruff format .
 
 bench: setup ## All benchmarks (each also runs on its own, see README)
-	$(BIN)/python bench/ingest_bench.py
-	$(BIN)/python bench/pii_bench.py
-	$(BIN)/python bench/dedup_bench.py
-	$(BIN)/python bench/train_bench.py
-	$(BIN)/python bench/canary_sim_bench.py
+	$(BIN)/python lab/bench/ingest_bench.py
+	$(BIN)/python lab/bench/pii_bench.py
+	$(BIN)/python lab/bench/dedup_bench.py
+	$(BIN)/python lab/bench/train_bench.py
+	$(BIN)/python lab/bench/canary_sim_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

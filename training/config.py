@@ -109,7 +109,8 @@ class TrainingConfig(BaseModel):
     precision: Precision = Field(
         default="auto",
         description="'auto': bfloat16 where the hardware has it (a GPU that supports it, "
-        "a CPU with AVX512-BF16 or AMX: autocast, measured faster by bench/precision_bench.py), "
+        "a CPU with AVX512-BF16 or AMX: autocast, measured faster by "
+        "lab/bench/precision_bench.py), "
         "else float32; 'bf16' / 'fp32' force one (training and the gate's evaluation).",
     )
     gradient_checkpointing: GradientCheckpointing = Field(

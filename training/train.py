@@ -105,7 +105,7 @@ def trains_in_bf16(precision: Precision, on_gpu: bool) -> bool:
     (:func:`flywheel.hardware.number_format` on this machine's GPU or CPU).
 
     ``auto``: bfloat16 on a GPU that supports it, and autocast on a CPU with
-    native bfloat16 (``bench/precision_bench.py``, quiet 2-core AVX512-BF16 CPU:
+    native bfloat16 (``lab/bench/precision_bench.py``, quiet 2-core AVX512-BF16 CPU:
     a training step 0.72x and a scoring pass 0.55x float32's time).
     """
     if precision == "fp32":

@@ -2,7 +2,7 @@
 flywheel's resolver inside vLLM fetches one on its first request, and refuses one whose
 artifact no longer matches its registered digest (the reason in the replica's log).
 
-The reduced form of ``bench/delivery_check.py``: one replica, the trainer's local MLflow
+The reduced form of ``lab/bench/delivery_check.py``: one replica, the trainer's local MLflow
 store (its adapter folders deleted once registered), the replica's own home and cache.
 """
 

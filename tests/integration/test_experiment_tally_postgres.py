@@ -1,6 +1,6 @@
 """An A/B experiment's running tally on real PostgreSQL: equal to a recount through rounds
 of late feedback and an end, and racing folds count each row once (the plans on a big
-store are bench/dashboard_bench.py's: a small table is scanned whatever the indexes)."""
+store are lab/bench/dashboard_bench.py's: a small table is scanned whatever the indexes)."""
 
 from __future__ import annotations
 

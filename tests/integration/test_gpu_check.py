@@ -1,4 +1,4 @@
-"""``bench/gpu_check.py``: the GPU route's script runs end to end (on the CPU here, with a tiny
+"""``lab/bench/gpu_check.py``: the GPU route's script runs end to end (on the CPU here, with a tiny
 model of the base model's family), and on CUDA where there is one (skipped otherwise); vLLM
 serving is checked only where a CUDA vLLM imports, and the JSON says so plainly elsewhere."""
 
@@ -34,7 +34,8 @@ def _tiny_config(base_model_dir: Path, target: Path) -> Path:
 def _run(tmp_path: Path, config: Path, device: str, *extra: str) -> dict:
     out = tmp_path / f"result-{device}.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--out", str(tmp_path / device),
+        [sys.executable, str(ROOT / "lab" / "bench" / "gpu_check.py"),
+         "--out", str(tmp_path / device),
          "--model-config", str(config), "--steps", "2", "--answers", "4",
          "--max-new-tokens", "4", "--device", device, "--json", str(out), *extra],
         capture_output=True, text=True, timeout=900, check=False, cwd=ROOT,

@@ -1,4 +1,4 @@
-"""``bench/gpu_check.py``'s parts that need no GPU: what it keeps of a training, the gradient
+"""``lab/bench/gpu_check.py``'s parts that need no GPU: what it keeps of a training, the gradient
 checkpointing comparison, when vLLM serving can be checked (and the plain reason when not),
 and the throughput of concurrent requests (against a fake vLLM: the counting around the
 client is what is tested; the real server runs in the script on a GPU)."""
@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    path = REPO / "lab" / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -108,15 +108,9 @@ def test_the_canary_judge_and_the_gate_never_climb_into_flows_or_servers() -> No
 LAB_HOOKS = {("cli.main", "lab.commands")}
 
 
-# Folders of lab apparatus not yet under lab/, each with its reason.
-NOT_YET_IN_THE_LAB: dict[str, str] = {
-    "bench": "the benchmarks, moving to lab/bench/ once the delivery check now running is done",
-}
-
-
 def test_the_product_never_imports_the_lab() -> None:
     # Every Python file outside lab/ and tests/: the product, and whatever else the tree holds.
-    skipped = {"lab", "tests", *NOT_YET_IN_THE_LAB}
+    skipped = {"lab", "tests"}
     found = set()
     for folder in REPO.iterdir():
         if folder.is_dir() and not folder.name.startswith(".") and folder.name not in skipped:

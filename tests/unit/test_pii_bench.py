@@ -1,4 +1,4 @@
-"""``bench/pii_bench.py``'s halves and scoring: every PII figure is reported on a half of
+"""``lab/bench/pii_bench.py``'s halves and scoring: every PII figure is reported on a half of
 each data set that the rules were never tuned on, so the split must be deterministic,
 balanced and blind to file order; the goals are read from the held-out half only."""
 
@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pii_bench", REPO / "bench" / "pii_bench.py")
+    path = REPO / "lab" / "bench" / "pii_bench.py"
+    spec = importlib.util.spec_from_file_location("pii_bench", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -3,8 +3,8 @@ offline scoring, adapter answers and vLLM serving of the base model plus two ada
 
 Run on a machine with a GPU, from the repository root::
 
-    python bench/gpu_check.py --out gpu-check [--model-config PATH] [--steps 30] [--json out.json]
-        [--vllm-python PATH]
+    python lab/bench/gpu_check.py --out gpu-check [--model-config PATH] [--steps 30]
+        [--json out.json] [--vllm-python PATH]
 
 What it does, each timed, all through flywheel's own code where flywheel has it:
 

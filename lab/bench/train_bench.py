@@ -2,7 +2,7 @@
 
 One command, base model and adapter measured in the same run on the same held-out data:
 
-    .venv/bin/python bench/train_bench.py [--dpo-minutes 15] [--sft-minutes 3] [--json PATH]
+    .venv/bin/python lab/bench/train_bench.py [--dpo-minutes 15] [--sft-minutes 3] [--json PATH]
 
 - DPO: HH-RLHF harmless-base pairs, split by first prompt into train and a held-out
   set (30% of first prompts, at least 400 pairs by default); held-out preference
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 DATA = REPO.parent / "shared" / "data"
 

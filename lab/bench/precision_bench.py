@@ -2,7 +2,7 @@
 
 One command, both precisions in the same run on the same rows:
 
-    .venv/bin/python bench/precision_bench.py [--steps 12] [--rounds 2] [--json PATH]
+    .venv/bin/python lab/bench/precision_bench.py [--steps 12] [--rounds 2] [--json PATH]
 
 Trains the default base model's LoRA adapter (SFT, the demo recipe's shape,
 batch 4) for ``--steps`` steps in each precision and scores 64 answers with
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

@@ -2,7 +2,7 @@
 
 One command, one run, ratios against a baseline measured in the same run:
 
-    .venv/bin/python bench/ingest_bench.py [--events 200000] [--baseline-events 10000]
+    .venv/bin/python lab/bench/ingest_bench.py [--events 200000] [--baseline-events 10000]
 
 It generates simulated traffic to a JSONL file, then in separate processes
 (so peak memory is per run) ingests it into fresh PostgreSQL databases with
@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench_db import drop_database, fresh_database  # noqa: E402 (beside this script)

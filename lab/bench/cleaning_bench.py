@@ -1,6 +1,6 @@
 """Scale-out of the cleaning stage on Dask workers, and a nightly run broken down by stage.
 
-Run: ``.venv/bin/python bench/cleaning_bench.py [--requests 69000] [--no-baseline]
+Run: ``.venv/bin/python lab/bench/cleaning_bench.py [--requests 69000] [--no-baseline]
 [--no-nightly]``
 
 1. Generates simulated traffic into a fresh PostgreSQL database (69,000

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/pii_bench.py [--json results.json] [--synth-n N] [--wnut-n N]
+    .venv/bin/python lab/bench/pii_bench.py [--json results.json] [--synth-n N] [--wnut-n N]
 
 Data comes from ``<repo>/../shared/data`` (presidio-research synth_dataset_v2,
 weibo-ner dev and train pooled, wnut17 dev), and Chinese customer-service sentences are
@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / ".." / "shared" / "data"
 SYNTH = DATA / "presidio-research" / "synth_dataset_v2.json"
 WEIBO = DATA / "weibo-ner" / "weiboNER_2nd_conll.{split}"

@@ -1,6 +1,6 @@
 """What the gateway adds over calling vLLM directly, beside LiteLLM's proxy, in one run.
 
-    .venv/bin/python bench/gateway_bench.py [--seconds 15] [--rounds 2] [--no-litellm]
+    .venv/bin/python lab/bench/gateway_bench.py [--seconds 15] [--rounds 2] [--no-litellm]
 
 Four ways to the same server, measured in interleaved rounds so machine noise
 hits them alike: **direct** (the client calls the server), **flywheel** (through
@@ -21,7 +21,7 @@ Two servers: a real vLLM on the CPU (the base model, a few tokens per answer)
 and an instant OpenAI-compatible stand-in (``tests/stub_vllm.py``). The
 stand-in's latency is near zero, so the proxy's own cost is not buried in
 vLLM's run-to-run noise; vLLM shows it under a real load. The split check (100,000
-users on a 5% canary) is printed too. Results go to ``bench/results/``.
+users on a 5% canary) is printed too. Results go to ``lab/bench/results/``.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from flywheel.processes import service_process  # noqa: E402 (after the path set-up)
 
-RESULTS = REPO / "bench" / "results"
+RESULTS = REPO / "lab" / "bench" / "results"
 CONCURRENCY = (1, 16, 64)
 LINE = "customer_service"
 API_KEY = "fw-bench-key"
@@ -304,6 +304,7 @@ def gateway(
 def litellm(upstream: str, model: str, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """LiteLLM's proxy in front of ``upstream``: (base URL, headers)."""
     from bench.litellm_proxy import LitellmProxy, ensure_litellm
+
     from registry.vllm_server import free_port
 
     python = ensure_litellm(REPO / ".venv-litellm", report=print)

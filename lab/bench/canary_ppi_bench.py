@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/canary_ppi_bench.py [--runs 300] [--seed 0] [--json out.json]
+    .venv/bin/python lab/bench/canary_ppi_bench.py [--runs 300] [--seed 0] [--json out.json]
 
 Simulated canaries on a true 5% share (the champion answers 19 users for each
 of the canary's). Each user is satisfied or not (the arm's satisfaction); users

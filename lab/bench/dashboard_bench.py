@@ -2,7 +2,7 @@
 
 One command, one run, ratios against baselines measured in the same run:
 
-    .venv/bin/python bench/dashboard_bench.py [--events 1000000] [--requests 30]
+    .venv/bin/python lab/bench/dashboard_bench.py [--events 1000000] [--requests 30]
 
 It fills two fresh PostgreSQL databases with served traffic (``tests/served_traffic.py``:
 three lines, adapter versions, a canary; 30 days) through the store's COPY ingest,
@@ -42,7 +42,7 @@ from typing import Any
 
 from composition.recipes import start_training_run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench_db import drop_database, fresh_database  # noqa: E402 (beside this script)

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/canary_sim_bench.py [--runs 4000] [--seed 0] [--json results.json]
+    .venv/bin/python lab/bench/canary_sim_bench.py [--runs 4000] [--seed 0] [--json results.json]
 
 Simulated canaries on a 10% share (the champion gets 9x the canary's traffic),
 eight rates (thumbs-down 0.10, regenerate 0.05, edit 0.03, error 0.01, abandon

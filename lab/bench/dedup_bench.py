@@ -1,6 +1,6 @@
 """Throughput and scaling of feedback dedup, and exact dedup on real HH-RLHF prompts.
 
-Run: ``.venv/bin/python bench/dedup_bench.py [--json results.json]``
+Run: ``.venv/bin/python lab/bench/dedup_bench.py [--json results.json]``
 
 It generates feedback-like records (English and Chinese, short and long,
 template floods with changing order numbers and names, re-sent messages with
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from feedback.dedup import DedupDecision
     from flywheel.settings.cleaning import DedupSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HH_RLHF = REPO_ROOT.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 BUSINESS_LINES = ("retail", "banking", "travel", "telecom", "insurance")
 SIGNALS = ("thumbs_up", "thumbs_down", "regenerate", "edit")

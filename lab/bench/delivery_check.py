@@ -2,7 +2,7 @@
 
 Run from the repository root (minutes of CPU; vLLM on the CPU is slow)::
 
-    python bench/delivery_check.py --out bench/results/delivery
+    python lab/bench/delivery_check.py --out lab/bench/results/delivery
 
 What it starts, each in its own folder (no path shared between trainer and replicas):
 
@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LINE = "customer_service"
 OTHER_LINE = "legal"
 FLYWHEEL = Path(sys.executable).with_name("flywheel")
@@ -330,7 +330,7 @@ def served_adapters(database_url: str, since: datetime) -> dict[str, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "delivery")
+    parser.add_argument("--out", type=Path, default=REPO / "lab" / "bench" / "results" / "delivery")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--canary-requests", type=int, default=40)
     parser.add_argument("--start-timeout-s", type=float, default=900.0)

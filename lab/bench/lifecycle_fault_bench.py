@@ -3,7 +3,7 @@
 Run from the repository root (about 15 minutes on 2 cores; real vLLM on the CPU,
 real Prefect flows, real training of tiny adapters, the embedded store and MLflow)::
 
-    .venv/bin/python bench/lifecycle_fault_bench.py [--lines customer_service,legal]
+    .venv/bin/python lab/bench/lifecycle_fault_bench.py [--lines customer_service,legal]
         [--requests 300] [--json results.json]
 
 Each line goes through the same nights:
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SERVER_RANK = 8

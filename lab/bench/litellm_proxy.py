@@ -75,7 +75,7 @@ import httpx
 import yaml
 
 LITELLM_VERSION = "1.108.7"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-litellm"
 MARKER_FILE = "flywheel-litellm.installed"
 INSTALL_LOG_FILE = "flywheel-litellm-install.log"
