@@ -216,8 +216,9 @@ class ReviewQueue:
         table = self.routes.table(business_line)
         since = self._since(business_line, table, policy, now)
         arms = review_arms(table, policy)
+        behind = self._behind(business_line, arms, since)
         for _ in range(CLAIM_RETRIES):
-            request_id, contested = self._draw(business_line, reviewer, arms, since, now)
+            request_id, contested = self._draw(business_line, reviewer, arms, since, now, behind)
             if request_id is None:
                 return None
             claim = self._claim(business_line, reviewer, request_id, now, policy, contested)
@@ -236,6 +237,26 @@ class ReviewQueue:
                 return started
         return now - timedelta(days=policy.window_days)
 
+    def _behind(
+        self, business_line: str, arms: Sequence[ReviewArm], since: datetime
+    ) -> frozenset[str]:
+        """The champion of a live canary while it has fewer reviews than the canary: the
+        canary's test compares the two arms, so with a small champion share of little traffic
+        (the loop's picked users, a quiet line) the champion is drawn first, beyond its share
+        if need be, until the arms are even. Which answers are reviewed stays blind to what
+        they say."""
+        by_name = {arm.name: arm for arm in arms}
+        champion_arm = by_name.get("champion")
+        if "canary" not in by_name or champion_arm is None or champion_arm.share <= 0:
+            return frozenset()  # a share of 0: the recipe reviews none of the champion's
+        champion, canary = arm_reviews(
+            self.engine,
+            business_line,
+            [by_name["champion"].adapter, by_name["canary"].adapter],
+            since,
+        )
+        return frozenset({"champion"}) if champion.reviews < canary.reviews else frozenset()
+
     def _draw(
         self,
         business_line: str,
@@ -243,9 +264,19 @@ class ReviewQueue:
         arms: Sequence[ReviewArm],
         since: datetime,
         now: datetime,
+        behind: frozenset[str] = frozenset(),
     ) -> tuple[str | None, bool]:
         """A request id drawn at random among each arm's sampled, free answers (and whether
-        another reviewer holds it: only when nothing free is left)."""
+        another reviewer holds it: only when nothing free is left); an arm that must not run
+        dry draws beyond its sample when that is used up, and an arm ``behind`` is drawn
+        from first (its sample, else beyond it) until it catches up."""
+        for arm in arms:
+            if arm.name in behind:
+                found = self._candidates(
+                    business_line, reviewer, arm, since, now, sampled=True
+                ) or self._candidates(business_line, reviewer, arm, since, now, sampled=False)
+                if found:
+                    return self.rng.choice(found), False
         pool: list[str] = []
         for arm in arms:
             found = self._candidates(business_line, reviewer, arm, since, now, sampled=True)

@@ -534,3 +534,27 @@ def test_an_experiment_has_both_arms_reviewed_at_the_experiment_share() -> None:
     assert {a.share for a in review_arms(table, chosen)} == {0.3}
     plain = RoutingTable(business_line=LINE, champion=f"{LINE}-v1")
     assert [a.name for a in review_arms(plain, default)] == ["champion"]
+
+
+def test_a_champion_whose_sample_is_used_up_is_reviewed_until_even_with_its_canary(
+    tmp_path: Path,
+) -> None:
+    """The canary's test compares two arms: with a tiny champion share of little traffic (the
+    loop's picked users, a quiet line), the champion's queue draws beyond its share while it
+    has fewer reviews than the canary, so neither arm waits for the other."""
+    from tests.review_world import write_recipe
+
+    world = build_review_world(tmp_path / "home", per_arm=40)
+    recipes = world.settings.recipes_dir
+    assert recipes is not None
+    write_recipe(recipes, LINE, share=0.01, canary_share=1.0)
+    queue = _queue(world)
+    picked = []
+    for _ in range(30):
+        item = queue.next_item(LINE, "reviewer")
+        assert item is not None
+        picked.append(item.raw.request_id)
+        queue.submit(LINE, "reviewer", item.item, ReviewVerdictIn("pass", "correct"))
+    on_canary = sum("-canary-" in rid for rid in picked)
+    assert 10 <= on_canary <= 20, picked
+    world.store.close()
