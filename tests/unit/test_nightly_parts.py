@@ -146,7 +146,7 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
     clients = fake_clients(settings, store=store, registry=Registry)
     outcome = judge_canary(settings, clients, "customer_service", now=start + timedelta(hours=1))
     assert outcome.action == "rollback"
-    assert "thumbs_down_rate" in outcome.reason
+    assert "thumbs-down rate higher on the canary" in outcome.reason
     table = routes.table("customer_service")
     assert (table.champion, table.canary) == ("customer_service-v1", None)
     assert Registry.rejected[0][:2] == ("customer_service", 2)
