@@ -478,7 +478,7 @@ def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: P
         _served_by(gateway, canary_user, None, within_s=1.5)
 
     reason = results[0]["reason"]
-    assert "thumbs_down_rate" in reason
+    assert "thumbs-down rate higher on the canary" in reason
     table = loop.routes.table(LINE)
     assert (table.champion, table.canary) == (None, None)
     [change, *_] = loop.routes.history(LINE)
