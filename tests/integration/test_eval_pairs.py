@@ -96,7 +96,7 @@ def test_eval_of_the_champion_compares_it_with_the_base_on_the_same_pairs(
     )
 
     assert result.exit_code == 0, result.output
-    assert f"paired with the base model: n=10: {line}-v{version}" in result.stdout
+    assert f"paired with the base model: on 10 pairs: {line}-v{version} right on" in result.stdout
     document = json.loads(report.read_text())
     paired = document["paired_vs_base"]
     assert document["model"]["name"] == f"{line}-v{version}"
