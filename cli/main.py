@@ -559,8 +559,8 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
             f"unknown business line {line!r} (known: {', '.join(settings.business_lines)})"
         )
     configure_prefect(settings)
+    from composition.line_training import train_line
     from flows.leases import lease_owner, line_lease
-    from flows.stages import train_line
     from flows.training import train_on_pool
 
     command = clients(settings)

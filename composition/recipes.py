@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -26,7 +26,7 @@ from eval.gate import GatePolicy
 from eval.satisfaction import SatisfactionModelPolicy
 from feedback.contributions import DEFAULT_ANSWERS_PER_USER, DEFAULT_KEY_SHARE
 from feedback.events import BUSINESS_LINE
-from feedback.retention import RetentionPolicy
+from feedback.retention import RetentionPolicy, RetentionReport, apply_retention
 from feedback.reviews import ReviewPolicy
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
@@ -197,3 +197,25 @@ def load_recipe(business_line: str, recipes_dir: Path) -> Recipe:
 def iter_recipe_files(root: Path) -> Iterator[Path]:
     """Every recipe file under ``root`` (recursively)."""
     yield from sorted(root.rglob("*.yaml"))
+
+
+def retention_policy_for(settings: Settings, line: str) -> RetentionPolicy:
+    """The line's retention policy: its recipe's, or the default for a line with none
+    (data imported for a line never trained is kept no longer than any other)."""
+    recipes = recipes_dir(settings)
+    if not (recipes / f"{line}.yaml").exists():
+        return RetentionPolicy()
+    return recipe_for(settings, line).retention
+
+
+def apply_line_retention(
+    settings: Settings,
+    engine: Any,
+    line: str,
+    scrub: Callable[..., list[dict[str, Any]]],
+    *,
+    dry_run: bool = False,
+) -> RetentionReport:
+    """Scrub (or delete) the line's raw text older than its recipe's ``retention.raw_days``."""
+    policy = retention_policy_for(settings, line)
+    return apply_retention(engine, line, policy, scrub, dry_run=dry_run)

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from feedback.contributions import keep_per_key, user_cap
-from feedback.examples import ExampleKind, TrainingExample, user_digest
+from feedback.examples import MODEL_RULE_PREFIX, ExampleKind, TrainingExample, user_digest
 from flywheel.file_modes import private_dir, restrict, write_private_bytes
 from flywheel.settings.cleaning import DatasetSettings
 
@@ -525,3 +525,61 @@ def forget_in_datasets(
         renamed[rewrite.old_hash] = rewrite.new_hash
         rewrites.append(rewrite)
     return rewrites
+
+
+def count_train_examples(manifest: dict[str, Any], method: str) -> int:
+    """Training examples of a method in a dataset manifest."""
+    return int(manifest["counts"].get(method, {}).get("train", 0))
+
+
+def model_labelled_count(manifest: dict[str, Any], method: str) -> int:
+    """Training examples of a method that a satisfaction model labelled (by their rule)."""
+    return usable_signal(manifest, method).model_examples
+
+
+@dataclass(frozen=True, slots=True)
+class UsableSignal:
+    """A dataset's training examples of one method: how many and what they weigh, from users'
+    signals and from the satisfaction model (a model label weighs its confidence times the
+    recipe's model_weight; a regenerate half an edit)."""
+
+    user_examples: int
+    user_weight: float
+    model_examples: int
+    model_weight: float
+
+    @property
+    def weight(self) -> float:
+        """The usable signal: every example's weight."""
+        return self.user_weight + self.model_weight
+
+    def describe(self, method: str) -> str:
+        """E.g. "18 new SFT training examples weighing 14.5 (12 from users' signals, 11.0;
+        6 labelled by the satisfaction model, 3.5)"."""
+        return (
+            f"{self.user_examples + self.model_examples} new {method.upper()} training examples "
+            f"weighing {self.weight:.1f} ({self.user_examples} from users' signals, "
+            f"{self.user_weight:.1f}; {self.model_examples} labelled by the satisfaction model, "
+            f"{self.model_weight:.1f})"
+        )
+
+
+def usable_signal(manifest: dict[str, Any], method: str) -> UsableSignal:
+    """What a dataset's training split of ``method`` holds (manifests written before weights
+    were recorded count each example as 1)."""
+    if "examples" not in manifest:
+        total = count_train_examples(manifest, method)
+        return UsableSignal(total, float(total), 0, 0.0)
+    counts, weights = [0, 0], [0.0, 0.0]
+    for item in manifest["examples"]:
+        if item["kind"] != method or item["split"] != "train":
+            continue
+        by_model = int(str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX))
+        counts[by_model] += 1
+        weights[by_model] += float(item.get("weight", 1.0))
+    return UsableSignal(counts[0], weights[0], counts[1], weights[1])
+
+
+def train_counts(manifest: dict[str, Any]) -> dict[str, int]:
+    """Training examples per method in a dataset manifest."""
+    return {method: count_train_examples(manifest, method) for method in ("sft", "dpo", "kto")}

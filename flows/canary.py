@@ -2,7 +2,7 @@
 
 Reads like the rollout's half of the design: the replicas brought to the plan,
 then per line the shadow stage, the canary and the freshly promoted champion
-judged on their users' online signals (``flows.rollout``; the decisions
+judged on their users' online signals (``composition.rollout``; the decisions
 themselves are pure, in ``registry``). Every decision is also a line of the flow run's log.
 """
 
@@ -84,7 +84,7 @@ def canary_watch(lines: list[str] | None = None) -> list[dict[str, Any]]:
 def _sync_replicas(settings: Settings, clients: Clients, in_flight: Callable[[str], int]) -> None:
     """Every replica brought to the routing tables; what changed logged, a failure too (one
     replica's trouble must not stop the decisions)."""
-    from flows.rollout import sync_adapters
+    from registry.adapter_sync import sync_adapters
 
     try:
         synced = sync_adapters(settings, clients, settings.gateway.upstreams, in_flight=in_flight)
@@ -108,7 +108,7 @@ def _judge_line(
     settings: Settings, clients: Clients, line: str, in_flight: Callable[[str], int]
 ) -> dict[str, Any]:
     """The line's three judges in turn (shadow, canary, champion watch), as one result row."""
-    from flows.rollout import judge_canary, judge_shadow_stage, watch_champion
+    from composition.rollout import judge_canary, judge_shadow_stage, watch_champion
 
     upstreams = settings.gateway.upstreams
     shadow = judge_shadow_stage(settings, clients, line, upstreams=upstreams, in_flight=in_flight)

@@ -10,7 +10,7 @@
   the first decision is kept.
 - ``stop_experiment``: every user back on the champion; arms no route names unloaded.
 - ``promote_experiment``: the winner becomes the line's champion through the rollout
-  (``flows.rollout.set_champion``: routing and the MLflow alias together), then the
+  (``composition.rollout.set_champion``: routing and the MLflow alias together), then the
   split ends; refused while the test has not decided, unless forced with a reason.
 
 Nothing here decides: the verdict is ``registry.experiments``'s, the champion change
@@ -28,9 +28,9 @@ from typing import Any
 
 from composition.clients import Clients
 from composition.recipes import Recipe, recipe_for
+from composition.rollout import Rollout, rollout, set_champion
 from feedback.contributions import LookBound
 from feedback.store import FeedbackStore
-from flows.rollout import Rollout, rollout, set_champion
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
 from registry.experiment_store import (
@@ -310,7 +310,7 @@ def _satisfaction_look(
 ) -> ExperimentLook:
     """Each arm's satisfaction on every answer since the experiment started (the line's
     satisfaction model rectified by the blind reviews), judged A against B."""
-    from flows.satisfaction import arm_satisfaction
+    from composition.satisfaction import arm_satisfaction
 
     arms = {label: (record.arm(label), ARM_LABELS[label]) for label in ("a", "b")}
     samples, _scorer = arm_satisfaction(

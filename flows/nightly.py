@@ -1,7 +1,7 @@
 """Prefect flows: the nightly retraining of every business line.
 
-The flow bodies read like a table of contents; the work is in ``flows.stages``,
-``flows.training`` (on a work pool when configured), ``flows.rollout`` and the
+The flow bodies read like a table of contents; the work is in ``composition.line_training``,
+``flows.training`` (on a work pool when configured), ``composition.rollout`` and the
 packages; the canary watch is ``flows.canary``. A line's nightly run holds the line's lease
 in the store (one run per line at a time, whoever starts it), works on a fixed
 window of the store (``feedback.watermarks``) and moves the watermark only when
@@ -25,9 +25,9 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from composition.clients import clients_in_use, open_clients
+from composition.line_training import TrainingStatus
 from feedback.watermarks import LineWindow, WatermarkStore
 from flows.leases import LineBusyError, lease_owner, line_lease
-from flows.stages import TrainingStatus
 from flows.training import TrainResult
 from flywheel.settings import Settings, current_settings
 
@@ -82,7 +82,7 @@ def open_window(settings: Settings, line: str) -> LineWindow:
 def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
     """Replace the line's raw text older than its recipe's retention by its scrubbed text
     (or delete those rows); rows scrubbed on an earlier night are skipped."""
-    from flows.stages import apply_line_retention
+    from composition.recipes import apply_line_retention
 
     with open_clients(settings) as clients:
         scrub = clients.scrubber.scrub_records
@@ -93,9 +93,9 @@ def enforce_retention(settings: Settings, line: str) -> dict[str, Any]:
 def build_datasets(settings: Settings, line: str, window: LineWindow) -> dict[str, Any]:
     """Scrub, deduplicate (against what earlier windows trained on too) and bucket the
     window's records into SFT/DPO/KTO datasets; record what went in."""
+    from composition.satisfaction import silent_labelling
     from feedback.cleaning import clean_line, scrub_with
     from feedback.training_history import load_training_history, record_training
-    from flows.satisfaction import silent_labelling
 
     cleaning = settings.cleaning
     with open_clients(settings) as clients:
@@ -163,7 +163,7 @@ def build_datasets_on_workers(
 def satisfaction_model(settings: Settings, line: str, dataset: str) -> dict[str, Any]:
     """Train the line's satisfaction model on its labelled answers, judge it on held-out ones
     and record it in MLflow (registered when it beats chance by the recipe's margin)."""
-    from flows.satisfaction import train_satisfaction_model
+    from composition.satisfaction import train_satisfaction_model
 
     with open_clients(settings) as clients:
         return train_satisfaction_model(settings, clients, line, dataset, log=_run_logger().info)
@@ -183,7 +183,7 @@ def train_and_gate(settings: Settings, line: str, dataset: str | None) -> TrainR
 @task(retries=2, retry_delay_seconds=10)
 def hot_load_and_canary(settings: Settings, line: str, version: int) -> dict[str, Any]:
     """Load the version into every vLLM replica, probe it, start its canary."""
-    from flows.rollout import deploy_canary
+    from composition.rollout import deploy_canary
 
     with open_clients(settings) as clients:
         outcome = deploy_canary(settings, clients, line, version, settings.gateway.upstreams)

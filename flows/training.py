@@ -1,7 +1,7 @@
 """Training as its own Prefect deployment, so lines train on a work pool's workers.
 
 By default the nightly and ``flywheel train`` train in their own process
-(:func:`flows.stages.train_line`). With ``FLYWHEEL_TRAINING_DEPLOYMENT`` set
+(:func:`composition.line_training.train_line`). With ``FLYWHEEL_TRAINING_DEPLOYMENT`` set
 (``flywheel-train-line/<name>``, registered by :func:`deploy_training` or by
 ``prefect deploy`` from ``prefect.yaml``), they start that deployment with
 ``run_deployment`` and wait for it instead: each line's training is a flow run on
@@ -24,8 +24,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from composition.clients import open_clients
+from composition.line_training import TrainingOutcome, TrainingStatus, train_line
 from flows.deployments import TRAIN_LINE
-from flows.stages import TrainingOutcome, TrainingStatus, train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, current_settings
 

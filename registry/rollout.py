@@ -60,6 +60,7 @@ from registry.routes import RouteStore
 from registry.routing import RoutingTable
 
 if TYPE_CHECKING:
+    from feedback.store import FeedbackStore
     from registry.tracking import Registry
     from registry.vllm_admin import VllmAdminClient
 
@@ -88,6 +89,21 @@ class RolloutServices(Protocol):
     @property
     def replicas(self) -> ReplicaStore:
         """The replicas' records (the base each serves: an adapter of another is refused)."""
+        ...
+
+
+class LineClients(RolloutServices, Protocol):
+    """The door's services with the feedback store and the routing tables: what a use case
+    over the lines reads (the composition root's clients are one)."""
+
+    @property
+    def store(self) -> FeedbackStore:
+        """The feedback store."""
+        ...
+
+    @property
+    def routes(self) -> RouteStore:
+        """The routing tables."""
         ...
 
 

@@ -33,7 +33,7 @@ def _stand_ins(fail: bool) -> None:
     from prefect import task
 
     import flows.nightly as nightly
-    from flows.stages import TrainingStatus
+    from composition.line_training import TrainingStatus
     from flows.training import TrainResult
     from flywheel.errors import FlywheelError
 

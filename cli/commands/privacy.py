@@ -116,7 +116,7 @@ def retention_run(
 ) -> None:
     """Replace raw text older than each line's recipe retention by its scrubbed text (or
     delete those rows, with ``action: delete``): what the nightly flow does per line."""
-    from flows.stages import apply_line_retention
+    from composition.recipes import apply_line_retention
 
     settings = load_settings()
     command = clients(settings)

@@ -17,8 +17,8 @@ from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from composition.rollout import Rollout
     from feedback.store import FeedbackStore
-    from flows.rollout import Rollout
     from registry.lifecycle import ByHand, Transition
     from registry.routes import RouteStore
     from registry.routing import RoutingTable
@@ -55,7 +55,7 @@ def _check_line(settings: Settings, line: str) -> None:
 def _rollout(business_line: str) -> Rollout:
     """The line's rollout door (``registry.rollout``), the operator as its actor: every
     routing change a command makes goes through it."""
-    from flows.rollout import rollout
+    from composition.rollout import rollout
     from registry.vllm_admin import vllm_in_flight
 
     settings = load_settings()
@@ -200,7 +200,7 @@ def _print_history(routes: object, line: str, *, as_json: bool) -> None:
 def routes_sync() -> None:
     """Load (and probe) on every vLLM replica the adapters the routing tables name; unload
     flywheel adapters none names (after a replica restart, or to check)."""
-    from flows.rollout import sync_adapters
+    from registry.adapter_sync import sync_adapters
 
     settings = load_settings()
     summary = sync_adapters(settings, clients(settings), settings.gateway.upstreams)
@@ -486,7 +486,7 @@ def shadow_report_command(
     from datetime import UTC, datetime
 
     from composition.recipes import recipe_for
-    from flows.rollout import shadow_report
+    from composition.rollout import shadow_report
     from registry.shadow import judge_shadow
 
     settings = load_settings()
@@ -587,7 +587,7 @@ def _shadow_judged_by_users(
 
 
 def _judge(business_line: str, action: str | None, reason: str | None) -> None:
-    from flows.rollout import judge_canary
+    from composition.rollout import judge_canary
     from registry.canary import CanaryAction
     from registry.vllm_admin import vllm_in_flight
 
@@ -653,8 +653,8 @@ def lifecycle_check(
     """Per line: routing vs MLflow aliases vs the adapters each vLLM replica serves vs the
     LoRA budget. Exit 1 on any drift, saying what differs. ``--repair`` first makes the
     aliases follow the routing table (``flywheel routes sync`` brings the replicas)."""
-    from flows.rollout import lifecycle_check as check
-    from flows.rollout import repair_aliases
+    from registry.adapter_sync import lifecycle_check as check
+    from registry.adapter_sync import repair_aliases
 
     settings = load_settings()
     repaired = []

@@ -117,7 +117,7 @@ def _health(settings: Any, store: Any, lines: list[str], upstreams: list[str]) -
     """Pending windows, RUNNING runs and drift, per line."""
     from composition.clients import build_clients
     from feedback.watermarks import WatermarkStore
-    from flows.rollout import lifecycle_check
+    from registry.adapter_sync import lifecycle_check
     from registry.tracking import Registry
 
     marks = WatermarkStore(store.engine).watermarks()

@@ -92,9 +92,9 @@ def flow_nightly(
 
 
 def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
+    from composition.line_training import train_line
+    from composition.rollout import deploy_canary, rollout
     from flows.nightly import LineStatus
-    from flows.rollout import deploy_canary, rollout
-    from flows.stages import train_line
     from flywheel.settings import load_settings
     from registry.lifecycle import CanaryStoppedByHand
 
@@ -142,8 +142,8 @@ def live_services(
     """vLLM and the gateway up, the flows pointed at them; yields the loop's services. With
     ``reviewers``, the feedback page too and that many keys with the reviewer role."""
     from flows.prefect_env import configure_prefect
-    from flows.rollout import sync_adapters
     from gateway.keys import add_key
+    from registry.adapter_sync import sync_adapters
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
 

@@ -19,13 +19,14 @@ import pytest
 from sqlalchemy import select
 
 from composition.clients import Clients, build_clients
+from composition.rollout import deploy_canary, judge_canary
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
-from flows.rollout import deploy_canary, judge_canary, lifecycle_check, sync_adapters
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from registry.adapter_sync import lifecycle_check, sync_adapters
 from registry.canary import CanaryAction
 from registry.routes import RouteStore
 from registry.routing import choose_arm

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from composition.clients import build_clients
+from composition.satisfaction import train_satisfaction_model
 from feedback.datasets import split_by_time, write_dataset
 from feedback.examples import build_examples
-from flows.satisfaction import train_satisfaction_model
 from flywheel.settings import load_settings
 from flywheel.settings.cleaning import DatasetSettings
 from lab.simulation.prompts import builtin_prompts, topic_of

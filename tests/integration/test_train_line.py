@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from composition.clients import build_clients
+from composition.line_training import train_line
 from feedback.cleaning import clean_line, scrub_with
 from feedback.pii import build_scrubber
 from feedback.store import FeedbackStore
-from flows.stages import train_line
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.cleaning import CleaningSettings

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import flows.rollout
-import flows.stages
+import composition.line_training
+import composition.rollout
 import flywheel.settings
 from lab.simulation.live import _deploy_inverted
 
@@ -48,9 +48,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     def rollout(settings: Any, clients: Any, line: str, upstreams: Any, *, actor: str) -> Any:
         return _Rollout(made, line, actor)
 
-    monkeypatch.setattr(flows.rollout, "rollout", rollout)
-    monkeypatch.setattr(flows.stages, "train_line", train_line)
-    monkeypatch.setattr(flows.rollout, "deploy_canary", deploy_canary)
+    monkeypatch.setattr(composition.rollout, "rollout", rollout)
+    monkeypatch.setattr(composition.line_training, "train_line", train_line)
+    monkeypatch.setattr(composition.rollout, "deploy_canary", deploy_canary)
     monkeypatch.setattr(
         flywheel.settings,
         "load_settings",

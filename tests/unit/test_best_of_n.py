@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from composition.satisfaction import _sample_all
 from eval.satisfaction import SatisfactionModelPolicy
-from flows.satisfaction import _sample_all
 from flywheel.settings import Settings
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from composition.recipes import Recipe
+from composition.rollout import _arm as arm_of_window
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
-from flows.rollout import _arm as arm_of_window
 from flywheel.settings import load_settings
 from registry.canary import (
     PASS_RATE,

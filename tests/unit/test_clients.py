@@ -15,9 +15,9 @@ from composition.clients import build_clients, clients_in_use, open_clients
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flows.nightly import open_window
-from flows.rollout import lifecycle_check
 from flywheel.errors import StoreUnavailableError
 from flywheel.settings import Settings, load_settings
+from registry.adapter_sync import lifecycle_check
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients
 

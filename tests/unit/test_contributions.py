@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from composition.rollout import deploy_canary, judge_canary
 from feedback.contributions import Answer, LookBound, counted_requests
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
-from flows.rollout import deploy_canary, judge_canary
 from flywheel.settings import Settings
 from registry.canary import CanaryAction, CanaryPolicy
 from registry.experiment_store import current_look

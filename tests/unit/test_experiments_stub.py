@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from composition.clients import Clients
+from composition.rollout import deploy_canary, judge_canary
 from dashboard.app import create_app as create_dashboard
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
@@ -32,13 +33,13 @@ from flows.experiments import (
     start_experiment,
     stop_experiment,
 )
-from flows.rollout import deploy_canary, judge_canary, lifecycle_check
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from registry.adapter_sync import lifecycle_check
 from registry.canary import CanaryAction
 from registry.experiment_store import experiment_looks, get_experiment
 from registry.routes import RouteStore

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.stages import _inverted
 from flywheel.errors import FlywheelError
+from training.inverted import _inverted
 
 PROMPT = [{"role": "user", "content": "Where is my order?"}]
 

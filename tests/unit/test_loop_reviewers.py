@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from composition.recipes import recipe_for
+from composition.rollout import _arm
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
-from flows.rollout import _arm
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from composition.recipes import packaged_recipes_dir
+from composition.rollout import canary_decisions, judge_canary
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
-from flows.rollout import canary_decisions, judge_canary
 from flywheel.settings import Settings, load_settings
 from registry.records import CanaryRecord
 from registry.routes import RouteStore

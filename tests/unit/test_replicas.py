@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from composition.rollout import deploy_canary, judge_canary
 from feedback.store import FeedbackStore
-from flows.rollout import deploy_canary, judge_canary, sync_adapters
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
+from registry.adapter_sync import sync_adapters
 from registry.canary import CanaryAction
 from registry.replicas import (
     ReplicaRecord,
@@ -283,7 +284,7 @@ def test_a_replica_restarted_on_another_base_is_not_given_the_routed_adapters(
 def test_a_recipe_rank_over_a_replicas_recorded_rank_is_refused_before_training(
     settings: Settings,
 ) -> None:
-    from flows.stages import _check_servable_rank
+    from composition.line_training import _check_servable_rank
     from tests.fake_clients import fake_clients
 
     upstream = settings.gateway.upstreams[0]

@@ -21,10 +21,11 @@ from typer.testing import CliRunner, Result
 from cli.main import app
 from composition.clients import Clients, clients_in_use
 from composition.recipes import packaged_recipes_dir
+from composition.rollout import deploy_canary, judge_canary
 from feedback.store import FeedbackStore
-from flows.rollout import deploy_canary, judge_canary, lifecycle_check
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
+from registry.adapter_sync import lifecycle_check
 from registry.canary import CanaryAction
 from registry.routes import RouteStore
 from registry.routing import RoutingTable

@@ -21,19 +21,13 @@ from mlflow.entities import LoggedModelStatus
 
 from composition.clients import Clients
 from composition.recipes import packaged_recipes_dir
+from composition.rollout import deploy_canary, judge_canary, set_champion, watch_champion
 from feedback.store import FeedbackStore
-from flows.rollout import (
-    deploy_canary,
-    judge_canary,
-    lifecycle_check,
-    set_champion,
-    sync_adapters,
-    watch_champion,
-)
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.gateway import GatewaySettings
 from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, key_digest
+from registry.adapter_sync import lifecycle_check, sync_adapters
 from registry.canary import CanaryAction
 from registry.delivery import TAG_ADAPTER_DIGEST, adapter_digest
 from registry.names import model_name
@@ -494,10 +488,10 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     if with_model:
         import numpy as np
 
-        import flows.satisfaction
+        from eval import satisfaction_training
         from eval.satisfaction_model import SatisfactionModel
 
-        monkeypatch.setattr(flows.satisfaction, "reader_for", lambda base_dir: _LengthReader())
+        monkeypatch.setattr(satisfaction_training, "reader_for", lambda base_dir: _LengthReader())
         model_dir = world.root / "satisfaction-model"
         model_dir.mkdir()
         SatisfactionModel("base", np.zeros(1), np.ones(1), np.array([0.1]), -1.0).save(

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from composition.line_training import TrainingStatus
 from flows.canary import describe_decisions, describe_sync
 from flows.nightly import (
     LineReport,
@@ -23,7 +24,6 @@ from flows.nightly import (
     describe_training,
 )
 from flows.prefect_env import PROJECT_LOGGERS, RUN_LOGS, TELEMETRY_OFF
-from flows.stages import TrainingStatus
 from flows.training import TrainResult
 from tests.conftest import REPO
 

@@ -359,7 +359,7 @@ def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path
 def test_usable_signal_weighs_users_and_model_labels_apart() -> None:
     """The nightly's minimum counts what the examples weigh: a model label its confidence
     times the recipe's model weight, a user's signal its strength."""
-    from flows.stages import usable_signal
+    from feedback.datasets import usable_signal
 
     manifest = {
         "examples": [

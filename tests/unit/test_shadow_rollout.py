@@ -18,9 +18,10 @@ import yaml
 
 from composition.clients import Clients
 from composition.recipes import packaged_recipes_dir
+from composition.rollout import deploy_canary, judge_canary, judge_shadow_stage
 from feedback.store import FeedbackStore
-from flows.rollout import deploy_canary, judge_canary, judge_shadow_stage, lifecycle_check
 from flywheel.settings import Settings, load_settings
+from registry.adapter_sync import lifecycle_check
 from registry.canary import CanaryAction
 from registry.decisions import latest_decisions
 from registry.lifecycle import (

@@ -223,7 +223,7 @@ def test_a_line_whose_recipe_needs_a_gpu_is_refused_before_a_training_run_opens(
 ) -> None:
     """On a machine without a CUDA GPU a 4-bit recipe stops the line with the reason (exit
     2 at the command line), and no MLflow run is opened for it."""
-    from flows.stages import train_line
+    from composition.line_training import train_line
     from tests.fake_clients import fake_clients
 
     recipes = tmp_path / "recipes"

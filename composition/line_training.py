@@ -1,7 +1,8 @@
-"""The stages of a line's nightly run as plain functions over typed settings.
+"""A line's training stage: train, evaluate against the champion, gate and register.
 
-Each stage composes package calls and nothing else; the Prefect flows wrap
-them as tasks and the CLI calls them directly, so both run the same code.
+It composes package calls over the line's recipe and the process's clients; the
+nightly flow wraps it as a task (``flows.training``, on a work pool when configured)
+and the CLI calls it directly, so both run the same code.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from composition.recipes import (
     Recipe,
     recipe_for,
     recipe_hash,
-    recipes_dir,
     start_training_run,
 )
 from eval.reports import EvalReport, GateDecision
-from feedback.datasets import DatasetBuild
-from feedback.retention import RetentionPolicy, RetentionReport, apply_retention
+from feedback.datasets import DatasetBuild, train_counts, usable_signal
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
 from training.config import training_method
+from training.inverted import _inverted
 
 # High-precision PII types only: a place name in a correct answer must not block a release.
 GENERATION_PII_TYPES = frozenset(
@@ -89,106 +89,9 @@ class TrainingOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _inverted(dataset_dir: Path, method: str) -> list[dict[str, Any]]:
-    """The training rows with every preference turned round: chosen and rejected swapped,
-    KTO labels flipped, and SFT trained on the answers users rejected (the worse side of
-    every pair and every disliked answer) instead of the ones they wanted."""
-    from training.train import training_rows
-
-    if method == "sft":
-        return _rejected_answers(dataset_dir)
-    rows = training_rows(dataset_dir, method)
-    if method == "dpo":
-        return [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in rows]
-    return [{**r, "label": not r["label"]} for r in rows]
-
-
-def _rejected_answers(dataset_dir: Path) -> list[dict[str, Any]]:
-    """SFT rows whose completions are the answers users turned down: the worse side of
-    every preference pair and every disliked answer, each with its example's weight."""
-    from training.train import training_rows
-
-    rows: list[dict[str, Any]] = []
-    for method in ("dpo", "kto"):
-        if not (dataset_dir / f"{method}_train.parquet").exists():
-            continue
-        for row in training_rows(dataset_dir, method):
-            if method == "kto" and row["label"]:
-                continue
-            answer = row["rejected"] if method == "dpo" else row["completion"]
-            rows.append(
-                {"prompt": row["prompt"], "completion": answer, "weight": row.get("weight", 1.0)}
-            )
-    if not rows:
-        raise FlywheelError(
-            f"{dataset_dir} holds no answer users turned down (no preference pair, no "
-            "disliked answer): an inverted SFT adapter has nothing to learn from"
-        )
-    return rows
-
-
-def count_train_examples(manifest: dict[str, Any], method: str) -> int:
-    """Training examples of a method in a dataset manifest."""
-    return int(manifest["counts"].get(method, {}).get("train", 0))
-
-
-def model_labelled_count(manifest: dict[str, Any], method: str) -> int:
-    """Training examples of a method that a satisfaction model labelled (by their rule)."""
-    return usable_signal(manifest, method).model_examples
-
-
-@dataclass(frozen=True, slots=True)
-class UsableSignal:
-    """A dataset's training examples of one method: how many and what they weigh, from users'
-    signals and from the satisfaction model (a model label weighs its confidence times the
-    recipe's model_weight; a regenerate half an edit)."""
-
-    user_examples: int
-    user_weight: float
-    model_examples: int
-    model_weight: float
-
-    @property
-    def weight(self) -> float:
-        """The usable signal: every example's weight."""
-        return self.user_weight + self.model_weight
-
-    def describe(self, method: str) -> str:
-        """E.g. "18 new SFT training examples weighing 14.5 (12 from users' signals, 11.0;
-        6 labelled by the satisfaction model, 3.5)"."""
-        return (
-            f"{self.user_examples + self.model_examples} new {method.upper()} training examples "
-            f"weighing {self.weight:.1f} ({self.user_examples} from users' signals, "
-            f"{self.user_weight:.1f}; {self.model_examples} labelled by the satisfaction model, "
-            f"{self.model_weight:.1f})"
-        )
-
-
-def usable_signal(manifest: dict[str, Any], method: str) -> UsableSignal:
-    """What a dataset's training split of ``method`` holds (manifests written before weights
-    were recorded count each example as 1)."""
-    from feedback.examples import MODEL_RULE_PREFIX
-
-    if "examples" not in manifest:
-        total = count_train_examples(manifest, method)
-        return UsableSignal(total, float(total), 0, 0.0)
-    counts, weights = [0, 0], [0.0, 0.0]
-    for item in manifest["examples"]:
-        if item["kind"] != method or item["split"] != "train":
-            continue
-        by_model = int(str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX))
-        counts[by_model] += 1
-        weights[by_model] += float(item.get("weight", 1.0))
-    return UsableSignal(counts[0], weights[0], counts[1], weights[1])
-
-
-def _train_counts(manifest: dict[str, Any]) -> dict[str, int]:
-    return {method: count_train_examples(manifest, method) for method in ("sft", "dpo", "kto")}
-
-
 def _with_method(recipe: Recipe, build: DatasetBuild) -> tuple[Recipe, str | None]:
     """``recipe`` with the method its training set calls for, and why when it changed."""
-    method, reason = training_method(recipe, _train_counts(build.manifest))
+    method, reason = training_method(recipe, train_counts(build.manifest))
     return (recipe.model_copy(update={"method": method}) if reason else recipe), reason
 
 
@@ -267,7 +170,7 @@ def _with_predicted_satisfaction(
 
     from eval.satisfaction import predicted_satisfaction
     from eval.satisfaction_model import SatisfactionModel
-    from flows.satisfaction import reader_for
+    from eval.satisfaction_training import reader_for
 
     if not recipe.satisfaction_model.enabled:
         return decision
@@ -323,7 +226,7 @@ def _training_set(
         return TrainingOutcome(
             line, TrainingStatus.SKIPPED, "no dataset yet: run flywheel datasets build"
         )
-    method, _ = training_method(recipe, _train_counts(build.manifest))
+    method, _ = training_method(recipe, train_counts(build.manifest))
     signal = usable_signal(build.manifest, method)
     if signal.weight < recipe.min_new_examples:
         return TrainingOutcome(
@@ -522,25 +425,3 @@ def train_line(
             "peak_rss_mb": result.peak_rss_mb,
         },
     )
-
-
-def retention_policy_for(settings: Settings, line: str) -> RetentionPolicy:
-    """The line's retention policy: its recipe's, or the default for a line with none
-    (data imported for a line never trained is kept no longer than any other)."""
-    recipes = recipes_dir(settings)
-    if not (recipes / f"{line}.yaml").exists():
-        return RetentionPolicy()
-    return recipe_for(settings, line).retention
-
-
-def apply_line_retention(
-    settings: Settings,
-    engine: Any,
-    line: str,
-    scrub: Callable[..., list[dict[str, Any]]],
-    *,
-    dry_run: bool = False,
-) -> RetentionReport:
-    """Scrub (or delete) the line's raw text older than its recipe's ``retention.raw_days``."""
-    policy = retention_policy_for(settings, line)
-    return apply_retention(engine, line, policy, scrub, dry_run=dry_run)

@@ -1,8 +1,12 @@
-"""The nightly stage that trains a line's satisfaction model and records it in MLflow.
+"""A line's satisfaction model in the night and in the canary's looks.
 
-Composes :mod:`eval.satisfaction_model` (labelled answers, features, the head),
-:mod:`eval.satisfaction` (held-out AUC, calibration, the verdict) and the
-registry; the night goes on whatever it decides.
+- ``train_satisfaction_model``: the nightly stage that trains the line's model on its
+  labelled answers, judges it (:mod:`eval.satisfaction_training`) and records it in
+  MLflow; the night goes on whatever it decides.
+- ``arm_satisfaction``: each arm's answers scored by the line's accepted model, with the
+  reviews' verdicts (the canary's and the experiments' prediction-powered estimate).
+- ``silent_labelling``: the accepted model as a labeller of silent answers, with
+  best-of-n sampling from what serves the line (``best_of_sampler``).
 """
 
 from __future__ import annotations
@@ -24,46 +28,10 @@ from flywheel.settings import Settings
 from registry.ppi import SatisfactionSample
 
 if TYPE_CHECKING:
-    from eval.satisfaction import SatisfactionModelPolicy
+    from eval.satisfaction import SatisfactionModelPolicy, SatisfactionModelVerdict
+    from eval.satisfaction_training import JudgedModel
 
 logger = logging.getLogger(__name__)
-
-# Base-model readers by model folder, loaded once per process (the canary looks, the nightly).
-_READERS: dict[Path, Any] = {}
-# Folds of the cross-validation that judges a model when the later split is too thin.
-CV_FOLDS = 5
-
-
-def _labelled_splits(
-    settings: Settings, line: str, dataset_hash: str, max_examples: int
-) -> tuple[list[Any], list[Any]]:
-    """The line's labelled answers up to the night's dataset: (train, held out), newest first,
-    an answer in the held-out split never also in training."""
-    from eval.satisfaction_model import labelled_answers, read_dataset_rows
-    from feedback.datasets import dataset_by_hash, line_builds
-    from flywheel.errors import FlywheelError
-
-    night = dataset_by_hash(settings.datasets_dir, line, dataset_hash)
-    if night is None:
-        raise FlywheelError(f"{line} has no dataset {dataset_hash[:16]}")
-    builds = sorted(
-        (
-            b
-            for b in line_builds(settings.datasets_dir, line)
-            if b.manifest["created_at"] <= night.manifest["created_at"]
-        ),
-        key=lambda b: b.manifest["created_at"],
-        reverse=True,
-    )
-    rows: dict[str, dict[str, list[dict[str, Any]]]] = {"train": {}, "eval": {}}
-    for build in builds:
-        for split, by_kind in rows.items():
-            for kind, found in read_dataset_rows(build.path, split).items():
-                by_kind.setdefault(kind, []).extend(found)
-    heldout = labelled_answers(rows["eval"])
-    held = {(repr(a.prompt), a.answer) for a in heldout}
-    train = [a for a in labelled_answers(rows["train"]) if (repr(a.prompt), a.answer) not in held]
-    return train[:max_examples], heldout[: max(max_examples // 4, 1)]
 
 
 def train_satisfaction_model(
@@ -76,21 +44,14 @@ def train_satisfaction_model(
 ) -> dict[str, Any]:
     """Train, judge and record the line's satisfaction model on its labelled answers up to
     the night's dataset; returns what it did (``status``: off, refused or accepted)."""
-    import numpy as np
-
-    from eval.satisfaction import (
-        evaluate_scores,
-        judge_satisfaction_model,
-        single_class_reason,
-        stratified_folds,
-    )
-    from eval.satisfaction_model import SatisfactionModel
+    from eval.satisfaction import judge_satisfaction_model, single_class_reason
+    from eval.satisfaction_training import fit_and_judge, labelled_splits, reader_for
     from training.base_model import ensure_base_model
 
     policy = recipe_for(settings, line).satisfaction_model
     if not policy.enabled:
         return {"status": "off", "reason": "the recipe's satisfaction_model is not enabled"}
-    train, heldout = _labelled_splits(settings, line, dataset_hash, policy.max_examples)
+    train, heldout = labelled_splits(settings, line, dataset_hash, policy.max_examples)
     labels = [a.label for a in train]
     outcome: dict[str, Any] = {
         "train_examples": len(train),
@@ -103,57 +64,10 @@ def train_satisfaction_model(
         return outcome | {"status": "refused", "reason": refused}
     reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
     log(f"satisfaction model of {line}: reading {len(train) + len(heldout)} labelled answers")
-    features = reader.features([(a.prompt, a.answer) for a in train])
-    weights = [a.weight for a in train]
-    model = SatisfactionModel.fit(reader.base_model, features, labels, weights, l2=policy.l2)
-    heldout_labels = [a.label for a in heldout]
-    if min(sum(heldout_labels), len(heldout_labels) - sum(heldout_labels)) >= policy.min_per_class:
-        scores = model.predict(reader.features([(a.prompt, a.answer) for a in heldout]))
-        report = evaluate_scores(labels, scores, heldout_labels)
-        outcome["judged_on"] = "held-out answers (the dataset's later split)"
-    else:
-        # Too few of a class in the later split (quiet users, a rare class): judge it by
-        # stratified cross-validation over every labelled answer instead, each scored by a
-        # model that never saw it. Time order is lost, so it is said.
-        everything = [*train, *heldout]
-        all_features = (
-            np.vstack([features, reader.features([(a.prompt, a.answer) for a in heldout])])
-            if heldout
-            else features
-        )
-        all_labels = [a.label for a in everything]
-        out_of_fold = np.zeros(len(everything))
-        for fold in stratified_folds(all_labels, CV_FOLDS):
-            rest = np.setdiff1d(np.arange(len(everything)), fold)
-            fitted = SatisfactionModel.fit(
-                reader.base_model,
-                all_features[rest],
-                [all_labels[i] for i in rest],
-                [everything[i].weight for i in rest],
-                l2=policy.l2,
-            )
-            out_of_fold[fold] = fitted.predict(all_features[fold])
-        report = evaluate_scores(labels, out_of_fold, all_labels)
-        outcome["judged_on"] = f"{CV_FOLDS}-fold cross-validation over every labelled answer"
-        model = SatisfactionModel.fit(
-            reader.base_model, all_features, all_labels, [a.weight for a in everything],
-            l2=policy.l2,
-        )  # fmt: skip
-    verdict = judge_satisfaction_model(report, policy)
-    with tempfile.TemporaryDirectory(prefix="flywheel-satisfaction-") as scratch:
-        folder = Path(scratch)
-        model.save(folder / "model.npz")
-        if report.calibration is not None:
-            reliability_plot(report, folder / "reliability.png", line)
-        run_id, version = clients.registry.log_satisfaction_model(
-            line,
-            dataset_hash=dataset_hash,
-            base_model=reader.base_model,
-            metrics=report.metrics(),
-            accepted=verdict.accepted,
-            reason=f"{verdict.reason} (judged on {outcome['judged_on']})",
-            model_dir=folder,
-        )
+    judged = fit_and_judge(reader, train, heldout, policy)
+    outcome["judged_on"] = judged.judged_on
+    verdict = judge_satisfaction_model(judged.report, policy)
+    run_id, version = _record(clients, line, dataset_hash, reader.base_model, judged, verdict)
     log(
         f"satisfaction model of {line} {'accepted' if verdict.accepted else 'refused'}: "
         f"{verdict.reason}"
@@ -161,42 +75,39 @@ def train_satisfaction_model(
     return outcome | {
         "status": "accepted" if verdict.accepted else "refused",
         "reason": verdict.reason,
-        "auc": report.auc,
-        "auc_low": report.auc_low,
+        "auc": judged.report.auc,
+        "auc_low": judged.report.auc_low,
         "mlflow_run": run_id,
         "version": version,
     }
 
 
-def reliability_plot(report: Any, path: Path, line: str) -> Path:
-    """Predicted against observed satisfaction per bin, with the bins' counts."""
-    import matplotlib
+def _record(
+    clients: Clients,
+    line: str,
+    dataset_hash: str,
+    base_model: str,
+    judged: JudgedModel,
+    verdict: SatisfactionModelVerdict,
+) -> tuple[str, int | None]:
+    """The judged model in MLflow, with its reliability plot: (run id, registered version)."""
+    from eval.satisfaction_training import reliability_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    bins = report.calibration.bins
-    figure, axis = plt.subplots(figsize=(5, 5))
-    axis.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
-    axis.scatter(
-        [b[0] for b in bins], [b[1] for b in bins], s=[20 + 4 * b[2] for b in bins], label="bins"
-    )
-    for predicted, observed, count in bins:
-        axis.annotate(f"n={count}", (predicted, observed), fontsize=7, xytext=(4, 4),
-                      textcoords="offset points")  # fmt: skip
-    auc = f"AUC {report.auc:.3f} ({report.auc_low:.3f}-{report.auc_high:.3f})" if report.auc else ""
-    axis.set_title(
-        f"{line}: satisfaction model on {report.heldout_examples} held-out answers\n{auc}"
-    )
-    axis.set_xlabel("predicted satisfied")
-    axis.set_ylabel("observed satisfied")
-    axis.set_xlim(0, 1)
-    axis.set_ylim(0, 1)
-    axis.legend(loc="upper left")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    report = judged.report
+    with tempfile.TemporaryDirectory(prefix="flywheel-satisfaction-") as scratch:
+        folder = Path(scratch)
+        judged.model.save(folder / "model.npz")
+        if report.calibration is not None:
+            reliability_plot(report, folder / "reliability.png", line)
+        return clients.registry.log_satisfaction_model(
+            line,
+            dataset_hash=dataset_hash,
+            base_model=base_model,
+            metrics=report.metrics(),
+            accepted=verdict.accepted,
+            reason=f"{verdict.reason} (judged on {judged.judged_on})",
+            model_dir=folder,
+        )
 
 
 def arm_satisfaction(
@@ -220,6 +131,7 @@ def arm_satisfaction(
     import numpy as np
 
     from eval.satisfaction_model import SatisfactionModel
+    from eval.satisfaction_training import prompt_of, reader_for
     from feedback.online import arm_answers
     from training.base_model import ensure_base_model
 
@@ -245,7 +157,7 @@ def arm_satisfaction(
             if missing:
                 reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
                 scores = model.predict(
-                    reader.features([(_prompt_of(a.messages), a.response) for a in missing])
+                    reader.features([(prompt_of(a.messages), a.response) for a in missing])
                 )
                 cache.update({a.request_id: float(s) for a, s in zip(missing, scores, strict=True)})
         score = {a.request_id: cache.get(a.request_id, 0.0) for a in answers}
@@ -263,24 +175,11 @@ def arm_satisfaction(
     return samples, scorer
 
 
-def reader_for(base_dir: Path) -> Any:
-    """The base model reading answers for satisfaction models, loaded once per process."""
-    from eval.satisfaction_model import AnswerReader
-
-    if base_dir not in _READERS:
-        _READERS[base_dir] = AnswerReader(base_dir)
-    return _READERS[base_dir]
-
-
-def _prompt_of(messages: Sequence[dict[str, Any]]) -> tuple[dict[str, str], ...]:
-    """The conversation the answer came in (every message before it), as the model reads it."""
-    return tuple({"role": str(m.get("role")), "content": str(m.get("content"))} for m in messages)
-
-
 def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     """The line's newest accepted satisfaction model as a labeller of silent answers, when its
     recipe lets model labels in (``satisfaction_model.pseudo_labels``); else None."""
     from eval.satisfaction_model import SatisfactionModel
+    from eval.satisfaction_training import prompt_of
     from feedback.cleaning import SilentLabelling
     from training.base_model import ensure_base_model
 
@@ -294,8 +193,10 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     model = SatisfactionModel.load(path)
 
     def score(records: list[dict[str, Any]]) -> Sequence[float]:
+        from eval.satisfaction_training import reader_for
+
         reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
-        items = [(_prompt_of(r["messages"]), str(r["response"])) for r in records]
+        items = [(prompt_of(r["messages"]), str(r["response"])) for r in records]
         return model.predict(reader.features(items)).tolist()
 
     return SilentLabelling(
