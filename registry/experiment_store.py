@@ -410,7 +410,7 @@ def current_look(
     """The verdict on ``record`` from each arm's requests since it started (to its end, or
     ``until``), without recording it; with ``bound``, on the requests a look counts. An
     experiment on satisfaction needs the satisfaction model to look again
-    (``flows.experiments``): here it is its latest recorded look."""
+    (``composition.experiments``): here it is its latest recorded look."""
     if record.metric == SATISFACTION:
         return recorded_look(engine, record)
     end = record.ended_at or until

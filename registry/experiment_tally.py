@@ -26,7 +26,7 @@ gateway saw the routes change) are taken out once and the window is closed.
 
 Deletions are not folded: ``FeedbackStore.forget_user`` and retention's ``delete`` drop
 the tallies they may touch, and the next view counts those experiments again. Looks, which
-decide, never read the tally: ``flows.experiments.look_experiment`` recounts the raw tables
+decide, never read the tally: ``composition.experiments.look_experiment`` recounts the raw tables
 (``registry.experiment_store.current_look``); tests hold the two equal. A look also bounds
 what one user and one key count (``feedback.contributions``), which a running tally of
 flag sets cannot: where a user sent more than the bound, the page counts every request and

@@ -1,5 +1,5 @@
 """``flywheel experiment``: A/B experiments between two adapters of a line, judged on a
-business metric with the canary's anytime-valid test (``flows.experiments``)."""
+business metric with the canary's anytime-valid test (``composition.experiments``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from flywheel.settings import load_settings
 from registry.experiments import METRIC_NAMES, ArmLabel
 
 if TYPE_CHECKING:
-    from flows.experiments import ExperimentStatus
+    from composition.experiments import ExperimentStatus
 
 experiment_app = typer.Typer(
     help="A/B experiments: a sticky share of a line's users on arm B, the rest on arm A, "
@@ -49,7 +49,7 @@ def experiment_start(
     """Start an A/B experiment: the arms are loaded and probed on vLLM, then ``--share`` of
     the line's users go to B and the rest to A (refused while a canary, a shadow or another
     experiment is live on the line)."""
-    from flows.experiments import start_experiment
+    from composition.experiments import start_experiment
 
     settings = load_settings()
     _check_line(settings, business_line)
@@ -87,7 +87,7 @@ def experiment_status(
 ) -> None:
     """Each line's live experiment looked at now (the look is recorded), and the latest
     ended ones with their decisions."""
-    from flows.experiments import ExperimentStatus, look_experiment
+    from composition.experiments import ExperimentStatus, look_experiment
     from registry.experiment_store import current_look, list_experiments, live_experiment
 
     settings = load_settings()
@@ -156,7 +156,7 @@ def experiment_stop(
     reason: Annotated[str | None, typer.Option(help="Why, for the routing history.")] = None,
 ) -> None:
     """End the line's experiment without promoting: every user back on the champion."""
-    from flows.experiments import stop_experiment
+    from composition.experiments import stop_experiment
 
     settings = load_settings()
     _check_line(settings, business_line)
@@ -186,7 +186,7 @@ def experiment_promote(
 ) -> None:
     """Make the experiment's winner the line's champion (routing and MLflow alias together)
     and end the experiment; refused while the test has not decided, unless --force."""
-    from flows.experiments import promote_experiment
+    from composition.experiments import promote_experiment
 
     chosen: ArmLabel | None = None
     if arm is not None:

@@ -23,16 +23,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from composition.clients import Clients
-from composition.rollout import deploy_canary, judge_canary
-from dashboard.app import create_app as create_dashboard
-from feedback.schema import interactions_table
-from feedback.store import FeedbackStore
-from flows.experiments import (
+from composition.experiments import (
     look_experiment,
     promote_experiment,
     start_experiment,
     stop_experiment,
 )
+from composition.rollout import deploy_canary, judge_canary
+from dashboard.app import create_app as create_dashboard
+from feedback.schema import interactions_table
+from feedback.store import FeedbackStore
 from flywheel.errors import UsageError
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.dashboard import DashboardSettings

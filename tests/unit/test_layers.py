@@ -134,8 +134,8 @@ ROUTE_WRITES = {
 }
 # Modules outside registry/ still writing a routing table themselves, each with its reason.
 ROUTE_WRITERS_ALLOWED: dict[str, str] = {
-    "flows.experiments": "an A/B experiment's split in and out of the table: not yet an event "
-    "of the state machine (it refuses a candidate while one is live)",
+    "composition.experiments": "an A/B experiment's split in and out of the table: not yet an "
+    "event of the state machine (it refuses a candidate while one is live)",
     "flows.placement": "a line's replicas: not yet an event of the state machine (the door "
     "loads a line's adapters where it is placed)",
 }
