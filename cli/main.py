@@ -560,7 +560,7 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
         )
     configure_prefect(settings)
     from composition.line_training import train_line
-    from flows.leases import lease_owner, line_lease
+    from feedback.leases import lease_owner, line_lease
     from flows.training import train_on_pool
 
     command = clients(settings)

@@ -89,6 +89,56 @@ class TrainingOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    """What a line's training produced, as the nightly needs it (and as crosses processes)."""
+
+    business_line: str
+    status: TrainingStatus
+    reason: str
+    version: int | None
+    promote: bool
+
+    @classmethod
+    def from_outcome(cls, outcome: TrainingOutcome) -> TrainResult:
+        """Summarise ``train_line``'s outcome; a reused version keeps its earlier verdicts."""
+        if outcome.decision is not None:
+            promote = outcome.decision.promote
+        else:
+            # A version reused from an earlier (maybe crashed) run keeps that run's verdicts:
+            # one the gate refused, or one rolled back online, is never put on a canary again.
+            promote = outcome.metrics.get("gate") == "promote" and not outcome.metrics.get(
+                "rolled_back"
+            )
+        return cls(outcome.business_line, outcome.status, outcome.reason, outcome.version, promote)
+
+    @classmethod
+    def skipped(cls, line: str, reason: str) -> TrainResult:
+        """No training: why."""
+        return cls(line, TrainingStatus.SKIPPED, reason, None, False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON values (the flow's persisted result)."""
+        return {
+            "business_line": self.business_line,
+            "status": self.status.value,
+            "reason": self.reason,
+            "version": self.version,
+            "promote": self.promote,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainResult:
+        """Back from :meth:`as_dict`."""
+        return cls(
+            str(data["business_line"]),
+            TrainingStatus(data["status"]),
+            str(data["reason"]),
+            None if data["version"] is None else int(data["version"]),
+            bool(data["promote"]),
+        )
+
+
 def _with_method(recipe: Recipe, build: DatasetBuild) -> tuple[Recipe, str | None]:
     """``recipe`` with the method its training set calls for, and why when it changed."""
     method, reason = training_method(recipe, train_counts(build.manifest))

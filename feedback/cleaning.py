@@ -416,6 +416,15 @@ class CleaningResult:
     # The dataset's source records, signed: what the training history records for the night.
     trained: SignedRecords | None = None
 
+    def summary(self) -> dict[str, Any]:
+        """The dataset's hash, its training examples by kind and the funnel, as plain values."""
+        counts = self.dataset.manifest["counts"] if self.dataset else {}
+        return {
+            "dataset": self.dataset.content_hash if self.dataset else None,
+            "train_examples": {kind: int(split.get("train", 0)) for kind, split in counts.items()},
+            "funnel": self.funnel.as_dict(),
+        }
+
 
 def clean_records(
     records: list[dict[str, Any]],
@@ -588,3 +597,48 @@ def clean_line(
         history=history,
         labelling=labelling,
     )
+
+
+def clean_window(
+    engine: Engine,
+    business_line: str,
+    *,
+    scrub: ScrubBatch,
+    settings: CleaningSettings,
+    dataset_root: Path,
+    since: datetime | None,
+    until: datetime,
+    labelling: SilentLabelling | None = None,
+) -> CleaningResult:
+    """One line's window cleaned into its datasets, deduplicated against what earlier
+    windows trained on (within ``trained_history_days``); what it trains on is recorded."""
+    from feedback.training_history import load_training_history, record_training
+
+    history = load_training_history(
+        engine,
+        business_line,
+        before=since,
+        horizon_days=settings.trained_history_days,
+        settings=settings.dedup,
+    )
+    result = clean_line(
+        engine,
+        business_line,
+        scrub=scrub,
+        settings=settings,
+        dataset_root=dataset_root,
+        since=since,
+        until=until,
+        history=history,
+        labelling=labelling,
+    )
+    record_training(
+        engine,
+        business_line,
+        since=since,
+        until=until,
+        trained=result.trained,
+        settings=settings.dedup,
+        horizon_days=settings.trained_history_days,
+    )
+    return result

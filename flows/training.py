@@ -18,13 +18,12 @@ a retried or repeated run never trains twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from composition.clients import open_clients
-from composition.line_training import TrainingOutcome, TrainingStatus, train_line
+from composition.line_training import TrainResult, train_line
 from flows.deployments import TRAIN_LINE
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings, current_settings
@@ -39,56 +38,6 @@ class TrainingRunError(FlywheelError):
 
 class TrainingTimeoutError(TimeoutError):
     """The training flow run did not finish in time (it may still be running)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TrainResult:
-    """What a line's training produced, as the nightly needs it (and as crosses processes)."""
-
-    business_line: str
-    status: TrainingStatus
-    reason: str
-    version: int | None
-    promote: bool
-
-    @classmethod
-    def from_outcome(cls, outcome: TrainingOutcome) -> TrainResult:
-        """Summarise ``train_line``'s outcome; a reused version keeps its earlier verdicts."""
-        if outcome.decision is not None:
-            promote = outcome.decision.promote
-        else:
-            # A version reused from an earlier (maybe crashed) run keeps that run's verdicts:
-            # one the gate refused, or one rolled back online, is never put on a canary again.
-            promote = outcome.metrics.get("gate") == "promote" and not outcome.metrics.get(
-                "rolled_back"
-            )
-        return cls(outcome.business_line, outcome.status, outcome.reason, outcome.version, promote)
-
-    @classmethod
-    def skipped(cls, line: str, reason: str) -> TrainResult:
-        """No training: why."""
-        return cls(line, TrainingStatus.SKIPPED, reason, None, False)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON values (the flow's persisted result)."""
-        return {
-            "business_line": self.business_line,
-            "status": self.status.value,
-            "reason": self.reason,
-            "version": self.version,
-            "promote": self.promote,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainResult:
-        """Back from :meth:`as_dict`."""
-        return cls(
-            str(data["business_line"]),
-            TrainingStatus(data["status"]),
-            str(data["reason"]),
-            None if data["version"] is None else int(data["version"]),
-            bool(data["promote"]),
-        )
 
 
 @flow(

@@ -33,8 +33,7 @@ def _stand_ins(fail: bool) -> None:
     from prefect import task
 
     import flows.nightly as nightly
-    from composition.line_training import TrainingStatus
-    from flows.training import TrainResult
+    from composition.line_training import TrainingStatus, TrainResult
     from flywheel.errors import FlywheelError
 
     @task(name="build_datasets")

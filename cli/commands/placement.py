@@ -48,7 +48,7 @@ def placement_plan(
     """Each line's share of the requests over the last ``--hours`` and the replicas the plan
     places it on; ``--apply`` loads its adapters where it arrives, writes the placement, then
     unloads them (drained) where it leaves."""
-    from flows.placement import move_line, plan_lines
+    from registry.line_placement import move_line, plan_lines
 
     settings = load_settings()
     upstreams = settings.gateway.upstreams
@@ -110,7 +110,7 @@ def _print_move(
 
 
 def _place(business_line: str, placement: tuple[str, ...] | None, reason: str) -> None:
-    from flows.placement import move_line
+    from registry.line_placement import move_line
     from registry.placement import replica_url
 
     settings = load_settings()

@@ -93,8 +93,8 @@ def flow_nightly(
 
 def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
     from composition.line_training import train_line
+    from composition.nightly_report import LineStatus
     from composition.rollout import deploy_canary, rollout
-    from flows.nightly import LineStatus
     from flywheel.settings import load_settings
     from registry.lifecycle import CanaryStoppedByHand
 

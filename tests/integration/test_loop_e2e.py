@@ -529,7 +529,7 @@ def _running_training(registry: Registry) -> Any | None:
 def test_a_nightly_run_killed_during_training_then_rerun_registers_once(
     loop: Loop, prefect_api: str, tmp_path: Path
 ) -> None:
-    from flows.leases import LEASE_S
+    from feedback.leases import LEASE_S
     from flows.nightly import line_nightly
 
     _simulate(loop.store)

@@ -136,8 +136,6 @@ ROUTE_WRITES = {
 ROUTE_WRITERS_ALLOWED: dict[str, str] = {
     "composition.experiments": "an A/B experiment's split in and out of the table: not yet an "
     "event of the state machine (it refuses a candidate while one is live)",
-    "flows.placement": "a line's replicas: not yet an event of the state machine (the door "
-    "loads a line's adapters where it is placed)",
 }
 
 

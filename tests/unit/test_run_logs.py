@@ -13,9 +13,8 @@ from typing import Any
 
 import yaml
 
-from composition.line_training import TrainingStatus
-from flows.canary import describe_decisions, describe_sync
-from flows.nightly import (
+from composition.line_training import TrainingStatus, TrainResult
+from composition.nightly_report import (
     LineReport,
     LineStatus,
     describe_datasets,
@@ -23,8 +22,8 @@ from flows.nightly import (
     describe_retention,
     describe_training,
 )
+from flows.canary import describe_decisions, describe_sync
 from flows.prefect_env import PROJECT_LOGGERS, RUN_LOGS, TELEMETRY_OFF
-from flows.training import TrainResult
 from tests.conftest import REPO
 
 # What Prefect makes of flywheel's settings, in a process that sets them up as every command

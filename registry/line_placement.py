@@ -15,12 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from composition.clients import Clients
 from flywheel.settings import Settings
 from registry.names import version_of
 from registry.placement import Placement, placement_moves, plan_placement, traffic_shares
 from registry.replicas import load_checked
-from registry.rollout import DRAIN_TIMEOUT_S, RoutesChangedError
+from registry.rollout import DRAIN_TIMEOUT_S, LineClients, RoutesChangedError
 from registry.routing import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ class PlacementMove:
 
 def plan_lines(
     settings: Settings,
-    clients: Clients,
+    clients: LineClients,
     upstreams: Sequence[str],
     *,
     hours: float,
@@ -80,7 +79,7 @@ def plan_lines(
 
 def move_line(
     settings: Settings,
-    clients: Clients,
+    clients: LineClients,
     line: str,
     placement: Placement,
     upstreams: Sequence[str],
@@ -122,7 +121,7 @@ def move_line(
 
 
 def _unload_drained(
-    clients: Clients,
+    clients: LineClients,
     url: str,
     adapters: list[str],
     in_flight_on: Callable[[str], Callable[[str], int]] | None,
