@@ -25,7 +25,7 @@ from typing import Any
 from prefect import flow, task
 
 from composition.clients import Clients, build_clients, open_clients
-from feedback.cleaning import ScrubBatch
+from feedback.cleaning import CleaningResult, ScrubBatch
 from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary
 from feedback.store import FeedbackStore
@@ -108,6 +108,22 @@ class PartitionedCleaning:
     partitions: int
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls, result: CleaningResult, partitions: int, seconds: dict[str, float]
+    ) -> PartitionedCleaning:
+        """The stage's result as the nightly reads it."""
+        summary = result.summary()
+        path = str(result.dataset.path) if result.dataset else None
+        return cls(
+            summary["dataset"],
+            path,
+            summary["train_examples"],
+            summary["funnel"],
+            partitions,
+            seconds,
+        )
+
 
 @contextmanager
 def _staging_folder(settings: Settings, line: str) -> Iterator[Path]:
@@ -168,62 +184,23 @@ def _clean_partitioned(
     across_windows: bool,
 ) -> PartitionedCleaning:
     """The partitioned flow's stages (:func:`clean_line_partitioned`) on ``store``."""
-    from feedback.partitions import finish_partitions, partition_offsets, stage_history
+    from feedback.partitions import finish_partitions
     from feedback.signals import id_partitions
-    from feedback.training_history import load_training_history, record_training
 
     seconds: dict[str, float] = {}
     started = time.monotonic()
     ranges = id_partitions(
         store.engine, line, workers * PARTITIONS_PER_WORKER, since=since, until=until
     )
-    history: TrainingHistory | None = None
-    if across_windows:
-        history = load_training_history(
-            store.engine,
-            line,
-            before=since,
-            horizon_days=cleaning.trained_history_days,
-            settings=cleaning.dedup,
-        )
-    trained = history.keys() if history is not None else None
+    window = _Window(line, since, until, workers, cleaning)
+    history = _history(store, window) if across_windows else None
     with _staging_folder(settings, line) as staging:
-        summaries = [
-            future.result()
-            for future in [
-                clean_partition_task.submit(
-                    settings,
-                    line,
-                    ids,
-                    since,
-                    until,
-                    staging,
-                    partition,
-                    workers,
-                    cleaning,
-                    trained,
-                )
-                for partition, ids in enumerate(ranges)
-            ]
-        ]
+        trained = history.keys() if history is not None else None
+        summaries = _clean_partitions(settings, window, ranges, staging, trained)
         seconds["pull_scrub_sign"] = round(time.monotonic() - started, 2)
         seconds["pull_scrub_sign_cpu"] = round(sum(s.cpu_seconds for s in summaries), 2)
         started = time.monotonic()
-        staged_history = (
-            stage_history(
-                staging, history, partition=len(ranges), shards=workers, settings=cleaning.dedup
-            )
-            if history is not None and ranges
-            else 0
-        )
-        offsets = partition_offsets(summaries, history=staged_history)
-        edges = [
-            future.result()
-            for future in [
-                bucket_shard_task.submit(staging, shard, offsets, cleaning.dedup)
-                for shard in range(workers if ranges else 0)
-            ]
-        ]
+        edges, staged = _join_shards(window, staging, summaries, history, bool(ranges))
         seconds["dedup_shards"] = round(time.monotonic() - started, 2)
         started = time.monotonic()
         result = finish_partitions(
@@ -235,28 +212,108 @@ def _clean_partitioned(
             dataset_root=settings.datasets_dir,
             since=since,
             until=until,
-            history=history if staged_history else None,
+            history=history if staged else None,
         )
         seconds["join_build_write"] = round(time.monotonic() - started, 2)
     if across_windows and until is not None:
-        record_training(
-            store.engine,
-            line,
-            since=since,
-            until=until,
-            trained=result.trained,
-            settings=cleaning.dedup,
-            horizon_days=cleaning.trained_history_days,
-        )
-    counts = result.dataset.manifest["counts"] if result.dataset else {}
-    return PartitionedCleaning(
-        dataset=result.dataset.content_hash if result.dataset else None,
-        path=str(result.dataset.path) if result.dataset else None,
-        train_examples={kind: int(split.get("train", 0)) for kind, split in counts.items()},
-        funnel=result.funnel.as_dict(),
-        partitions=len(ranges),
-        seconds=seconds,
+        _record(store, window, result)
+    return PartitionedCleaning.of(result, len(ranges), seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """The line's window the partitioned stage cleans, over ``workers`` shards."""
+
+    line: str
+    since: datetime | None
+    until: datetime | None
+    workers: int
+    cleaning: CleaningSettings
+
+
+def _history(store: FeedbackStore, window: _Window) -> TrainingHistory:
+    """What earlier windows of the line trained on, within the history horizon."""
+    from feedback.training_history import load_training_history
+
+    return load_training_history(
+        store.engine,
+        window.line,
+        before=window.since,
+        horizon_days=window.cleaning.trained_history_days,
+        settings=window.cleaning.dedup,
     )
+
+
+def _record(store: FeedbackStore, window: _Window, result: CleaningResult) -> None:
+    """What this window trains on, for the later windows' dedup."""
+    from feedback.training_history import record_training
+
+    assert window.until is not None
+    record_training(
+        store.engine,
+        window.line,
+        since=window.since,
+        until=window.until,
+        trained=result.trained,
+        settings=window.cleaning.dedup,
+        horizon_days=window.cleaning.trained_history_days,
+    )
+
+
+def _clean_partitions(
+    settings: Settings,
+    window: _Window,
+    ranges: list[tuple[int, int]],
+    staging: Path,
+    trained: TrainedKeys | None,
+) -> list[PartitionSummary]:
+    """Every partition pulled, scrubbed, filtered and signed in parallel tasks."""
+    futures = [
+        clean_partition_task.submit(
+            settings,
+            window.line,
+            ids,
+            window.since,
+            window.until,
+            staging,
+            partition,
+            window.workers,
+            window.cleaning,
+            trained,
+        )
+        for partition, ids in enumerate(ranges)
+    ]
+    return [future.result() for future in futures]
+
+
+def _join_shards(
+    window: _Window,
+    staging: Path,
+    summaries: list[PartitionSummary],
+    history: TrainingHistory | None,
+    any_partition: bool,
+) -> tuple[list[tuple[Any, Any]], int]:
+    """The dedup buckets joined shard by shard in parallel tasks (with the earlier windows'
+    training history staged beside them): each shard's edges, and the history staged."""
+    from feedback.partitions import partition_offsets, stage_history
+
+    staged = (
+        stage_history(
+            staging,
+            history,
+            partition=len(summaries),
+            shards=window.workers,
+            settings=window.cleaning.dedup,
+        )
+        if history is not None and any_partition
+        else 0
+    )
+    offsets = partition_offsets(summaries, history=staged)
+    futures = [
+        bucket_shard_task.submit(staging, shard, offsets, window.cleaning.dedup)
+        for shard in range(window.workers if any_partition else 0)
+    ]
+    return [future.result() for future in futures], staged
 
 
 @contextmanager
