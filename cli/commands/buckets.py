@@ -35,7 +35,6 @@ def buckets(
     the numbers of the feedback page (`flywheel serve dashboard`) for the same filters."""
     from dashboard.app import build_pages
     from dashboard.errors import PageError
-    from dashboard.lineage import drop_reasons, funnel_steps
 
     settings = load_settings()
     try:
@@ -57,32 +56,35 @@ def buckets(
     unknown = sorted(set(line or ()) - set(known))
     if unknown:
         raise UsageError(f"unknown business line(s): {', '.join(unknown)}")
-    report: list[dict[str, Any]] = []
-    for name in line or known:
-        start, end, totals = pages.totals(name, bucket)
-        builds = pages.funnel(name)
-        report.append(
-            {
-                "business_line": name,
-                "since": start.isoformat(),
-                "until": end.isoformat(),
-                "totals": [t.as_dict() for t in totals],
-                "funnel": None
-                if not builds
-                else {
-                    "dataset": builds[0].name,
-                    "accumulated_from": list(builds[0].accumulated_from),
-                    "funnel_of": builds[0].funnel_of,
-                    "steps": funnel_steps(builds[0].funnel),
-                    "dropped": drop_reasons(builds[0].funnel),
-                },
-            }
-        )
+    report = [_line_entry(pages, name, bucket) for name in line or known]
     if as_json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     for entry in report:
         _print_line(entry)
+
+
+def _line_entry(pages: Any, name: str, bucket: Any) -> dict[str, Any]:
+    """One line's signal totals over the filters and its latest cleaning funnel."""
+    from dashboard.lineage import drop_reasons, funnel_steps
+
+    start, end, totals = pages.totals(name, bucket)
+    builds = pages.funnel(name)
+    return {
+        "business_line": name,
+        "since": start.isoformat(),
+        "until": end.isoformat(),
+        "totals": [t.as_dict() for t in totals],
+        "funnel": None
+        if not builds
+        else {
+            "dataset": builds[0].name,
+            "accumulated_from": list(builds[0].accumulated_from),
+            "funnel_of": builds[0].funnel_of,
+            "steps": funnel_steps(builds[0].funnel),
+            "dropped": drop_reasons(builds[0].funnel),
+        },
+    }
 
 
 def _percent(share: float | None) -> str:

@@ -57,21 +57,8 @@ def dedup(
     The earliest records of a cluster (by "created_at", then input order) are
     kept. Bad lines are reported on stderr and left out; the exit code is then 1.
     """
-    try:
-        settings = DedupSettings(
-            threshold=threshold, max_kept_per_cluster=max_kept, near_duplicates=not exact_only
-        )
-    except ValidationError as exc:
-        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
-        typer.echo(f"error: invalid dedup settings: {problems}", err=True)
-        raise typer.Exit(2) from None
-    if in_path.resolve() == out_path.resolve():
-        typer.echo("error: --out must be a different file from --in", err=True)
-        raise typer.Exit(2)
-    if not out_path.parent.is_dir():
-        typer.echo(f"error: {out_path.parent} is not a directory; create it first", err=True)
-        raise typer.Exit(2)
-
+    settings = _dedup_settings(threshold, max_kept, exact_only)
+    _check_paths(in_path, out_path)
     try:
         bad_lines = _mark_duplicates(in_path, out_path, field, settings)
     except OSError as exc:
@@ -80,6 +67,28 @@ def dedup(
     if bad_lines:
         typer.echo(f"{in_path}: {bad_lines} bad line(s) left out of {out_path}", err=True)
         raise typer.Exit(1)
+
+
+def _dedup_settings(threshold: float, max_kept: int, exact_only: bool) -> DedupSettings:
+    """The options as dedup settings; exit 2 on a bad one."""
+    try:
+        return DedupSettings(
+            threshold=threshold, max_kept_per_cluster=max_kept, near_duplicates=not exact_only
+        )
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+        typer.echo(f"error: invalid dedup settings: {problems}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_paths(in_path: Path, out_path: Path) -> None:
+    """Exit 2 when the output would replace the input or has no folder to go in."""
+    if in_path.resolve() == out_path.resolve():
+        typer.echo("error: --out must be a different file from --in", err=True)
+        raise typer.Exit(2)
+    if not out_path.parent.is_dir():
+        typer.echo(f"error: {out_path.parent} is not a directory; create it first", err=True)
+        raise typer.Exit(2)
 
 
 def _mark_duplicates(in_path: Path, out_path: Path, field: str, settings: DedupSettings) -> int:

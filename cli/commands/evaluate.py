@@ -190,21 +190,10 @@ def evaluate(
 ) -> None:
     """Preference accuracy of a line's model on your own pairs, with 95% intervals, compared
     with the base model; logged to MLflow as an evaluation run."""
-    from feedback.events import BUSINESS_LINE
-    from feedback.importers.pairs import PAIR_FORMATS
     from registry.names import adapter_name
     from training.base_model import ensure_base_model
 
-    if not re.fullmatch(BUSINESS_LINE, line):
-        raise UsageError(f"{line!r} is not a business line name")
-    if not pairs.is_file():
-        raise UsageError(f"no such file: {pairs}")
-    if pair_format is not None and pair_format not in PAIR_FORMATS:
-        raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
-    data = read_pairs_file(pairs, pair_format, limit)
-    _report_skips(pairs, data)
-    if not data.pairs:
-        raise UsageError(f"{pairs} holds no usable preference pair")
+    data = _usable_pairs(line, pairs, pair_format, limit)
     settings = load_settings()
     registry = clients(settings).registry
     chosen_version = _version(registry, line, version)
@@ -223,6 +212,25 @@ def evaluate(
     if json_path is not None:
         json_path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
         out.print(f"wrote {json_path}")
+
+
+def _usable_pairs(line: str, pairs: Path, pair_format: str | None, limit: int | None) -> PairsFile:
+    """The file's usable preference pairs (its skipped rows reported); refused for a bad line
+    name, a missing file, an unknown format or no usable pair."""
+    from feedback.events import BUSINESS_LINE
+    from feedback.importers.pairs import PAIR_FORMATS
+
+    if not re.fullmatch(BUSINESS_LINE, line):
+        raise UsageError(f"{line!r} is not a business line name")
+    if not pairs.is_file():
+        raise UsageError(f"no such file: {pairs}")
+    if pair_format is not None and pair_format not in PAIR_FORMATS:
+        raise UsageError(f"unknown --format {pair_format!r}: use {' or '.join(PAIR_FORMATS)}")
+    data = read_pairs_file(pairs, pair_format, limit)
+    _report_skips(pairs, data)
+    if not data.pairs:
+        raise UsageError(f"{pairs} holds no usable preference pair")
+    return data
 
 
 def _version(registry: Registry, line: str, version: str) -> int | None:

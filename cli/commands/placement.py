@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
@@ -13,6 +13,9 @@ from cli.commands.common import clients, out
 from cli.commands.serving import _actor, _check_line
 from flywheel.errors import UsageError
 from flywheel.settings import load_settings
+
+if TYPE_CHECKING:
+    from registry.line_placement import LinePlacement
 
 placement_app = typer.Typer(
     help="Place each line's adapters on some vLLM replicas (hot lines spread, cold packed).",
@@ -56,26 +59,7 @@ def placement_plan(
     plans = plan_lines(
         settings, command, upstreams, hours=hours, hot_share=hot_share, cold_replicas=cold_replicas
     )
-    if as_json:
-        rows = [
-            {
-                "business_line": p.business_line,
-                "requests": p.requests,
-                "share": p.share,
-                "current": p.current,
-                "planned": p.planned,
-            }
-            for p in plans
-        ]
-        out.print_json(orjson.dumps(rows).decode())
-    else:
-        shown = Table("business line", "requests", "share", "placed now", "planned")
-        for p in plans:
-            planned = _shown(p.planned) if p.changes else "(unchanged)"
-            shown.add_row(
-                p.business_line, str(p.requests), f"{p.share:.1%}", _shown(p.current), planned
-            )
-        out.print(shown)
+    _print_plans(plans, as_json=as_json)
     if not apply:
         return
     failed = False
@@ -97,6 +81,30 @@ def placement_plan(
             failed |= bool(move.failed)
     if failed:
         raise typer.Exit(1)
+
+
+def _print_plans(plans: list[LinePlacement], *, as_json: bool) -> None:
+    """Each line's traffic, where it is placed now and where the plan puts it."""
+    if as_json:
+        rows = [
+            {
+                "business_line": p.business_line,
+                "requests": p.requests,
+                "share": p.share,
+                "current": p.current,
+                "planned": p.planned,
+            }
+            for p in plans
+        ]
+        out.print_json(orjson.dumps(rows).decode())
+        return
+    shown = Table("business line", "requests", "share", "placed now", "planned")
+    for p in plans:
+        planned = _shown(p.planned) if p.changes else "(unchanged)"
+        shown.add_row(
+            p.business_line, str(p.requests), f"{p.share:.1%}", _shown(p.current), planned
+        )
+    out.print(shown)
 
 
 def _print_move(

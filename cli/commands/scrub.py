@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 from pydantic import ValidationError
@@ -71,49 +71,11 @@ def scrub(
     Malformed lines are reported on stderr with their line number and skipped;
     all good records are still written, and the exit code is then 1.
     """
-    from feedback.pii import ScrubberSettings, scrub_records
-
-    try:
-        scrubbing = ScrubberSettings(
-            batch_size=batch_size,
-            languages=tuple(language or ("en", "zh")),  # type: ignore[arg-type]
-        )
-    except ValidationError as exc:
-        message = "; ".join(error["msg"] for error in exc.errors())
-        typer.echo(f"error: invalid settings: {message}", err=True)
-        raise typer.Exit(2) from None
-    settings = load_settings().model_copy(update={"scrubber": scrubbing})
-    try:
-        scrubber = clients(settings).scrubber
-    except OSError as exc:
-        typer.echo(f"error: cannot load the PII models: {exc}", err=True)
-        raise typer.Exit(1) from None
-
-    source = str(in_path)
-    malformed = written = 0
+    scrubber, size = _scrubber(batch_size, language)
     partial = out_path.with_name(out_path.name + ".partial")
     try:
         with partial.open("wb") as out, _progress_bar(in_path.stat().st_size) as advance:
-            batch: list[dict[str, Any]] = []
-
-            def flush() -> None:
-                nonlocal written
-                for record in scrub_records(batch, field, scrubber):
-                    out.write(dumps_line(record))
-                written += len(batch)
-                batch.clear()
-
-            for item in iter_jsonl(in_path):
-                advance(len(item.raw))
-                if isinstance(item, MalformedLine):
-                    malformed += 1
-                    typer.echo(item.describe(source), err=True)
-                    continue
-                batch.append(item.data)
-                if len(batch) >= scrubbing.batch_size:
-                    flush()
-            if batch:
-                flush()
+            written, malformed = _scrub_lines(in_path, out, field, scrubber, size, advance)
         partial.replace(out_path)
     except InputFileError:
         partial.unlink(missing_ok=True)
@@ -129,3 +91,62 @@ def scrub(
             err=True,
         )
         raise typer.Exit(1)
+
+
+def _scrubber(batch_size: int, language: list[str] | None) -> tuple[Any, int]:
+    """The PII scrubber for these options, and its batch size; exit 2 on bad options, 1 when
+    the PII models cannot load."""
+    from feedback.pii import ScrubberSettings
+
+    try:
+        scrubbing = ScrubberSettings(
+            batch_size=batch_size,
+            languages=tuple(language or ("en", "zh")),  # type: ignore[arg-type]
+        )
+    except ValidationError as exc:
+        message = "; ".join(error["msg"] for error in exc.errors())
+        typer.echo(f"error: invalid settings: {message}", err=True)
+        raise typer.Exit(2) from None
+    settings = load_settings().model_copy(update={"scrubber": scrubbing})
+    try:
+        return clients(settings).scrubber, scrubbing.batch_size
+    except OSError as exc:
+        typer.echo(f"error: cannot load the PII models: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _scrub_lines(
+    in_path: Path,
+    out: BinaryIO,
+    fields: list[str],
+    scrubber: Any,
+    batch_size: int,
+    advance: Callable[[int], None],
+) -> tuple[int, int]:
+    """Every good record of ``in_path`` scrubbed into ``out`` in batches; each malformed line
+    reported on stderr. Returns (records written, malformed lines)."""
+    from feedback.pii import scrub_records
+
+    source = str(in_path)
+    malformed = written = 0
+    batch: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        nonlocal written
+        for record in scrub_records(batch, fields, scrubber):
+            out.write(dumps_line(record))
+        written += len(batch)
+        batch.clear()
+
+    for item in iter_jsonl(in_path):
+        advance(len(item.raw))
+        if isinstance(item, MalformedLine):
+            malformed += 1
+            typer.echo(item.describe(source), err=True)
+            continue
+        batch.append(item.data)
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    return written, malformed

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -30,7 +31,7 @@ from flywheel.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from registry.routing import RoutingTable
-    from registry.vllm_server import VllmServerSettings
+    from registry.vllm_server import VllmEnvironment, VllmServerSettings
     from training.base_model import BaseFingerprint
 
 ADAPTER_CACHE = "adapter-cache"
@@ -179,29 +180,84 @@ def serve_vllm(
     """Serve the base model with vLLM on the CPU: the routed adapters of the lines placed
     here registered at start, any other fetched from the registry on its first request
     (digest and base model checked), this replica's limits recorded for the rollout."""
-    from pydantic import ValidationError
-
-    from flywheel.install import vllm_venv
-    from registry.placement import replica_url
-    from registry.vllm_server import (
-        VllmEnvironment,
-        VllmServer,
-        VllmServerSettings,
-        log_tail,
-        resolver_environment,
-    )
-    from training.base_model import base_fingerprint, ensure_base_model
+    from training.base_model import base_fingerprint
 
     settings = load_settings()
     private_home(settings.home)
+    chosen = {"host": host, "max_loras": max_loras, "max_lora_rank": max_lora_rank}
+    replica = _plan_replica(settings, port, chosen, url, venv)
+    if print_command:
+        env = replica.server.environment(replica.resolver_env)
+        flags = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        out.print(f"{flags} {' '.join(replica.server.command(replica.environment.python))}")
+        return
+    python = _ready_python(replica.environment)
+    served = base_fingerprint(replica.server.model)
+    ready = replica.environment.resolver_ready()
+    _record_replica(settings, replica.url, served, replica.server, ready)
+    server_settings = _with_routed(settings, replica.url, served, replica.server, replica.cache)
+    log = settings.home / "logs" / f"vllm-{port}.log"
+    env = {**os.environ, **replica.resolver_env}
+    _serve(server_settings, python, log, env, replica.url, replica.cache)
+
+
+@dataclass(frozen=True, slots=True)
+class _Replica:
+    """This replica as it is to serve: vLLM's environment and settings, its URL as the
+    gateway names it, its adapter cache and the variables that switch the resolver on."""
+
+    environment: VllmEnvironment
+    server: VllmServerSettings
+    url: str
+    cache: Path
+    resolver_env: dict[str, str]
+
+
+def _plan_replica(
+    settings: Settings, port: int, chosen: dict[str, object], url: str | None, venv: Path | None
+) -> _Replica:
+    """The base model fetched, vLLM's environment and settings for this CPU, the replica's
+    URL and cache."""
+    from flywheel.install import vllm_venv
+    from registry.placement import replica_url
+    from registry.vllm_server import VllmEnvironment, resolver_environment
+    from training.base_model import ensure_base_model
+
     base = ensure_base_model(settings.models_dir, settings.base_model)
     environment = VllmEnvironment(
         venv or vllm_venv(settings.home), torch_index=settings.torch_index, report=out.print
     )
-    chosen = {"host": host, "max_loras": max_loras, "max_lora_rank": max_lora_rank}
+    server_settings = _server_settings(base, port, chosen)
+    cache = settings.home / ADAPTER_CACHE
+    return _Replica(
+        environment,
+        server_settings,
+        replica_url(url or server_settings.base_url),
+        cache,
+        resolver_environment(fetch_command(), cache, base),
+    )
+
+
+def _ready_python(environment: VllmEnvironment) -> Path:
+    """vLLM's interpreter, its virtualenv built if needed; a warning without the resolver."""
+    python = environment.ensure()
+    if not environment.resolver_ready():
+        _warn(
+            f"flywheel's LoRA resolver is not installed in {environment.venv_dir} (no "
+            "vllm_plugin/ beside flywheel): adapters are served only once loaded"
+        )
+    return python
+
+
+def _server_settings(base: Path, port: int, chosen: dict[str, object]) -> VllmServerSettings:
+    """The server's settings for this CPU: the options given, else the settings'."""
+    from pydantic import ValidationError
+
+    from registry.vllm_server import VllmServerSettings
+
     try:
         # Served under the folder's name (not its path): that name reaches headers and logs.
-        server_settings = VllmServerSettings(
+        return VllmServerSettings(
             model=base,
             port=port,
             served_model_name=os.environ.get("FLYWHEEL_VLLM_SERVED_MODEL_NAME") or base.name,
@@ -209,22 +265,17 @@ def serve_vllm(
         ).for_this_cpu()
     except ValidationError as exc:
         raise UsageError("; ".join(error["msg"] for error in exc.errors())) from None
-    here = replica_url(url or server_settings.base_url)
-    cache = settings.home / ADAPTER_CACHE
-    resolver_env = resolver_environment(fetch_command(), cache, base)
-    if print_command:
-        env = server_settings.environment(resolver_env)
-        flags = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        out.print(f"{flags} {' '.join(server_settings.command(environment.python))}")
-        return
-    python = environment.ensure()
-    if not environment.resolver_ready():
-        _warn(
-            f"flywheel's LoRA resolver is not installed in {environment.venv_dir} (no "
-            "vllm_plugin/ beside flywheel): adapters are served only once loaded"
-        )
-    served = base_fingerprint(base)
-    _record_replica(settings, here, served, server_settings, environment.resolver_ready())
+
+
+def _with_routed(
+    settings: Settings,
+    here: str,
+    served: BaseFingerprint,
+    server_settings: VllmServerSettings,
+    cache: Path,
+) -> VllmServerSettings:
+    """The server's settings with the routed adapters of the lines placed here fetched and
+    registered at start (``--lora-modules``)."""
     routed = _routed_here(settings, here)
     fetched = fetch_routed(
         routed, _fetcher(settings, cache, served), server_settings.max_lora_rank, _warn
@@ -234,20 +285,31 @@ def serve_vllm(
             f"registering {len(fetched)} of {len(routed)} routed adapters at start: "
             + (", ".join(name for name, _ in fetched) or "none")
         )
-    server_settings = server_settings.model_copy(
+    return server_settings.model_copy(
         update={"lora_modules": tuple((name, str(folder)) for name, folder in fetched)}
     )
-    log = settings.home / "logs" / f"vllm-{port}.log"
+
+
+def _serve(
+    server_settings: VllmServerSettings,
+    python: Path,
+    log: Path,
+    env: dict[str, str],
+    here: str,
+    cache: Path,
+) -> None:
+    """Run vLLM as the replica ``here`` until it exits; then exit with its code."""
+    from registry.vllm_server import VllmServer, log_tail
+
     log.parent.mkdir(parents=True, exist_ok=True)
     # vLLM runs in its own process group: a SIGTERM to this command must stop it too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    env = {**os.environ, **resolver_env}
     with VllmServer(
         server_settings, python=python, log_path=log, env=env, report=out.print
     ) as server:
         out.print(
-            f"vLLM serves {base.name} at {server.base_url} as {here}, adapters fetched into "
-            f"{cache} (log: {log}); Ctrl-C stops it"
+            f"vLLM serves {server_settings.model.name} at {server.base_url} as {here}, adapters "
+            f"fetched into {cache} (log: {log}); Ctrl-C stops it"
         )
         code = server.wait()
     # vLLM died on its own: exit with its code so a supervisor (compose's restart policy,
