@@ -232,3 +232,36 @@ def test_each_table_is_declared_once_by_its_owner() -> None:
     from composition.tables import metadata
 
     assert set(metadata.tables) == set(owner_of)
+
+
+# The flows compose the packages and hold no business logic: they read like a table of
+# contents, and so does the command line, one short function per step.
+FLOWS_MAX_LINES = 1_500
+FUNCTION_MAX_LINES = 60
+
+
+def test_the_flows_stay_a_table_of_contents() -> None:
+    lines = {
+        str(path.relative_to(REPO)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in (REPO / "flows").rglob("*.py")
+    }
+    biggest = ", ".join(f"{p} {n}" for p, n in sorted(lines.items(), key=lambda i: -i[1])[:3])
+    assert sum(lines.values()) < FLOWS_MAX_LINES, f"{sum(lines.values())} lines ({biggest})"
+
+
+def _long_functions(package: str) -> list[str]:
+    """Each function of ``package`` of FUNCTION_MAX_LINES lines or more, with its length."""
+    found = []
+    for path in (REPO / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length >= FUNCTION_MAX_LINES:
+                    found.append(f"{path.relative_to(REPO)}:{node.name} {length} lines")
+    return found
+
+
+def test_no_function_of_the_flows_or_the_command_line_runs_long() -> None:
+    # A long body is a use case that belongs to the package that owns it, or steps to name.
+    long = _long_functions("flows") + _long_functions("cli")
+    assert not long, "\n".join(sorted(long))
