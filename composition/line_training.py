@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composition.clients import Clients
 from composition.recipes import (
@@ -29,6 +29,9 @@ from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
 from training.config import training_method
 from training.inverted import _inverted
+
+if TYPE_CHECKING:
+    from training.train import TrainResult as AdapterTraining
 
 # High-precision PII types only: a place name in a correct answer must not block a release.
 GENERATION_PII_TYPES = frozenset(
@@ -344,10 +347,8 @@ def train_line(
     it always trains anew and its run is tagged so.
     """
     from flywheel.hardware import detect_accelerator, quantization_refusal
-    from registry.names import adapter_name, training_run_name
     from registry.records import TAG_ENDED_BECAUSE, truncate
     from training.base_model import ensure_base_model
-    from training.train import train_adapter, trains_in_bf16
 
     recipe = recipe_for(settings, line)
     # A recipe this machine cannot train (4-bit without a GPU) is refused before a run opens.
@@ -361,117 +362,180 @@ def train_line(
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     registry = clients.registry
     registry.close_orphan_runs(line)
-    base_name = base_dir.name
     version_of_code = code_version()
-    existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_name)
+    existing = registry.find_version(line, build.content_hash, recipe_hash(recipe), base_dir.name)
     if existing is not None and not force and not invert_preferences:
-        gate, rolled_back = registry.version_verdict(line, existing)
-        return TrainingOutcome(
-            line,
-            TrainingStatus.REUSED,
-            f"dataset {build.content_hash[:12]} with this recipe is already version {existing}"
-            + (f" (gate: {gate})" if gate else "")
-            + (f" (rolled back: {rolled_back})" if rolled_back else ""),
-            version=existing,
-            metrics={"gate": gate, "rolled_back": rolled_back},
-        )
+        return _reused(registry, line, build, existing)
+    manifest = build.path / "manifest.json"
     run_id = start_training_run(
-        registry,
-        recipe,
-        build.content_hash,
-        build.path / "manifest.json",
-        base_name,
-        version_of_code,
+        registry, recipe, build.content_hash, manifest, base_dir.name, version_of_code
     )
+    run = _TrainingRun(line, recipe, build, base_dir, run_id, version_of_code)
     try:
         _check_servable_rank(settings, clients, line, recipe.lora.rank)
         champion_version = registry.alias_version(line, "champion")
-        # An inverted adapter starts from the base model: continuing the champion, it kept
-        # much of what the champion had learnt (0.17 satisfied against v1's 0.31, customer
-        # service: docs/results/2026-12-03-bad-canary.md), a canary hardly worse than the one
-        # it replaces.
-        continues = recipe.start_from == "champion" and not invert_preferences
-        result = train_adapter(
-            recipe,
-            init_adapter=(
-                registry.adapter_path(line, champion_version)
-                if continues and champion_version is not None
-                else None
-            ),
-            base_model_dir=base_dir,
-            dataset_dir=build.path,
-            rows=_inverted(build.path, recipe.method) if invert_preferences else None,
-            output_dir=settings.runs_dir / line / run_id,
-            on_log=on_log,
-        )
+        result = _train(settings, registry, run, champion_version, invert_preferences, on_log)
         _tag_how_trained(registry, run_id, invert_preferences, method_reason)
-        registry.log_loss_curve(run_id, result.history)
-        registry.log_metrics(
-            run_id,
-            {
-                "train.seconds": result.seconds,
-                "train.steps": result.steps,
-                "train.examples": result.examples,
-                "train.tokens_per_second": result.tokens_per_second,
-                "train.peak_rss_mb": result.peak_rss_mb,
-            },
-        )
-        registry.log_adapter(run_id, result.adapter_dir)
-        champion_adapter = (
-            registry.adapter_path(line, champion_version) if champion_version is not None else None
-        )
-        reports, decision = _evaluate_and_gate(
-            clients,
-            recipe,
-            base_dir,
-            build.path,
-            champion_adapter,
-            result.adapter_dir,
-            names={
-                "candidate": training_run_name(line, recipe.method, build.content_hash),
-                "champion": (
-                    adapter_name(line, champion_version)
-                    if champion_version is not None
-                    else f"base model {base_name}"
-                ),
-            },
-            mixed_precision=result.device == "cpu"
-            and trains_in_bf16(recipe.precision, on_gpu=False),
-            canaries=canaries,
-            log_base_loss=lambda loss: registry.log_metrics(run_id, {"base.general_loss": loss}),
-        )
-        registry.log_evaluation(run_id, reports["candidate"], reports["champion"], decision)
-        version = registry.register_adapter(
-            run_id,
-            line,
-            {
-                "base_model": base_name,
-                "dataset_hash": build.content_hash,
-                "recipe_hash": recipe_hash(recipe),
-                "code_version": version_of_code,
-            },
-        )
-        if decision.promote:
-            registry.set_candidate(line, version)
+        _log_training(registry, run_id, result)
+        gated = _gate_and_register(clients, run, result, champion_version, canaries)
     except BaseException as exc:
         with contextlib.suppress(Exception):  # the original error matters more
             registry.tag_run(run_id, TAG_ENDED_BECAUSE, truncate(f"{type(exc).__name__}: {exc}"))
         registry.finish_run(run_id, "FAILED")
         raise
     registry.finish_run(run_id, "FINISHED")
+    return gated.outcome(line, run_id, result)
+
+
+@dataclass(frozen=True, slots=True)
+class _TrainingRun:
+    """One training run of a line: its recipe (with the method its data calls for), its
+    training set, the base model, its MLflow run and the code that runs it."""
+
+    line: str
+    recipe: Recipe
+    build: DatasetBuild
+    base_dir: Path
+    run_id: str
+    code_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class _GatedVersion:
+    """A trained adapter evaluated against the champion, gated and registered."""
+
+    reports: dict[str, EvalReport]
+    decision: GateDecision
+    version: int
+
+    def outcome(self, line: str, run_id: str, result: AdapterTraining) -> TrainingOutcome:
+        """What ``train_line`` did, with the training's numbers."""
+        return TrainingOutcome(
+            line,
+            TrainingStatus.TRAINED,
+            self.decision.summary,
+            version=self.version,
+            run_id=run_id,
+            decision=self.decision,
+            candidate=self.reports["candidate"],
+            champion=self.reports["champion"],
+            metrics={
+                "train_seconds": result.seconds,
+                "steps": result.steps,
+                "tokens_per_second": result.tokens_per_second,
+                "peak_rss_mb": result.peak_rss_mb,
+            },
+        )
+
+
+def _reused(registry: Any, line: str, build: DatasetBuild, existing: int) -> TrainingOutcome:
+    """The version already trained on this training set, recipe and base model, with its
+    earlier verdicts (the gate's, and a rollback's)."""
+    gate, rolled_back = registry.version_verdict(line, existing)
     return TrainingOutcome(
         line,
-        TrainingStatus.TRAINED,
-        decision.summary,
-        version=version,
-        run_id=run_id,
-        decision=decision,
-        candidate=reports["candidate"],
-        champion=reports["champion"],
-        metrics={
-            "train_seconds": result.seconds,
-            "steps": result.steps,
-            "tokens_per_second": result.tokens_per_second,
-            "peak_rss_mb": result.peak_rss_mb,
+        TrainingStatus.REUSED,
+        f"dataset {build.content_hash[:12]} with this recipe is already version {existing}"
+        + (f" (gate: {gate})" if gate else "")
+        + (f" (rolled back: {rolled_back})" if rolled_back else ""),
+        version=existing,
+        metrics={"gate": gate, "rolled_back": rolled_back},
+    )
+
+
+def _train(
+    settings: Settings,
+    registry: Any,
+    run: _TrainingRun,
+    champion_version: int | None,
+    invert_preferences: bool,
+    on_log: Callable[[dict[str, Any]], None] | None,
+) -> AdapterTraining:
+    """The adapter trained on the run's training set: from the champion when the recipe
+    says so, from the base model for an inverted one."""
+    from training.train import train_adapter
+
+    # An inverted adapter starts from the base model: continuing the champion, it kept
+    # much of what the champion had learnt (0.17 satisfied against v1's 0.31, customer
+    # service: docs/results/2026-12-03-bad-canary.md), a canary hardly worse than the one
+    # it replaces.
+    continues = run.recipe.start_from == "champion" and not invert_preferences
+    return train_adapter(
+        run.recipe,
+        init_adapter=(
+            registry.adapter_path(run.line, champion_version)
+            if continues and champion_version is not None
+            else None
+        ),
+        base_model_dir=run.base_dir,
+        dataset_dir=run.build.path,
+        rows=_inverted(run.build.path, run.recipe.method) if invert_preferences else None,
+        output_dir=settings.runs_dir / run.line / run.run_id,
+        on_log=on_log,
+    )
+
+
+def _log_training(registry: Any, run_id: str, result: AdapterTraining) -> None:
+    """The training's loss curve, numbers and adapter on its MLflow run."""
+    registry.log_loss_curve(run_id, result.history)
+    registry.log_metrics(
+        run_id,
+        {
+            "train.seconds": result.seconds,
+            "train.steps": result.steps,
+            "train.examples": result.examples,
+            "train.tokens_per_second": result.tokens_per_second,
+            "train.peak_rss_mb": result.peak_rss_mb,
         },
     )
+    registry.log_adapter(run_id, result.adapter_dir)
+
+
+def _gate_and_register(
+    clients: Clients,
+    run: _TrainingRun,
+    result: AdapterTraining,
+    champion_version: int | None,
+    canaries: Sequence[str],
+) -> _GatedVersion:
+    """The adapter against the champion (or the base model) on the held-out data, the gate's
+    decision logged, the version registered with its lineage (the candidate when it
+    passed)."""
+    from registry.names import adapter_name, training_run_name
+    from training.train import trains_in_bf16
+
+    registry, line, recipe = clients.registry, run.line, run.recipe
+    champion_adapter = (
+        registry.adapter_path(line, champion_version) if champion_version is not None else None
+    )
+    names = {
+        "candidate": training_run_name(line, recipe.method, run.build.content_hash),
+        "champion": (
+            adapter_name(line, champion_version)
+            if champion_version is not None
+            else f"base model {run.base_dir.name}"
+        ),
+    }
+    reports, decision = _evaluate_and_gate(
+        clients,
+        recipe,
+        run.base_dir,
+        run.build.path,
+        champion_adapter,
+        result.adapter_dir,
+        names=names,
+        mixed_precision=result.device == "cpu" and trains_in_bf16(recipe.precision, on_gpu=False),
+        canaries=canaries,
+        log_base_loss=lambda loss: registry.log_metrics(run.run_id, {"base.general_loss": loss}),
+    )
+    registry.log_evaluation(run.run_id, reports["candidate"], reports["champion"], decision)
+    lineage = {
+        "base_model": run.base_dir.name,
+        "dataset_hash": run.build.content_hash,
+        "recipe_hash": recipe_hash(recipe),
+        "code_version": run.code_version,
+    }
+    version = registry.register_adapter(run.run_id, line, lineage)
+    if decision.promote:
+        registry.set_candidate(line, version)
+    return _GatedVersion(reports, decision, version)

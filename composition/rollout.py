@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from composition.clients import Clients
+from composition.clients import Clients, open_clients
 from composition.recipes import recipe_for
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
@@ -494,4 +494,18 @@ def set_champion(
     routing and MLflow's aliases moved together; the adapter leaving ``previous`` unloaded."""
     return rollout(settings, clients, line, upstreams, actor=actor).by_hand(
         ChampionSetByHand(adapter, reason)
+    )
+
+
+def live_canary_wait(settings: Settings, line: str) -> str | None:
+    """Why the line's night waits: a canary still live under ``on_live_canary: keep``."""
+    if recipe_for(settings, line).rollout.on_live_canary != "keep":
+        return None
+    with open_clients(settings) as clients:
+        table = clients.routes.table(line)
+    if table.canary is None:
+        return None
+    return (
+        f"canary {table.canary} is still live at {table.canary_fraction:.0%}; the line waits "
+        "for its decision (rollout.on_live_canary: keep), its new data stays for next night"
     )

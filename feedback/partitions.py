@@ -13,9 +13,12 @@ process; the staging folder must be shared by all of them.
 
 from __future__ import annotations
 
+import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,6 +57,9 @@ from feedback.signals import pull_records
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
 _RECORDS = "records.jsonl"
+
+# A staging folder older than this is a killed run's: no run can still use it.
+STALE_STAGING_S = 24 * 3600
 
 
 @dataclass(slots=True)
@@ -222,3 +228,18 @@ def finish_partitions(
         window_source(since, until, pulled),
         signed,
     )
+
+
+@contextmanager
+def staging_folder(root: Path, line: str) -> Iterator[Path]:
+    """A fresh folder under ``root`` for one partitioned run of ``line``, removed when the
+    block ends; the folders of runs killed outright over a day ago are removed first."""
+    for stale in root.glob(f"{line}-*"):
+        if time.time() - stale.stat().st_mtime > STALE_STAGING_S:
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = root / f"{line}-{uuid.uuid4().hex[:12]}"
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

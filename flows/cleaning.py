@@ -11,9 +11,7 @@ core; the result is the same dataset as the one-process stage.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -27,13 +25,12 @@ from prefect import flow, task
 from composition.clients import Clients, build_clients, open_clients
 from feedback.cleaning import CleaningResult, ScrubBatch
 from feedback.dedup.history import TrainedKeys, TrainingHistory
-from feedback.partitions import PartitionSummary
+from feedback.partitions import PartitionSummary, staging_folder
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, current_settings, settings_in_use
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
 PARTITIONS_PER_WORKER = 2
-STALE_STAGING_S = 24 * 3600
 
 
 @cache
@@ -125,21 +122,6 @@ class PartitionedCleaning:
         )
 
 
-@contextmanager
-def _staging_folder(settings: Settings, line: str) -> Iterator[Path]:
-    root = settings.home / "staging"
-    # A run killed outright leaves its folder behind; a day later no run can still use it.
-    for stale in root.glob(f"{line}-*"):
-        if time.time() - stale.stat().st_mtime > STALE_STAGING_S:
-            shutil.rmtree(stale, ignore_errors=True)
-    folder = root / f"{line}-{uuid.uuid4().hex[:12]}"
-    folder.mkdir(parents=True)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 @flow(name="flywheel-clean-line", flow_run_name="clean-{line}")
 def clean_line_partitioned(
     line: str,
@@ -194,7 +176,7 @@ def _clean_partitioned(
     )
     window = _Window(line, since, until, workers, cleaning)
     history = _history(store, window) if across_windows else None
-    with _staging_folder(settings, line) as staging:
+    with staging_folder(settings.home / "staging", line) as staging:
         trained = history.keys() if history is not None else None
         summaries = _clean_partitions(settings, window, ranges, staging, trained)
         seconds["pull_scrub_sign"] = round(time.monotonic() - started, 2)

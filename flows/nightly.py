@@ -226,25 +226,11 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
-def _live_canary(settings: Settings, line: str) -> str | None:
-    """Why the line is skipped tonight: a canary still live under ``on_live_canary: keep``."""
-    from composition.recipes import recipe_for
-
-    if recipe_for(settings, line).rollout.on_live_canary != "keep":
-        return None
-    with open_clients(settings) as clients:
-        table = clients.routes.table(line)
-    if table.canary is None:
-        return None
-    return (
-        f"canary {table.canary} is still live at {table.canary_fraction:.0%}; the line waits "
-        "for its decision (rollout.on_live_canary: keep), its new data stays for next night"
-    )
-
-
 def _run_line(
     settings: Settings, line: str, report: LineReport, workers: int, dask_address: str | None
 ) -> None:
+    from composition.rollout import live_canary_wait
+
     def timed(stage: str, started: float) -> None:
         report.seconds[stage] = round(time.monotonic() - started, 2)
 
@@ -262,7 +248,7 @@ def _run_line(
         report.window_until,
         " (resumed after an unfinished run)" if window.resumed else "",
     )
-    live = _live_canary(settings, line)
+    live = live_canary_wait(settings, line)
     if live is not None:
         report.status, report.reason = LineStatus.CANARY_LIVE, live
         log.info("%s: skipped tonight: %s", line, live)
@@ -297,33 +283,17 @@ def _train_and_deploy(
     dask_address: str | None,
     timed: Callable[[str, float], None],
 ) -> None:
-    started = time.monotonic()
-    if workers > 1 or dask_address:
-        datasets = build_datasets_on_workers(settings, line, window, workers, dask_address)
-    else:
-        datasets = build_datasets(settings, line, window)
-    report.examples = datasets["train_examples"]
-    timed("datasets", started)
-    log = _run_logger()
-    log.info("%s", describe_datasets(line, datasets, report.seconds["datasets"]))
-    for step, seconds in datasets.get("seconds", {}).items():
-        report.seconds[f"datasets.{step}"] = seconds
+    """The line's stages in its window: datasets, satisfaction model, training and gate,
+    hot-load and canary; the window closed with the outcome."""
+    datasets = _datasets_stage(settings, line, window, report, workers, dask_address, timed)
     if datasets["dataset"] is not None:
-        started = time.monotonic()
-        try:
-            report.satisfaction_model = satisfaction_model(settings, line, datasets["dataset"])
-        except Exception as exc:  # the night goes on without it
-            log.exception("%s: satisfaction model failed (the night goes on): %s", line, exc)
-            report.satisfaction_model = {
-                "status": "failed",
-                "reason": f"{type(exc).__name__}: {exc}",
-            }
-        timed("satisfaction_model", started)
+        _satisfaction_stage(settings, line, datasets["dataset"], report, timed)
     started = time.monotonic()
     trained = train_and_gate(settings, line, datasets["dataset"])
     report.version, report.reason = trained.version, trained.reason
     timed("train_eval_gate_register", started)
-    log.info("%s", describe_training(line, trained, report.seconds["train_eval_gate_register"]))
+    seconds = report.seconds["train_eval_gate_register"]
+    _run_logger().info("%s", describe_training(line, trained, seconds))
     if trained.status is TrainingStatus.SKIPPED or trained.version is None:
         report.status = LineStatus.SKIPPED
         close_window(settings, window, f"skipped: {trained.reason}", consumed=False)
@@ -332,21 +302,72 @@ def _train_and_deploy(
         report.status = LineStatus.GATED_OUT
         close_window(settings, window, f"gated out: {trained.reason}", consumed=True)
         return
+    _deploy_stage(settings, line, trained.version, report, timed)
+    close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
+
+
+def _datasets_stage(
+    settings: Settings,
+    line: str,
+    window: LineWindow,
+    report: LineReport,
+    workers: int,
+    dask_address: str | None,
+    timed: Callable[[str, float], None],
+) -> dict[str, Any]:
+    """The window's datasets: in this process, or on Dask workers."""
     started = time.monotonic()
-    deployed = hot_load_and_canary(settings, line, trained.version)
+    if workers > 1 or dask_address:
+        datasets = build_datasets_on_workers(settings, line, window, workers, dask_address)
+    else:
+        datasets = build_datasets(settings, line, window)
+    report.examples = datasets["train_examples"]
+    timed("datasets", started)
+    _run_logger().info("%s", describe_datasets(line, datasets, report.seconds["datasets"]))
+    for step, seconds in datasets.get("seconds", {}).items():
+        report.seconds[f"datasets.{step}"] = seconds
+    return datasets
+
+
+def _satisfaction_stage(
+    settings: Settings,
+    line: str,
+    dataset: str,
+    report: LineReport,
+    timed: Callable[[str, float], None],
+) -> None:
+    """The line's satisfaction model on the night's dataset; the night goes on without it."""
+    started = time.monotonic()
+    try:
+        report.satisfaction_model = satisfaction_model(settings, line, dataset)
+    except Exception as exc:  # the night goes on without it
+        _run_logger().exception("%s: satisfaction model failed (the night goes on): %s", line, exc)
+        report.satisfaction_model = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+    timed("satisfaction_model", started)
+
+
+def _deploy_stage(
+    settings: Settings,
+    line: str,
+    version: int,
+    report: LineReport,
+    timed: Callable[[str, float], None],
+) -> None:
+    """The gated version hot-loaded and on its canary (or why not), logged."""
+    started = time.monotonic()
+    deployed = hot_load_and_canary(settings, line, version)
     report.adapter = deployed["adapter"]
     report.status = DEPLOY_STATUS.get(deployed["status"], LineStatus.FAILED)
     report.reason = deployed["reason"]
     timed("hot_load_probe_canary", started)
-    log.log(
+    _run_logger().log(
         logging.ERROR if report.status is LineStatus.FAILED else logging.INFO,
         "%s: hot-load and canary of %s: %s: %s",
         line,
-        report.adapter or f"v{trained.version}",
+        report.adapter or f"v{version}",
         deployed["status"],
         report.reason,
     )
-    close_window(settings, window, f"{report.status}: {report.reason}", consumed=True)
 
 
 def _line_artifact(report: LineReport) -> None:
