@@ -348,28 +348,40 @@ def datasets_build(
             since=start,
         )
     else:
-        rows = [
-            {
-                "business_line": r.business_line,
-                "funnel": r.funnel.as_dict(),
-                "dataset": str(r.dataset.path) if r.dataset else None,
-                "content_hash": r.dataset.content_hash if r.dataset else None,
-            }
-            for r in build_datasets(
-                settings,
-                store,
-                lines,
-                eval_fraction=eval_fraction,
-                max_user_share=max_user_share,
-                since=start,
-            )
-        ]
+        rows = _build_datasets_here(settings, store, lines, eval_fraction, max_user_share, start)
     if as_json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
     for row in rows:
         print_funnel(row["business_line"], row["funnel"])
         out.print(f"  dataset: {row['dataset'] or 'no examples, nothing written'}")
+
+
+def _build_datasets_here(
+    settings: Settings,
+    store: FeedbackStore,
+    lines: list[str],
+    eval_fraction: float,
+    max_user_share: float,
+    since: datetime | None,
+) -> list[dict[str, Any]]:
+    """Each line's datasets built in this process: its funnel and the dataset written."""
+    return [
+        {
+            "business_line": r.business_line,
+            "funnel": r.funnel.as_dict(),
+            "dataset": str(r.dataset.path) if r.dataset else None,
+            "content_hash": r.dataset.content_hash if r.dataset else None,
+        }
+        for r in build_datasets(
+            settings,
+            store,
+            lines,
+            eval_fraction=eval_fraction,
+            max_user_share=max_user_share,
+            since=since,
+        )
+    ]
 
 
 def _build_datasets_on_workers(

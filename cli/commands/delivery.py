@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flywheel.errors import FlywheelError, UsageError
+
+if TYPE_CHECKING:
+    from registry.tracking import Registry
+    from training.base_model import BaseFingerprint
 
 adapters_app = typer.Typer(
     help="Adapter versions fetched from the registry, digest and base model checked.",
@@ -41,41 +45,22 @@ def adapters_fetch(
 ) -> None:
     """Fetch ``NAME`` into ``--cache`` (once; later calls re-check the digest) and print
     the folder's path."""
-    from registry.delivery import (
-        AdapterRefusedError,
-        BaseMismatchError,
-        base_refusal,
-        fetch_adapter,
-        recorded_base,
-        rejection_of,
-    )
+    from registry.delivery import BaseMismatchError, base_refusal, fetch_adapter, recorded_base
     from registry.names import parse_adapter_name
-    from training.base_model import base_fingerprint, read_base_record
+    from training.base_model import read_base_record
 
     parsed = parse_adapter_name(name)
     if parsed is None:
         raise UsageError(f"{name!r} is not a flywheel adapter name (<line>-v<version>)")
     line, version = parsed
-    served = None
-    if served_base is not None:
-        try:
-            served = base_fingerprint(served_base)
-        except FlywheelError as exc:
-            raise UsageError(f"--served-base: {exc}") from None
+    served = _served(served_base)
     # The resolver reads stdout for the path alone: no progress bar may join it.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from cli.commands.common import clients
     from flywheel.settings import load_settings
-    from registry.tracking import VersionNotFoundError
 
     registry = clients(load_settings()).registry
-    try:
-        tags = registry.version_tags(line, version)
-    except VersionNotFoundError as exc:
-        raise UsageError(f"{name}: {exc}") from None
-    rejected = rejection_of(tags)
-    if rejected is not None:
-        raise AdapterRefusedError(f"{name} was rolled back ({rejected}); not served")
+    tags = _servable_tags(registry, name, line, version)
     folder = fetch_adapter(registry, line, version, cache)
     if served is not None:
         trained_on = read_base_record(folder) or recorded_base(tags)
@@ -83,3 +68,30 @@ def adapters_fetch(
         if refusal is not None:
             raise BaseMismatchError(f"{name}: {refusal}; not served")
     typer.echo(str(folder))
+
+
+def _served(served_base: Path | None) -> BaseFingerprint | None:
+    """The fingerprint of the base model this replica serves, when given."""
+    from training.base_model import base_fingerprint
+
+    if served_base is None:
+        return None
+    try:
+        return base_fingerprint(served_base)
+    except FlywheelError as exc:
+        raise UsageError(f"--served-base: {exc}") from None
+
+
+def _servable_tags(registry: Registry, name: str, line: str, version: int) -> dict[str, str]:
+    """The version's tags; refused for a version the registry lacks or one rolled back."""
+    from registry.delivery import AdapterRefusedError, rejection_of
+    from registry.tracking import VersionNotFoundError
+
+    try:
+        tags = registry.version_tags(line, version)
+    except VersionNotFoundError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+    rejected = rejection_of(tags)
+    if rejected is not None:
+        raise AdapterRefusedError(f"{name} was rolled back ({rejected}); not served")
+    return tags
