@@ -34,11 +34,10 @@ from typing import Any
 from composition.clients import Clients, open_clients
 from composition.recipes import recipe_for
 from feedback.online import adapter_windows
-from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
-from registry.canary import ArmNames, ArmStats, CanaryAction, CanaryDecision, decide_canary
-from registry.decisions import latest_decisions, looks_since
+from registry.canary import ArmNames, CanaryAction, CanaryDecision, _arm, _recorded, decide_canary
+from registry.decisions import looks_since
 from registry.lifecycle import (
     CanaryLooked,
     ChampionJudged,
@@ -55,7 +54,7 @@ from registry.names import adapter_name, version_of
 from registry.records import CanaryRecord, canary_record
 from registry.rollout import ACTOR, LineRollout, Look
 from registry.routing import RoutingTable
-from registry.shadow import ShadowReport, compare_shadow, judge_shadow
+from registry.shadow import judge_shadow, shadow_report
 
 logger = logging.getLogger(__name__)
 
@@ -166,48 +165,6 @@ def deploy_canary(
 
 
 # --------------------------------------------------------------------------- canary looks
-
-
-def _recorded(window: Any) -> dict[str, Any]:
-    """A window's numbers as a decision records them: without the timed answers one by
-    one (thousands per look; the checks carry the bounds taken from them)."""
-    numbers = asdict(window)
-    numbers.pop("latency_samples_ms", None)
-    for name in ("ttft_samples_ms", "tpot_samples_ms"):
-        numbers.get("answers", {}).pop(name, None)
-    return numbers
-
-
-def _arm(
-    windows: dict[str | None, Any],
-    adapter: str | None,
-    satisfaction: dict[str | None, Any] | None = None,
-) -> ArmStats:
-    window = windows[adapter]
-    return ArmStats(
-        adapter=adapter,
-        requests=window.requests,
-        thumbs_down=window.signals["thumbs_down"],
-        regenerate=window.signals["regenerate"],
-        edit=window.signals["edit"],
-        error=window.errors,
-        abandon=window.signals["abandon"],
-        task_failure=window.signals["task_failure"],
-        dissatisfied=window.signals["dissatisfied"],
-        refusal=window.answers.refusals,
-        p99_latency_ms=window.p99_latency_ms,
-        p99_ttft_ms=window.answers.p99_ttft_ms,
-        p50_tpot_ms=window.answers.p50_tpot_ms,
-        latency_samples_ms=window.latency_samples_ms,
-        ttft_samples_ms=window.answers.ttft_samples_ms,
-        tpot_samples_ms=window.answers.tpot_samples_ms,
-        answered=window.answers.answered,
-        output_tokens_mean=window.answers.output_tokens_mean,
-        output_tokens_sd=window.answers.output_tokens_sd,
-        reviews=window.reviews,
-        review_failures=window.review_failures,
-        satisfaction=(satisfaction or {}).get(adapter),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,18 +319,6 @@ def _log_to_training_run(
 # --------------------------------------------------------------------------- shadow looks
 
 
-def shadow_report(
-    store: FeedbackStore, table: RoutingTable, history: Sequence[Any], until: datetime
-) -> ShadowReport:
-    """The line's shadow against its champion since the shadow started answering."""
-    from feedback.shadow import shadow_pairs
-
-    assert table.shadow is not None
-    since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
-    pairs = shadow_pairs(store.engine, table.business_line, table.shadow, since, until)
-    return compare_shadow(table.shadow, pairs)
-
-
 def judge_shadow_stage(
     settings: Settings,
     clients: Clients,
@@ -409,11 +354,6 @@ def _shadow_look(parts: Rollout, state: LineState, until: datetime) -> Judgement
     look = looks_since(parts.store.engine, parts.line, table.shadow, since) + 1
     event = ShadowLooked(decision.action, decision.reasons, until)
     return Judgement(state, event, Look(table.shadow, table.shadow_fraction, look, until, numbers))
-
-
-def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[dict[str, Any]]:
-    """The line's latest canary decisions, newest first."""
-    return latest_decisions(store.engine, line, limit)
 
 
 # --------------------------------------------------------------------------- champion watch

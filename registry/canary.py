@@ -86,8 +86,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -1154,4 +1155,48 @@ def _length_check(champion: ArmStats, canary: ArmStats, policy: CanaryPolicy) ->
         verdict,
         policy.max_length_change,
         worse_evidence=evidence,
+    )
+
+
+def _recorded(window: Any) -> dict[str, Any]:
+    """A window's numbers as a decision records them: without the timed answers one by
+    one (thousands per look; the checks carry the bounds taken from them)."""
+    numbers = asdict(window)
+    numbers.pop("latency_samples_ms", None)
+    for name in ("ttft_samples_ms", "tpot_samples_ms"):
+        numbers.get("answers", {}).pop(name, None)
+    return numbers
+
+
+def _arm(
+    windows: dict[str | None, Any],
+    adapter: str | None,
+    satisfaction: dict[str | None, Any] | None = None,
+) -> ArmStats:
+    """One arm's numbers for the canary's test, from its window of the line's answers and
+    signals (``feedback.online.adapter_windows``) and its satisfaction sample, if any."""
+    window = windows[adapter]
+    return ArmStats(
+        adapter=adapter,
+        requests=window.requests,
+        thumbs_down=window.signals["thumbs_down"],
+        regenerate=window.signals["regenerate"],
+        edit=window.signals["edit"],
+        error=window.errors,
+        abandon=window.signals["abandon"],
+        task_failure=window.signals["task_failure"],
+        dissatisfied=window.signals["dissatisfied"],
+        refusal=window.answers.refusals,
+        p99_latency_ms=window.p99_latency_ms,
+        p99_ttft_ms=window.answers.p99_ttft_ms,
+        p50_tpot_ms=window.answers.p50_tpot_ms,
+        latency_samples_ms=window.latency_samples_ms,
+        ttft_samples_ms=window.answers.ttft_samples_ms,
+        tpot_samples_ms=window.answers.tpot_samples_ms,
+        answered=window.answers.answered,
+        output_tokens_mean=window.answers.output_tokens_mean,
+        output_tokens_sd=window.answers.output_tokens_sd,
+        reviews=window.reviews,
+        review_failures=window.review_failures,
+        satisfaction=(satisfaction or {}).get(adapter),
     )

@@ -9,11 +9,14 @@ it back from here.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, insert, select
 
 from registry.tables import canary_decisions_table as decisions
+
+if TYPE_CHECKING:
+    from feedback.store import FeedbackStore
 
 
 def record_decision(
@@ -67,3 +70,8 @@ def latest_decisions(engine: Engine, business_line: str, limit: int = 20) -> lis
     )
     with engine.connect() as connection:
         return [dict(row._mapping) for row in connection.execute(query)]
+
+
+def canary_decisions(store: FeedbackStore, line: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The line's latest canary decisions, newest first."""
+    return latest_decisions(store.engine, line, limit)

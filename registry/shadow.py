@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from statistics import NormalDist, fmean
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,6 +43,8 @@ from flywheel.wording import sure
 
 if TYPE_CHECKING:
     from feedback.shadow import ShadowPair
+    from feedback.store import FeedbackStore
+    from registry.routing import RoutingTable
 
 CONFIDENCE = 0.95
 Verdict = Literal["OK", "WORSE", "UNPROVEN"]
@@ -327,3 +330,16 @@ def shadow_satisfaction(
     Newcombe's interval and the exact one-sided McNemar p-value that the shadow satisfies
     more often (``eval.paired``)."""
     return compare_paired(shadow_satisfied, champion_satisfied, confidence=confidence)
+
+
+def shadow_report(
+    store: FeedbackStore, table: RoutingTable, history: Sequence[Any], until: datetime
+) -> ShadowReport:
+    """The line's shadow against its champion since the shadow started answering."""
+    from feedback.shadow import shadow_pairs
+    from registry.lifecycle import shadow_since
+
+    assert table.shadow is not None
+    since = shadow_since(history, table) or datetime.min.replace(tzinfo=UTC)
+    pairs = shadow_pairs(store.engine, table.business_line, table.shadow, since, until)
+    return compare_shadow(table.shadow, pairs)

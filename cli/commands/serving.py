@@ -486,8 +486,7 @@ def shadow_report_command(
     from datetime import UTC, datetime
 
     from composition.recipes import recipe_for
-    from composition.rollout import shadow_report
-    from registry.shadow import judge_shadow
+    from registry.shadow import judge_shadow, shadow_report
 
     settings = load_settings()
     _check_line(settings, business_line)

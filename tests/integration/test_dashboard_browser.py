@@ -228,9 +228,8 @@ def _judged_candidate(home: PageHome, root: Path) -> None:
 
 def _canary_look(home: PageHome) -> None:
     """The canary flow's look at the line's canary, decided and recorded as the flow does."""
-    from composition.rollout import _arm
     from feedback.online import adapter_windows
-    from registry.canary import CanaryPolicy, decide_canary
+    from registry.canary import CanaryPolicy, _arm, decide_canary
     from registry.decisions import record_decision
     from registry.routes import RouteStore
 

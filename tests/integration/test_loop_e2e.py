@@ -330,9 +330,9 @@ def _as_utc(value: datetime) -> datetime:
 
 
 def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
-    from composition.rollout import canary_decisions
     from flows.canary import canary_watch
     from flows.nightly import nightly
+    from registry.decisions import canary_decisions
 
     _simulate(loop.store)
     started = time.monotonic()
@@ -422,8 +422,9 @@ def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
 
 def test_a_bad_canary_is_rolled_back(loop: Loop, lora_adapter: Path, tmp_path: Path) -> None:
     from composition.recipes import recipe_for
-    from composition.rollout import canary_decisions, deploy_canary
+    from composition.rollout import deploy_canary
     from flows.canary import canary_watch
+    from registry.decisions import canary_decisions
 
     # A registered version by hand (the tiny adapter of the session, which answers unlike
     # the base model), deployed as a canary by the same function the nightly flow uses.

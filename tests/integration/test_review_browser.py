@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from composition.rollout import _arm
 from feedback.online import adapter_windows
 from feedback.schema import feedback_table
 from feedback.signals import pull_records
-from registry.canary import PASS_RATE, CanaryPolicy, ReviewTest, decide_canary
+from registry.canary import PASS_RATE, CanaryPolicy, ReviewTest, _arm, decide_canary
 from registry.decisions import record_decision
 from tests.dashboard_store import shared_scrubber
 from tests.integration.test_dashboard_browser import (  # noqa: F401 (fixture)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from composition.recipes import Recipe
-from composition.rollout import _arm as arm_of_window
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.settings import load_settings
@@ -27,6 +26,7 @@ from registry.canary import (
     ReviewTest,
     decide_canary,
 )
+from registry.canary import _arm as arm_of_window
 
 # Users say the same of both arms: every user rate is shown non-inferior on its own.
 USERS = ArmStats(adapter="x", requests=4000, thumbs_down=200, regenerate=120, dissatisfied=400)

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from composition.recipes import recipe_for
-from composition.rollout import _arm
 from feedback.online import adapter_windows
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
@@ -27,7 +26,7 @@ from gateway.app import create_app
 from gateway.keys import ApiKey, KeyRing, add_key, key_digest
 from lab.simulation.loop import CanaryResult, LoopPlan, LoopServices, NightlyResult, run_loop
 from lab.simulation.protocol import LoadedUsers
-from registry.canary import PASS_RATE, CanaryAction, CanaryPolicy, decide_canary
+from registry.canary import PASS_RATE, CanaryAction, CanaryPolicy, _arm, decide_canary
 from registry.canary import RATES as CANARY_RATES
 from registry.routes import RouteStore
 from registry.vllm_server import free_port

@@ -85,7 +85,7 @@ class Stage:
             self.started - timedelta(seconds=1),
             datetime.now(UTC) + timedelta(seconds=1),
         )
-        from composition.rollout import _arm
+        from registry.canary import _arm
 
         rates = ("thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure")
         policy = CanaryPolicy(

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from composition.recipes import packaged_recipes_dir
-from composition.rollout import canary_decisions, judge_canary
+from composition.rollout import judge_canary
 from feedback.store import FeedbackStore
 from feedback.watermarks import WatermarkStore
 from flywheel.settings import Settings, load_settings
+from registry.decisions import canary_decisions
 from registry.records import CanaryRecord
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients

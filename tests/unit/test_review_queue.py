@@ -21,7 +21,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from composition.recipes import load_recipe
-from composition.rollout import _arm
 from dashboard.errors import PageError
 from dashboard.review_queue import ReviewQueue, ReviewVerdictIn, arm_reviews, in_sample
 from dashboard.review_routes import review_token
@@ -30,7 +29,7 @@ from feedback.examples import build_examples
 from feedback.online import adapter_windows
 from feedback.schema import feedback_table
 from feedback.signals import pull_records
-from registry.canary import CanaryAction, CanaryPolicy, ReviewTest, decide_canary
+from registry.canary import CanaryAction, CanaryPolicy, ReviewTest, _arm, decide_canary
 from registry.routes import RouteStore
 from tests.review_world import LINE, OTHER_LINE, RUBRIC, ReviewWorld, build_review_world
 
