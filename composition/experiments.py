@@ -21,7 +21,6 @@ Nothing here decides: the verdict is ``registry.experiments``'s, the champion ch
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +33,11 @@ from feedback.contributions import LookBound
 from feedback.store import FeedbackStore
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
+from registry.experiment_runs import (
+    close_experiment_run,
+    log_experiment_look,
+    open_experiment_run,
+)
 from registry.experiment_store import (
     ARM_LABELS,
     FAILED,
@@ -62,13 +66,11 @@ from registry.experiments import (
 from registry.lifecycle import LoraBudget, Transition
 from registry.names import adapter_name
 from registry.placement import placed
-from registry.records import TAG_LINE
 from registry.replicas import serving_lora_limits
 from registry.rollout import RoutesChangedError
 from registry.routing import ExperimentSplit, RoutingTable
 
 ACTOR = "flywheel:experiment"
-RUN_KIND = "ab_experiment"
 logger = logging.getLogger(__name__)
 
 
@@ -266,7 +268,7 @@ def _with_run(parts: Rollout, experiment_id: int) -> ExperimentRecord:
     engine = parts.store.engine
     record = get_experiment(engine, experiment_id)
     assert record is not None
-    set_run_id(engine, experiment_id, _open_run(parts, record))
+    set_run_id(engine, experiment_id, open_experiment_run(parts.registry, record))
     started = get_experiment(engine, experiment_id)
     assert started is not None
     return started
@@ -322,7 +324,7 @@ def look_experiment(
         decide(store.engine, record.id, look.winner, number, when)
     updated = get_experiment(store.engine, record.id)
     assert updated is not None
-    _log_look(clients, updated, look, number)
+    log_experiment_look(clients.registry, updated, look, number)
     return ExperimentStatus(updated, look, number)
 
 
@@ -371,7 +373,7 @@ def stop_experiment(
     end_experiment(store.engine, record.id, STOPPED, why, _now(now))
     ended = get_experiment(store.engine, record.id)
     assert ended is not None
-    _close_run(clients, ended, after)
+    close_experiment_run(clients.registry, ended, after)
     return ExperimentStatus(ended, final.look, final.look_number)
 
 
@@ -422,7 +424,7 @@ def promote_experiment(
     end_experiment(store.engine, record.id, PROMOTED, why, _now(now))
     ended = get_experiment(store.engine, record.id)
     assert ended is not None
-    _close_run(clients, ended, after, promoted=chosen)
+    close_experiment_run(clients.registry, ended, after, promoted=chosen)
     return ExperimentStatus(ended, look, final.look_number), transition
 
 
@@ -453,73 +455,3 @@ def _end_split(
     gone = [a for a in (record.arm_a, record.arm_b) if a is not None and a not in after.adapters]
     _unload(parts, gone, tuple(upstreams))
     return after
-
-
-# --------------------------------------------------------------------------- MLflow
-
-
-def _open_run(parts: Rollout, record: ExperimentRecord) -> str:
-    """The experiment's MLflow run in the line's experiment: its arms and settings."""
-    from mlflow.entities import Param
-
-    client = parts.registry.client
-    run = client.create_run(
-        parts.registry.experiment_id(record.business_line),
-        run_name=f"ab-{record.id}-{record.metric}",
-        tags={
-            TAG_LINE: record.business_line,
-            "flywheel.run_kind": RUN_KIND,
-            "flywheel.ab_experiment_id": str(record.id),
-        },
-    )
-    run_id = str(run.info.run_id)
-    params = {
-        "arm_a": record.arm_a or "base",
-        "arm_b": record.arm_b or "base",
-        "share_b": record.share,
-        "metric": record.metric,
-        **record.policy.model_dump(),
-    }
-    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
-    return run_id
-
-
-def _log_look(clients: Clients, record: ExperimentRecord, look: ExperimentLook, step: int) -> None:
-    """The look's numbers as metrics at step ``look``, the verdict as tags."""
-    from mlflow.entities import Metric, RunTag
-
-    if record.mlflow_run_id is None:
-        return
-    stamp = int(time.time() * 1000)
-    numbers = look.as_dict()
-    metrics = [
-        Metric(key, float(value), stamp, step)
-        for key, value in numbers.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    ]
-    tags = [RunTag("ab.verdict", look.verdict.value), RunTag("ab.reason", look.reasons[0][:4000])]
-    if record.winner is not None:
-        tags += [
-            RunTag("ab.winner", record.winner.upper()),
-            RunTag("ab.winner_adapter", record.arm(record.winner) or "base"),
-            RunTag("ab.decided_look", str(record.decided_look)),
-        ]
-    clients.registry.client.log_batch(record.mlflow_run_id, metrics=metrics, tags=tags)
-
-
-def _close_run(
-    clients: Clients,
-    record: ExperimentRecord,
-    after: RoutingTable,
-    *,
-    promoted: ArmLabel | None = None,
-) -> None:
-    if record.mlflow_run_id is None:
-        return
-    client = clients.registry.client
-    client.set_tag(record.mlflow_run_id, "ab.status", record.status)
-    client.set_tag(record.mlflow_run_id, "ab.ended_reason", (record.ended_reason or "")[:4000])
-    client.set_tag(record.mlflow_run_id, "ab.champion_after", after.champion or "base")
-    if promoted is not None:
-        client.set_tag(record.mlflow_run_id, "ab.promoted", promoted.upper())
-    client.set_terminated(record.mlflow_run_id, "FINISHED")
