@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from composition.clients import Clients, build_clients
+from composition.experiments import look_experiment, promote_experiment, start_experiment
 from dashboard.app import create_app as create_dashboard
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
-from flows.experiments import look_experiment, promote_experiment, start_experiment
 from flywheel.settings import Settings, load_settings
 from flywheel.settings.dashboard import DashboardSettings
 from flywheel.settings.gateway import GatewaySettings
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 LINE = "customer_service"
 KEY = "fw-experiment-key"
+OPS_KEY = "fw-experiment-operator-key"
 PROMPTS = (
     "Where is my parcel? I ordered it last week.",
     "My shoes order from Monday has not arrived yet, what should I do?",
@@ -137,7 +138,14 @@ def arena(
             for name, reply in (("apologising", APOLOGY + REPLY), ("curt", REPLY))
         ]
         logger.info("two adapters trained and registered in %.0f s", time.monotonic() - started)
-        keys = KeyRing([ApiKey(name="app", sha256=key_digest(KEY), business_lines=(LINE,))])
+        keys = KeyRing(
+            [
+                ApiKey(name="app", sha256=key_digest(KEY), business_lines=(LINE,)),
+                ApiKey(
+                    name="ops", sha256=key_digest(OPS_KEY), business_lines=("*",), operator=True
+                ),
+            ]
+        )
         config = GatewaySettings(
             upstreams=(vllm_server.base_url,), routes_refresh_s=0.05, log_flush_s=0.05
         )
@@ -158,6 +166,22 @@ def arena(
         patch.undo()
 
 
+def _settled(arena: Arena, timeout_s: float = 30.0) -> None:
+    """Wait until the gateway serves the line's newest routing revision: it re-reads the
+    tables every ``routes_refresh_s``, and on a loaded machine a request sent sooner is
+    served by the table before the experiment."""
+    stored = RouteStore(arena.store.engine).snapshot().revisions.get(LINE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(
+            f"{arena.gateway}/healthz", headers={"Authorization": f"Bearer {OPS_KEY}"}, timeout=10
+        ).json()
+        if health["routes_revisions"].get(LINE) == stored:
+            return
+        assert time.monotonic() < deadline, f"gateway still at {health}, store at {stored}"
+        time.sleep(0.02)
+
+
 def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) -> None:
     # A is the apologising adapter, B the curt one on half of the users: the test has to
     # find that A is better (not default to B).
@@ -169,6 +193,7 @@ def test_the_sequential_test_picks_the_adapter_users_succeed_with(arena: Arena) 
     while (table := RouteStore(arena.store.engine).table(LINE)).experiment is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    _settled(arena)
     users = OutcomeUsers(seed=11)
     satisfied: dict[str, list[bool]] = {"experiment_a": [], "experiment_b": []}
     served: dict[str, str] = {}
