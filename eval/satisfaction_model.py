@@ -19,7 +19,7 @@ reads with), so scoring needs the same base model and nothing else.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ def _prompt(messages: Any) -> tuple[Message, ...]:
     return tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages)
 
 
-def labelled_answers(rows_by_kind: dict[str, Sequence[dict[str, Any]]]) -> list[LabelledAnswer]:
+def labelled_answers(rows_by_kind: Mapping[str, Sequence[dict[str, Any]]]) -> list[LabelledAnswer]:
     """The labelled answers in a dataset's rows (trl's conversational format), each distinct
     (prompt, answer) once; an answer labelled both ways is dropped, and so are the labels a
     satisfaction model gave (the judge never learns from its own verdicts)."""
