@@ -499,10 +499,10 @@ def nightly(
         if name not in settings.business_lines:
             raise UsageError(f"unknown business line {name!r}")
     configure_prefect(settings)
-    from flows.nightly import nightly as nightly_flow
+    from flows.nightly import run_nightly
 
     with _quiet_training(settings, "nightly"):
-        reports = nightly_flow(lines=line or None, workers=workers)
+        reports = run_nightly(lines=line or None, workers=workers)
     if as_json:
         out.print_json(orjson.dumps(reports).decode())
         return

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from composition.clients import clients_in_use, open_clients
@@ -39,6 +41,7 @@ from feedback.watermarks import LineWindow, WatermarkStore
 from flywheel.settings import Settings, current_settings
 
 logger = logging.getLogger(__name__)
+ReportT = TypeVar("ReportT", dict[str, Any], list[dict[str, Any]])
 
 
 def _now() -> datetime:
@@ -153,7 +156,7 @@ def close_window(settings: Settings, window: LineWindow, outcome: str, *, consum
 @flow(name="flywheel-line-nightly", flow_run_name="nightly-{line}")
 def line_nightly(
     line: str, workers: int | None = None, dask_address: str | None = None
-) -> dict[str, Any]:
+) -> dict[str, Any] | State[Any]:
     """One business line: window → datasets → train/eval/gate/register → hot-load → canary.
 
     With more than one cleaning worker (``workers``, else the setting), the
@@ -184,7 +187,7 @@ def line_nightly(
             report.status, report.reason = LineStatus.BUSY, str(exc)
     _run_logger().info("%s", describe_line(report))
     _line_artifact(report)
-    return asdict(report)
+    return _final_state(asdict(report), f"{line}: {report.reason}", report.status)
 
 
 def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
@@ -391,17 +394,24 @@ def _line_artifact(report: LineReport) -> None:
 
 @task
 def run_line(line: str, workers: int | None, dask_address: str | None) -> dict[str, Any]:
-    """A line's nightly run as a subflow (lines run in parallel threads)."""
+    """A line's nightly run as a subflow (lines run in parallel threads); its report, also
+    when the subflow ended Failed (one line failing must not stop the others)."""
     try:
-        return line_nightly(line, workers, dask_address)
-    except Exception as exc:  # one line failing must not stop the others
+        state = line_nightly(line, workers, dask_address, return_state=True)
+        result = state.result(raise_on_failure=False)
+        if isinstance(result, BaseException):
+            raise result
+    except Exception as exc:
         _run_logger().exception("%s: failed: %s: %s", line, type(exc).__name__, exc)
         failed = LineReport(line, status=LineStatus.FAILED, reason=f"{type(exc).__name__}: {exc}")
         return asdict(failed)
+    return dict(result)
 
 
 @flow(name="flywheel-nightly", task_runner=ThreadPoolTaskRunner(max_workers=4))
-def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[dict[str, Any]]:
+def nightly(
+    lines: list[str] | None = None, workers: int | None = None
+) -> list[dict[str, Any]] | State[Any]:
     """Every business line's nightly run, in parallel; a summary table as an artifact.
 
     With ``workers`` > 1 (else the ``cleaning_workers`` setting) and no Dask
@@ -427,4 +437,24 @@ def nightly(lines: list[str] | None = None, workers: int | None = None) -> list[
         ],
         description="what each line's nightly run did",
     )
-    return reports
+    failed = [f"{r['business_line']}: {r['reason']}" for r in reports if r["status"] == "failed"]
+    return _final_state(reports, "; ".join(failed), "failed" if failed else "done")
+
+
+def _final_state(result: ReportT, reason: str, status: str) -> ReportT | State[Any]:
+    """The flow run's result, as a Failed state when ``status`` says the night failed, so
+    Prefect's UI and a deployment's run history show it red, not "Completed"; the result
+    (the reports) stays readable from the state."""
+    if status == LineStatus.FAILED:
+        return Failed(message=f"failed: {reason}", data=result)
+    return result
+
+
+def run_nightly(lines: list[str] | None = None, workers: int | None = None) -> list[dict[str, Any]]:
+    """The nightly flow's reports, whether its run ended Completed or Failed (a failed line
+    fails the run in Prefect; its callers still read every line's report)."""
+    state = nightly(lines=lines, workers=workers, return_state=True)
+    reports: Any = state.result(raise_on_failure=False)
+    if isinstance(reports, BaseException):
+        raise reports
+    return list(reports)

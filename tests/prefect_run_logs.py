@@ -98,6 +98,22 @@ def _logs_by_flow_run() -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def _states_by_flow_run() -> dict[str, list[str]]:
+    """Each flow run's final state type, by run name (``nightly-legal``) or flow name, oldest
+    first: what Prefect's UI colours the run by."""
+    from prefect.client.orchestration import get_client
+
+    found: dict[str, list[str]] = {}
+    with get_client(sync_client=True) as client:
+        runs = sorted(client.read_flow_runs(), key=lambda run: str(run.start_time))
+        flows = {run.flow_id: client.read_flow(run.flow_id).name for run in runs}
+        for run in runs:
+            name = run.name if run.name.startswith("nightly-") else flows[run.flow_id]
+            state = run.state.type.value if run.state else "-"
+            found.setdefault(name, []).append(state)
+    return found
+
+
 def main(out: Path) -> None:
     """Both nights under the test harness; their logs, by flow run name, into ``out``."""
     from flows.prefect_env import configure_prefect
@@ -107,16 +123,17 @@ def main(out: Path) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.canary import canary_watch
-    from flows.nightly import nightly
+    from flows.nightly import run_nightly
 
     runs: dict[str, Any] = {}
     with prefect_test_harness(server_startup_timeout=240):
         _stand_ins(fail=False)
-        runs["good"] = nightly(lines=[LINE])
+        runs["good"] = run_nightly(lines=[LINE])
         _stand_ins(fail=True)
-        runs["failed"] = nightly(lines=[FAILING_LINE])
+        runs["failed"] = run_nightly(lines=[FAILING_LINE])
         runs["canary"] = canary_watch(lines=[LINE])
         runs["logs"] = _logs_by_flow_run()
+        runs["states"] = _states_by_flow_run()
     out.write_text(json.dumps(runs, default=str), encoding="utf-8")
 
 

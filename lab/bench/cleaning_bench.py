@@ -172,10 +172,10 @@ def nightly_breakdown(home: Path, url: str, line: str, workers: int) -> dict[str
             FLYWHEEL_RECIPES_DIR=str(packaged_recipes_dir() / "demo"),
             FLYWHEEL_GATEWAY_UPSTREAMS=server.base_url,
         )
-        from flows.nightly import nightly
+        from flows.nightly import run_nightly
 
         with out.status(f"nightly run of {line} ({workers} cleaning workers)"):
-            [report] = nightly(lines=[line], workers=workers)
+            [report] = run_nightly(lines=[line], workers=workers)
     return report
 
 

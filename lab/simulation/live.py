@@ -79,9 +79,9 @@ def flow_nightly(
     """
 
     def run(line: str) -> NightlyResult:
-        from flows.nightly import nightly
+        from flows.nightly import run_nightly
 
-        row = nightly(lines=[line])[0]
+        row = run_nightly(lines=[line])[0]
         if not bad_canary():
             return NightlyResult(
                 row["status"], row["reason"], row["version"], row["adapter"], row["seconds"]

@@ -331,12 +331,12 @@ def _as_utc(value: datetime) -> datetime:
 
 def test_nightly_then_canary_promotes_a_good_adapter(loop: Loop) -> None:
     from flows.canary import canary_watch
-    from flows.nightly import nightly
+    from flows.nightly import run_nightly
     from registry.decisions import canary_decisions
 
     _simulate(loop.store)
     started = time.monotonic()
-    [report] = nightly(lines=[LINE])
+    [report] = run_nightly(lines=[LINE])
     logger.info("nightly run: %.0f s, %s", time.monotonic() - started, report)
 
     # Trained, gated, registered, hot-loaded and probed, then a 5% canary.

@@ -98,6 +98,20 @@ def test_a_failed_line_s_reason_is_one_line_at_error(nights: dict[str, Any]) -> 
     assert any(line.startswith(reason) for line in first_lines), first_lines
 
 
+def test_a_failed_line_s_night_ends_failed_in_prefect_and_a_good_one_completed(
+    nights: dict[str, Any],
+) -> None:
+    # The UI colours a run by its state: a night whose training failed must not read
+    # "Completed"; its report is still returned to the caller.
+    states = nights["states"]
+    assert states[f"nightly-{LINE}"] == ["COMPLETED"]
+    assert states[f"nightly-{FAILING_LINE}"] == ["FAILED"]
+    assert states["flywheel-nightly"] == ["COMPLETED", "FAILED"]
+    [failed] = nights["failed"]
+    assert failed["status"] == "failed"
+    assert FAILURE in failed["reason"]
+
+
 def test_the_canary_flow_logs_each_line_s_decisions_and_an_unreachable_replica(
     nights: dict[str, Any],
 ) -> None:

@@ -94,7 +94,7 @@ def test_a_nightly_trains_two_lines_on_two_pool_workers_at_once(
     store.ingest(TrafficSimulator(simulation).events(), source="simulate")
     store.close()
 
-    from flows.nightly import nightly
+    from flows.nightly import run_nightly
     from flows.training import TRAIN_FLOW, deploy_training
 
     deployment = deploy_training(POOL)
@@ -102,7 +102,7 @@ def test_a_nightly_trains_two_lines_on_two_pool_workers_at_once(
     monkeypatch.setenv("FLYWHEEL_TRAINING_TIMEOUT_S", "1200")
     workers = [_worker(prefect_api, tmp_path / f"worker-{n}.log") for n in (1, 2)]
     try:
-        reports = nightly(lines=list(LINES))
+        reports = run_nightly(lines=list(LINES))
     finally:
         for worker in workers:
             worker.terminate()
