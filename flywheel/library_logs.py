@@ -29,6 +29,9 @@ LIBRARY_LOGGERS = (
     "httpx",
     "py.warnings",
 )
+# torch's components (inductor, dynamo) log through handlers of their own, to the terminal,
+# at their parent's level: at INFO they print "compile_threads set to 2" and frame reports.
+QUIETER = {"torch": logging.WARNING}
 # Progress bars the libraries draw with tqdm: off (tqdm reads TQDM_* as its defaults; the
 # Hugging Face libraries read their own switch).
 QUIET_BARS = {
@@ -59,7 +62,7 @@ def library_logs_to_file(home: Path, name: str = "libraries") -> Iterator[Path]:
         saved[logger_name] = (logger.handlers[:], logger.propagate, logger.level)
         logger.handlers = [handler]
         logger.propagate = False
-        logger.setLevel(logging.INFO)
+        logger.setLevel(QUIETER.get(logger_name, logging.INFO))
     training = logging.getLogger("training")
     training_level = training.level
     training.addHandler(handler)

@@ -185,6 +185,29 @@ def test_library_logs_and_training_steps_go_to_a_file_under_home(
     assert not logging.getLogger("py.warnings").handlers
 
 
+def test_torch_s_own_info_lines_stay_off_the_terminal_while_library_logs_go_to_a_file(
+    tmp_path: Path,
+) -> None:
+    # torch's components print through handlers of their own at their parent's level: a
+    # night that first imports inductor inside the block printed "I1205 ... compile_threads
+    # set to 2" amid the demo's output. A child process: the test session imported it already.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from pathlib import Path\n"
+        "from flywheel.library_logs import library_logs_to_file\n"
+        "assert 'torch._inductor.config' not in sys.modules\n"
+        f"with library_logs_to_file(Path({str(tmp_path)!r})):\n"
+        "    import torch._inductor.config\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "compile_threads" not in done.stderr + done.stdout
+
+
 def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> None:
     from flywheel.progress import announce_training, training_steps
     from training.train import log_training_step
