@@ -491,10 +491,8 @@ class Registry:
             raise FlywheelError(f"{name} v{version} is stored at {source}; no download_dir")
         target = self.download_dir / f"{line}-satisfaction-v{version}"
         if not (target / "model.npz").is_file():
-            from mlflow.artifacts import download_artifacts
-
             target.mkdir(parents=True, exist_ok=True)
-            download_artifacts(
+            _download_artifacts(
                 artifact_uri=f"{source.rstrip('/')}/model.npz",
                 dst_path=str(target),
                 tracking_uri=self.tracking_uri,
@@ -785,9 +783,7 @@ class Registry:
         """Copy the version's adapter files from the artifact store (local, proxied by an
         MLflow server, or an object store) into a new folder under ``destination``; returns
         that folder. Unchecked: :func:`registry.delivery.fetch_adapter` checks the digest."""
-        from mlflow.artifacts import download_artifacts
-
-        fetched = download_artifacts(
+        fetched = _download_artifacts(
             artifact_uri=self.adapter_source(line, version),
             dst_path=str(destination),
             tracking_uri=self.tracking_uri,
@@ -910,3 +906,14 @@ def _safe(value: str) -> str:
     if "'" in value or "\\" in value:
         raise FlywheelError(f"{value!r} cannot be searched for (quote or backslash in it)")
     return value
+
+
+def _download_artifacts(*, artifact_uri: str, dst_path: str, tracking_uri: str | None) -> str:
+    """MLflow's download, without its progress bar amid a command's own output (unless
+    MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR says otherwise)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow.artifacts import download_artifacts
+
+    return str(
+        download_artifacts(artifact_uri=artifact_uri, dst_path=dst_path, tracking_uri=tracking_uri)
+    )
