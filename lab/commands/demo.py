@@ -25,6 +25,7 @@ from lab.commands.loop import (
     log_loop,
     loop_settings,
     plot_loop,
+    reviewers_for,
     run_loop_command,
     scrub_examples,
 )
@@ -143,6 +144,9 @@ def demo(
         seed=seed,
         canary_users=30,
         bad_canary=bad_canary,
+        # The canary's satisfaction rests on the reviewers' blind sample: without them it
+        # waits on "fewer than 30 reviews" and the demo never promotes.
+        reviewers=reviewers_for(settings, train_line_name, None),
         # Minutes, not days: the demo picks 30 users per arm a round (flywheel loop shows the
         # canary only its true share).
         canary_traffic="picked",

@@ -129,7 +129,7 @@ def loop(
         )
     if canary_traffic not in ("share", "picked"):
         raise UsageError(f"--canary-traffic must be share or picked, not {canary_traffic!r}")
-    reviewers = _reviewers(settings, line, reviewers)
+    reviewers = reviewers_for(settings, line, reviewers)
     sampling = _sampling(max_tokens=max_tokens, temperature=temperature)
     loaded = load_users(users, feedback)
     loaded.check(line)
@@ -180,7 +180,7 @@ def _sampling(**chosen: float | None) -> Sampling:
         raise UsageError(problems) from None
 
 
-def _reviewers(settings: Settings, line: str, asked: int | None) -> int:
+def reviewers_for(settings: Settings, line: str, asked: int | None) -> int:
     """Simulated reviewers: as asked (a review block in the recipe needed), else 2 when the
     line's recipe has a review block (its canary's satisfaction rests on their sample)."""
     from composition.recipes import load_recipe
