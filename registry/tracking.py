@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import tempfile
 import time
@@ -130,6 +131,21 @@ def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield items[start : start + size]
 
 
+@contextmanager
+def _schema_setup_quiet() -> Iterator[None]:
+    """MLflow's own INFO lines while it creates or upgrades a SQLite schema ("Creating initial
+    MLflow database tables...") held back: they reached every first command's terminal."""
+    loggers = [logging.getLogger(name) for name in ("mlflow.store.db.utils", "alembic")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -166,8 +182,10 @@ class Registry:
                 # MLflow creates (or upgrades) its schema on first use; two processes doing it
                 # at once on a new file fail in its migrations (training workers of a pool).
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-                client.search_experiments(max_results=1)
+                with _schema_setup_quiet():
+                    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+                    client.search_experiments(max_results=1)
+                    client.search_registered_models(max_results=1)
             finally:
                 os.close(lock)  # closing the descriptor releases the lock
         self.client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)

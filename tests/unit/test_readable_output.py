@@ -219,3 +219,18 @@ def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> Non
             log_training_step(step, 3, loss, {"loss": loss})
         log_training_step(3, 3, None, {}, done=True)
     assert said == ["  training (3 steps)", "  trained 3 steps, loss 3.849 -> 2.000"]
+
+
+def test_a_first_command_on_a_new_home_prints_no_mlflow_schema_lines(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow announces "Creating initial MLflow database tables..." at INFO through its own
+    stderr handler when a SQLite store is new: every first command printed it."""
+    import mlflow  # noqa: F401  (MLflow sets its stderr handler up on import)
+
+    from registry.tracking import Registry
+
+    registry = Registry.for_home(tmp_path / "home")
+    registry.aliases("customer_service")
+    captured = capfd.readouterr()
+    assert "database tables" not in captured.err + captured.out
