@@ -30,6 +30,7 @@ from registry.ppi import SatisfactionSample
 if TYPE_CHECKING:
     from eval.satisfaction import SatisfactionModelPolicy, SatisfactionModelVerdict
     from eval.satisfaction_training import JudgedModel
+    from feedback.records import FeedbackRecord
 
 logger = logging.getLogger(__name__)
 
@@ -192,11 +193,11 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
     version, path = found
     model = SatisfactionModel.load(path)
 
-    def score(records: list[dict[str, Any]]) -> Sequence[float]:
+    def score(records: list[FeedbackRecord]) -> Sequence[float]:
         from eval.satisfaction_training import reader_for
 
         reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
-        items = [(prompt_of(r["messages"]), str(r["response"])) for r in records]
+        items = [(prompt_of(r.messages), r.response) for r in records]
         return model.predict(reader.features(items)).tolist()
 
     return SilentLabelling(
@@ -214,7 +215,7 @@ def silent_labelling(settings: Settings, clients: Clients, line: str) -> Any:
 
 def best_of_sampler(
     settings: Settings, clients: Clients, line: str, policy: SatisfactionModelPolicy
-) -> Callable[[list[dict[str, Any]]], list[list[str]]]:
+) -> Callable[[list[FeedbackRecord]], list[list[str]]]:
     """Best-of-n's offline sampling: ``policy.best_of_n`` answers to each record's prompt from
     what serves the line now (its champion adapter, else the base model), on a replica that
     holds the line. A prompt whose sampling fails gets no answers (logged): best-of-n is extra
@@ -224,7 +225,7 @@ def best_of_sampler(
     table = clients.routes.table(line)
     url = placed(table, settings.gateway.upstreams)[0]
 
-    def sample(records: list[dict[str, Any]]) -> list[list[str]]:
+    def sample(records: list[FeedbackRecord]) -> list[list[str]]:
         return asyncio.run(_sample_all(url, table.champion, settings, records, policy))
 
     return sample
@@ -234,7 +235,7 @@ async def _sample_all(
     url: str,
     adapter: str | None,
     settings: Settings,
-    records: list[dict[str, Any]],
+    records: list[FeedbackRecord],
     policy: SatisfactionModelPolicy,
 ) -> list[list[str]]:
     import httpx
@@ -246,16 +247,14 @@ async def _sample_all(
             return [[] for _ in records]
         gate = asyncio.Semaphore(8)
 
-        async def one(record: dict[str, Any]) -> list[str]:
+        async def one(record: FeedbackRecord) -> list[str]:
             body = {
                 "model": model,
-                "messages": [
-                    {"role": m["role"], "content": m["content"]} for m in record["messages"]
-                ],
+                "messages": [{"role": m["role"], "content": m["content"]} for m in record.messages],
                 "n": policy.best_of_n,
                 "max_tokens": policy.best_of_max_tokens,
                 "temperature": policy.best_of_temperature,
-                "seed": int(hashlib.sha256(str(record["request_id"]).encode()).hexdigest()[:8], 16),
+                "seed": int(hashlib.sha256(record.request_id.encode()).hexdigest()[:8], 16),
             }
             async with gate:
                 try:

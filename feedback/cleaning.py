@@ -41,8 +41,8 @@ from feedback.dedup.history import (
 )
 from feedback.dedup.records import record_time, scope_hash
 from feedback.dedup.signature import exact_text_hash
+from feedback.events import InteractionStatus
 from feedback.examples import (
-    PLACEHOLDER,
     ExampleKind,
     TrainingExample,
     best_of_n_examples,
@@ -52,6 +52,8 @@ from feedback.examples import (
     restore_placeholder_targets,
     silent_records,
 )
+from feedback.placeholders import PLACEHOLDER
+from feedback.records import FeedbackRecord
 from feedback.signals import pull_records
 from flywheel.settings.cleaning import (
     SCRUB_CACHE_TEXTS,
@@ -60,7 +62,8 @@ from flywheel.settings.cleaning import (
     DedupSettings,
 )
 
-ScrubBatch = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+# Pulled records in, the same records scrubbed (``pii`` set) out, in order.
+ScrubBatch = Callable[[list[FeedbackRecord]], list[FeedbackRecord]]
 SCRUBBED_FIELDS = ("messages", "response", "edit")
 FUNNEL_STEPS = ("pulled", "filtered", "deduplicated", "in_training")
 FAILED_REQUEST = "failed_request"
@@ -79,9 +82,9 @@ class Funnel:
     examples: dict[str, int] = field(default_factory=dict)
     restored: Counter[str] = field(default_factory=Counter)
 
-    def count(self, step: str, records: Iterable[dict[str, Any]]) -> None:
+    def count(self, step: str, records: Iterable[FeedbackRecord]) -> None:
         """Record how many records of each signal are left after ``step``."""
-        self.steps[step] = Counter(r["signal"] for r in records)
+        self.steps[step] = Counter(r.signal.value for r in records)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, steps in pipeline order."""
@@ -98,43 +101,46 @@ class Funnel:
         }
 
 
-def last_user_text(record: dict[str, Any]) -> str:
-    """The newest user message of the prompt."""
-    for message in reversed(record["messages"]):
-        if message["role"] == "user":
-            return str(message["content"])
-    return ""
-
-
-def failed_request(record: dict[str, Any]) -> bool:
+def failed_request(record: FeedbackRecord) -> bool:
     """Whether the request failed or got an empty answer: unusable whatever its text (pure)."""
-    return record["status"] != "ok" or not record["response"].strip()
+    return record.status != InteractionStatus.OK or not record.response.strip()
 
 
-def drop_reason(record: dict[str, Any], min_prompt_chars: int) -> str | None:
+def drop_reason(record: FeedbackRecord, min_prompt_chars: int) -> str | None:
     """Why a scrubbed record cannot be used for training, or ``None`` (pure)."""
     if failed_request(record):
         return FAILED_REQUEST
-    prompt = PLACEHOLDER.sub("", last_user_text(record))
+    prompt = PLACEHOLDER.sub("", record.last_user_text)
     if len(re.sub(r"[\W_]+", "", prompt)) < min_prompt_chars:
-        return "pii_only" if PLACEHOLDER.search(last_user_text(record)) else "empty_prompt"
+        return "pii_only" if PLACEHOLDER.search(record.last_user_text) else "empty_prompt"
     return None
 
 
 def _scrub_and_judge(
-    records: list[dict[str, Any]], scrub: ScrubBatch, settings: CleaningSettings, pii: Counter[str]
-) -> list[tuple[dict[str, Any], str | None]]:
+    records: list[FeedbackRecord], scrub: ScrubBatch, settings: CleaningSettings, pii: Counter[str]
+) -> list[tuple[FeedbackRecord, str | None]]:
     scrubbed = scrub(records) if records else []
     judged = []
     for record in scrubbed:
-        pii.update(record.get("pii") or {})
+        pii.update(record.pii or {})
         judged.append((record, drop_reason(record, settings.datasets.min_prompt_chars)))
     return judged
 
 
-def dedup_text(record: dict[str, Any]) -> str:
+def dedup_text(record: FeedbackRecord) -> str:
     """What dedup compares: the user's question and the answer it got."""
-    return f"{last_user_text(record)}\n{record['response']}"
+    return f"{record.last_user_text}\n{record.response}"
+
+
+def dedup_fields(record: FeedbackRecord) -> dict[str, Any]:
+    """The record as dedup reads it (any mapping, fields named by its settings), with the
+    text it compares as ``dedup_text``."""
+    return {**record.as_dict(), "dedup_text": dedup_text(record)}
+
+
+def sign_feedback_records(records: list[FeedbackRecord], settings: DedupSettings) -> SignedRecords:
+    """The records' dedup signatures, scopes and times (see :func:`dedup_fields`)."""
+    return sign_records([dedup_fields(r) for r in records], field="dedup_text", settings=settings)
 
 
 @dataclass(slots=True)
@@ -146,7 +152,7 @@ class FilteredRecords:
     counted in ``dropped`` as exact duplicates).
     """
 
-    kept: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[FeedbackRecord] = field(default_factory=list)
     pulled: Counter[str] = field(default_factory=Counter)
     filtered: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
@@ -162,7 +168,7 @@ class _RawTwins:
     signal: dict[tuple[int, int], str] = field(default_factory=dict)
     fate: dict[tuple[int, int], str | None] = field(default_factory=dict)
 
-    def set_aside(self, record: dict[str, Any], key: tuple[int, int], created: float) -> bool:
+    def set_aside(self, record: FeedbackRecord, key: tuple[int, int], created: float) -> bool:
         """Whether an earlier (or same-time) record with this raw text was already seen."""
         earliest = self.earliest.get(key)
         if earliest is not None and earliest <= created:
@@ -171,7 +177,7 @@ class _RawTwins:
         # The first of its text, or earlier than the one seen (pulled out of time order):
         # scrubbed, and any later twin ends as its scrubbed duplicate.
         self.earliest[key] = created
-        self.signal[key] = str(record.get("signal"))
+        self.signal[key] = record.signal.value
         return False
 
     def settle(self, out: FilteredRecords) -> None:
@@ -185,13 +191,18 @@ class _RawTwins:
                 out.dropped[reason] += count
 
 
-def raw_duplicate_key(record: dict[str, Any], settings: DedupSettings) -> tuple[int, int]:
-    """The record's scope and the exact hash of its raw question and answer (pure)."""
-    return scope_hash(record, settings), exact_text_hash(dedup_text(record), settings)
+def raw_duplicate_key(
+    record: FeedbackRecord, settings: DedupSettings
+) -> tuple[tuple[int, int], float]:
+    """The record's scope and the exact hash of its raw question and answer, and its time as
+    dedup reads it (pure)."""
+    fields = record.as_dict()
+    key = scope_hash(fields, settings), exact_text_hash(dedup_text(record), settings)
+    return key, record_time(fields, settings.created_at_field)
 
 
 def scrub_and_filter_records(
-    records: Iterable[dict[str, Any]],
+    records: Iterable[FeedbackRecord],
     scrub: ScrubBatch,
     settings: CleaningSettings,
     on_progress: Callable[[int], None] | None = None,
@@ -207,7 +218,7 @@ def scrub_and_filter_records(
     out = FilteredRecords()
     dedup_first = settings.scrub_order == "dedup_first"
     twins = _RawTwins()
-    batch: list[dict[str, Any]] = []
+    batch: list[FeedbackRecord] = []
     keys: list[tuple[int, int]] = []
     seen = 0
 
@@ -220,7 +231,7 @@ def scrub_and_filter_records(
                 twins.fate[keys[position]] = reason
             if reason is None:
                 out.kept.append(record)
-                out.filtered[record["signal"]] += 1
+                out.filtered[record.signal.value] += 1
             else:
                 out.dropped[reason] += 1
         batch.clear()
@@ -230,14 +241,14 @@ def scrub_and_filter_records(
         seen = 0
 
     for record in records:
-        out.pulled[record["signal"]] += 1
+        out.pulled[record.signal.value] += 1
         seen += 1
         if dedup_first:
             if failed_request(record):
                 out.dropped[FAILED_REQUEST] += 1
                 continue
-            key = raw_duplicate_key(record, settings.dedup)
-            if twins.set_aside(record, key, record_time(record, settings.dedup.created_at_field)):
+            key, created = raw_duplicate_key(record, settings.dedup)
+            if twins.set_aside(record, key, created):
                 continue
             keys.append(key)
         batch.append(record)
@@ -252,21 +263,19 @@ def scrub_and_filter_records(
 class DedupOutcome:
     """The records a window keeps after dedup, why the rest went, and the kept ones signed."""
 
-    kept: list[dict[str, Any]]
+    kept: list[FeedbackRecord]
     dropped: Counter[str]
     signed: SignedRecords
 
 
 def deduplicate_window(
-    records: list[dict[str, Any]], settings: DedupSettings, history: TrainingHistory | None = None
+    records: list[FeedbackRecord], settings: DedupSettings, history: TrainingHistory | None = None
 ) -> DedupOutcome:
     """Drop what earlier windows trained on, then exact and near duplicates inside each
     business line and signal, earlier nights' records first in their clusters, then the
     earliest records (see :mod:`feedback.dedup.history`)."""
     history = history or TrainingHistory.empty(settings)
-    signed = sign_records(
-        [{**r, "dedup_text": dedup_text(r)} for r in records], field="dedup_text", settings=settings
-    )
+    signed = sign_feedback_records(records, settings)
     rows, dropped = drop_trained(signed, history.keys())
     signed = signed.take(rows)
     fresh = [records[row] for row in rows.tolist()]
@@ -278,15 +287,15 @@ def deduplicate_window(
 
 
 def deduplicate(
-    records: list[dict[str, Any]], settings: DedupSettings
-) -> tuple[list[dict[str, Any]], Counter[str]]:
+    records: list[FeedbackRecord], settings: DedupSettings
+) -> tuple[list[FeedbackRecord], Counter[str]]:
     """Drop exact and near duplicates inside each business line and signal; earliest kept."""
     outcome = deduplicate_window(records, settings)
     return outcome.kept, outcome.dropped
 
 
 def build_splits(
-    records: list[dict[str, Any]], settings: DatasetSettings, funnel: Funnel
+    records: list[FeedbackRecord], settings: DatasetSettings, funnel: Funnel
 ) -> dict[ExampleKind, dict[str, list[TrainingExample]]]:
     """Examples by kind, capped per user and per API key, and split by time."""
     examples = build_examples(records, max_pairs_per_prompt=settings.max_pairs_per_prompt)
@@ -306,7 +315,7 @@ def build_splits(
         funnel.examples[kind] = len(capped)
         for example in capped:
             used.update(example.lineage.request_ids)
-    funnel.count("in_training", (r for r in records if r["request_id"] in used))
+    funnel.count("in_training", (r for r in records if r.request_id in used))
     return splits
 
 
@@ -316,7 +325,7 @@ class SilentLabelling:
     can run: ``feedback`` never loads one), and how far it is trusted."""
 
     model: str  # name and version, written into each example's rule
-    score: Callable[[list[dict[str, Any]]], Sequence[float]]
+    score: Callable[[list[FeedbackRecord]], Sequence[float]]
     confidence: float
     max_share: float
     weight: float
@@ -324,7 +333,7 @@ class SilentLabelling:
     positives: bool = False
     # Best-of-n: answers sampled offline for up to ``best_of_prompts`` silent prompts (each
     # list may be short or empty where sampling failed); the model picks the best and worst.
-    sample: Callable[[list[dict[str, Any]]], Sequence[Sequence[str]]] | None = None
+    sample: Callable[[list[FeedbackRecord]], Sequence[Sequence[str]]] | None = None
     best_of_prompts: int = 0
     min_gap: float = 0.3
 
@@ -341,7 +350,7 @@ def _used_request_ids(splits: dict[ExampleKind, dict[str, list[TrainingExample]]
 
 
 def add_model_labelled(
-    unique: list[dict[str, Any]],
+    unique: list[FeedbackRecord],
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]],
     labelling: SilentLabelling,
     funnel: Funnel,
@@ -374,21 +383,21 @@ def add_model_labelled(
 
 
 def _best_of_n(
-    silent: list[dict[str, Any]], labelling: SilentLabelling, *, cap: int
+    silent: list[FeedbackRecord], labelling: SilentLabelling, *, cap: int
 ) -> list[TrainingExample]:
     """Best-of-n examples for up to ``best_of_prompts`` silent prompts (an even spread over
     the window, the same for the same records), within what the cap leaves."""
     if labelling.sample is None or labelling.best_of_prompts <= 0 or cap <= 0:
         return []
     step = max(1, len(silent) // labelling.best_of_prompts)
-    chosen = sorted(silent, key=lambda r: str(r["request_id"]))[::step][: labelling.best_of_prompts]
+    chosen = sorted(silent, key=lambda r: r.request_id)[::step][: labelling.best_of_prompts]
     sampled = labelling.sample(chosen)
     candidates = [
-        list(dict.fromkeys([str(record["response"]), *map(str, more)]))
+        list(dict.fromkeys([record.response, *map(str, more)]))
         for record, more in zip(chosen, sampled, strict=True)
     ]
     flat = [
-        {**record, "response": answer}
+        record.with_response(answer)
         for record, answers in zip(chosen, candidates, strict=True)
         for answer in answers
     ]
@@ -427,7 +436,7 @@ class CleaningResult:
 
 
 def clean_records(
-    records: list[dict[str, Any]],
+    records: list[FeedbackRecord],
     business_line: str,
     *,
     scrub: ScrubBatch,
@@ -458,7 +467,7 @@ def clean_records(
 
 
 def finish_dataset(
-    unique: list[dict[str, Any]],
+    unique: list[FeedbackRecord],
     business_line: str,
     funnel: Funnel,
     settings: CleaningSettings,
@@ -565,8 +574,18 @@ def scrub_with(scrubber: Any, *, cache_texts: int = SCRUB_CACHE_TEXTS) -> ScrubB
         cached.detect = DetectionCache(scrubber.detect, cache_texts)
         scrubber = cached
 
-    def scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return scrub_records(batch, SCRUBBED_FIELDS, scrubber)
+    def scrub(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
+        # The scrubber reads mappings: it gets the texts alone, the record takes them back.
+        texts = [
+            {"messages": list(r.messages), "response": r.response, "edit": r.edit} for r in batch
+        ]
+        scrubbed = scrub_records(texts, SCRUBBED_FIELDS, scrubber)
+        return [
+            record.scrubbed(
+                messages=out["messages"], response=out["response"], edit=out["edit"], pii=out["pii"]
+            )
+            for record, out in zip(batch, scrubbed, strict=True)
+        ]
 
     return scrub
 

@@ -26,8 +26,16 @@ from typing import Any, Literal
 
 import orjson
 
-from feedback.events import EDIT_TYPES, NEGATIVE_SIGNALS, POSITIVE_SIGNALS, Signal
+from feedback.events import (
+    EDIT_TYPES,
+    NEGATIVE_SIGNALS,
+    POSITIVE_SIGNALS,
+    FeedbackType,
+    InteractionStatus,
+    Signal,
+)
 from feedback.placeholders import PLACEHOLDER, neutral_words
+from feedback.records import FeedbackRecord
 from feedback.signals import signals_of
 
 ExampleKind = Literal["sft", "dpo", "kto"]
@@ -140,9 +148,9 @@ class ExampleSet:
         return {"sft": self.sft, "dpo": self.dpo, "kto": self.kto}
 
 
-def record_signals(record: dict[str, Any]) -> set[Signal]:
+def record_signals(record: FeedbackRecord) -> set[Signal]:
     """The user signals on a record, task outcomes split into success and failure."""
-    return signals_of(record.get("feedback", []))
+    return signals_of(record.feedback)
 
 
 def _strongest(signals: set[Signal], among: frozenset[Signal]) -> tuple[str, float] | None:
@@ -154,10 +162,10 @@ def _strongest(signals: set[Signal], among: frozenset[Signal]) -> tuple[str, flo
 
 
 # Rule names say what happened to the worse answer ("regenerated away").
-_RULE_NAMES = {"regenerate": "regenerated", "abandon": "abandoned"}
+_RULE_NAMES: dict[str, str] = {Signal.REGENERATE: "regenerated", Signal.ABANDON: "abandoned"}
 
 
-def verdict(record: dict[str, Any]) -> tuple[bool, str, float] | None:
+def verdict(record: FeedbackRecord) -> tuple[bool, str, float] | None:
     """Whether the user liked the answer, by the strongest signal, and how sure (its weight).
 
     Conflicting signals of equal strength (a thumbs-up and a thumbs-down) give no verdict.
@@ -175,33 +183,33 @@ def verdict(record: dict[str, Any]) -> tuple[bool, str, float] | None:
     return None
 
 
-def _model_version(record: dict[str, Any]) -> str:
-    return record.get("adapter_name") or record.get("base_model") or "unknown"
+def _model_version(record: FeedbackRecord) -> str:
+    return record.adapter_name or record.base_model or "unknown"
 
 
-def _lineage(records: Sequence[dict[str, Any]], events: Iterable[int] = ()) -> Lineage:
-    users = [user_digest(r.get("user_id")) for r in records]
+def _lineage(records: Sequence[FeedbackRecord], events: Iterable[int] = ()) -> Lineage:
+    users = [user_digest(r.user_id) for r in records]
     return Lineage(
-        request_ids=tuple(r["request_id"] for r in records),
+        request_ids=tuple(r.request_id for r in records),
         event_ids=tuple(sorted(set(events))),
         model_versions=tuple(dict.fromkeys(_model_version(r) for r in records)),
-        business_line=records[0]["business_line"],
-        time=max(r["created_at"] for r in records),
+        business_line=records[0].business_line,
+        time=max(r.created_at for r in records),
         users=tuple(dict.fromkeys(u for u in users if u is not None)),
-        keys=tuple(dict.fromkeys(k for r in records if (k := r.get("key_name")))),
+        keys=tuple(dict.fromkeys(r.key_name for r in records if r.key_name)),
     )
 
 
-def _events(record: dict[str, Any], *kinds: str) -> list[int]:
-    return [e["id"] for e in record.get("feedback", []) if e["type"] in kinds]
+def _events(record: FeedbackRecord, *kinds: str) -> list[int]:
+    return [e.id for e in record.feedback if e.type in kinds]
 
 
-def _prompt(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
-    return tuple({"role": m["role"], "content": m["content"]} for m in record["messages"])
+def _prompt(record: FeedbackRecord) -> tuple[dict[str, str], ...]:
+    return tuple({"role": m["role"], "content": m["content"]} for m in record.messages)
 
 
 def build_examples(
-    records: Sequence[dict[str, Any]], *, max_pairs_per_prompt: int = 4
+    records: Sequence[FeedbackRecord], *, max_pairs_per_prompt: int = 4
 ) -> ExampleSet:
     """Apply the signal rules to cleaned records of one business line (pure).
 
@@ -211,12 +219,12 @@ def build_examples(
     """
     examples = ExampleSet()
     paired: set[str] = set()
-    by_prompt: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_prompt: dict[str, list[FeedbackRecord]] = defaultdict(list)
     for record in records:
-        by_prompt[record["prompt_hash"]].append(record)
-        edit = record.get("edit")
+        by_prompt[record.prompt_hash].append(record)
+        edit = record.edit
         judged = verdict(record)
-        if edit and edit.strip() and edit != record["response"]:
+        if edit and edit.strip() and edit != record.response:
             lineage = _lineage([record], _events(record, *EDIT_TYPES))
             examples.sft.append(
                 TrainingExample("sft", _prompt(record), lineage, completion=edit, rule="edit")
@@ -227,12 +235,12 @@ def build_examples(
                     _prompt(record),
                     lineage,
                     chosen=edit,
-                    rejected=record["response"],
+                    rejected=record.response,
                     rule="edit>original",
                 )
             )
-            paired.add(record["request_id"])
-        elif judged is not None and judged[0] and record["response"]:
+            paired.add(record.request_id)
+        elif judged is not None and judged[0] and record.response:
             _, signal, weight = judged
             lineage = _lineage([record], _events(record, *_event_types(signal)))
             examples.sft.append(
@@ -240,7 +248,7 @@ def build_examples(
                     "sft",
                     _prompt(record),
                     lineage,
-                    completion=record["response"],
+                    completion=record.response,
                     rule=signal,
                     weight=weight,
                 )
@@ -249,7 +257,7 @@ def build_examples(
         if len(group) > 1:
             examples.dpo.extend(_prompt_pairs(group, paired, max_pairs_per_prompt))
     for record in records:
-        if record["request_id"] in paired or not record["response"] or record.get("edit"):
+        if record.request_id in paired or not record.response or record.edit:
             continue
         judged = verdict(record)
         if judged is not None:
@@ -260,7 +268,7 @@ def build_examples(
                     "kto",
                     _prompt(record),
                     lineage,
-                    completion=record["response"],
+                    completion=record.response,
                     label=liked,
                     rule=signal,
                     weight=weight,
@@ -273,7 +281,7 @@ def build_examples(
 
 
 def best_of_n_examples(
-    silent: Sequence[dict[str, Any]],
+    silent: Sequence[FeedbackRecord],
     candidates: Sequence[Sequence[str]],
     scores: Sequence[Sequence[float]],
     *,
@@ -374,22 +382,22 @@ def _event_types(signal: str) -> tuple[str, ...]:
     return (Signal(signal).event_type,)
 
 
-def _rank_of(record: dict[str, Any]) -> int | None:
-    ranks = [e["rank"] for e in record.get("feedback", []) if e["type"] == "rank"]
+def _rank_of(record: FeedbackRecord) -> int | None:
+    ranks = [e.rank for e in record.feedback if e.type == FeedbackType.RANK]
     return ranks[-1] if ranks else None
 
 
 def _prompt_pairs(
-    group: list[dict[str, Any]], paired: set[str], limit: int
+    group: list[FeedbackRecord], paired: set[str], limit: int
 ) -> list[TrainingExample]:
     """Pairs among answers to one prompt: thumbs up over thumbs down/regenerated (at most
     ``limit``), then every rank order among siblings."""
     pairs: list[TrainingExample] = []
     seen: set[tuple[str, str]] = set()
 
-    def add(good: dict[str, Any], bad: dict[str, Any], rule: str, events: list[int]) -> None:
-        key = (good["request_id"], bad["request_id"])
-        if key in seen or good["response"] == bad["response"]:
+    def add(good: FeedbackRecord, bad: FeedbackRecord, rule: str, events: list[int]) -> None:
+        key = (good.request_id, bad.request_id)
+        if key in seen or good.response == bad.response:
             return
         seen.add(key)
         paired.update(key)
@@ -398,8 +406,8 @@ def _prompt_pairs(
                 "dpo",
                 _prompt(good),
                 _lineage([good, bad], events),
-                chosen=good["response"],
-                rejected=bad["response"],
+                chosen=good.response,
+                rejected=bad.response,
                 rule=rule,
             )
         )
@@ -409,7 +417,7 @@ def _prompt_pairs(
     disliked = [(r, v) for r, v in judged if v is not None and not v[0]]
     # Floods of one prompt must not turn into thousands of near-identical pairs.
     for (good, good_v), (bad, bad_v) in list(product(liked, disliked))[: limit * 4]:
-        if good is not bad and good["response"] and len(pairs) < limit:
+        if good is not bad and good.response and len(pairs) < limit:
             rule = f"{good_v[1]}>{_RULE_NAMES.get(bad_v[1], bad_v[1])}"
             before = len(pairs)
             add(
@@ -424,24 +432,24 @@ def _prompt_pairs(
         ((rank, r) for r in group if (rank := _rank_of(r)) is not None), key=lambda item: item[0]
     )
     for (rank_a, a), (rank_b, b) in product(ranked, ranked):
-        if rank_a < rank_b and a["response"] and b["response"]:
-            add(a, b, "rank", _events(a, "rank") + _events(b, "rank"))
+        if rank_a < rank_b and a.response and b.response:
+            add(a, b, "rank", _events(a, FeedbackType.RANK) + _events(b, FeedbackType.RANK))
     return pairs
 
 
 MODEL_RULE_PREFIX = "model:"
 
 
-def silent_records(records: Sequence[dict[str, Any]], used: set[str]) -> list[dict[str, Any]]:
+def silent_records(records: Sequence[FeedbackRecord], used: set[str]) -> list[FeedbackRecord]:
     """Answers no user said anything about (no signal, no edit) and no example used."""
     return [
         r
         for r in records
-        if r["request_id"] not in used
-        and r.get("response")
-        and not r.get("edit")
+        if r.request_id not in used
+        and r.response
+        and not r.edit
         and not record_signals(r)
-        and r.get("status", "ok") == "ok"
+        and r.status == InteractionStatus.OK
     ]
 
 
@@ -452,7 +460,7 @@ def model_cap(human_examples: int, max_share: float) -> int:
 
 
 def model_labelled_examples(
-    silent: Sequence[dict[str, Any]],
+    silent: Sequence[FeedbackRecord],
     scores: Sequence[float],
     *,
     model: str,
@@ -498,11 +506,11 @@ def model_labelled_examples(
         liked = score >= confidence
         if liked:
             out.append(
-                TrainingExample("sft", _prompt(record), lineage, completion=record["response"],
+                TrainingExample("sft", _prompt(record), lineage, completion=record.response,
                                 rule=rule, weight=strength)
             )  # fmt: skip
         out.append(
-            TrainingExample("kto", _prompt(record), lineage, completion=record["response"],
+            TrainingExample("kto", _prompt(record), lineage, completion=record.response,
                             label=liked, rule=rule, weight=strength)
         )  # fmt: skip
     return out

@@ -32,9 +32,9 @@ from feedback.cleaning import (
     CleaningResult,
     Funnel,
     ScrubBatch,
-    dedup_text,
     finish_dataset,
     scrub_and_filter_records,
+    sign_feedback_records,
     window_source,
 )
 from feedback.dedup.history import (
@@ -43,7 +43,6 @@ from feedback.dedup.history import (
     TrainingHistory,
     drop_trained,
     history_times,
-    sign_records,
     window_verdicts,
 )
 from feedback.dedup.shuffle import (
@@ -53,6 +52,7 @@ from feedback.dedup.shuffle import (
     read_signatures,
     stage_signatures,
 )
+from feedback.records import FeedbackRecord
 from feedback.signals import pull_records
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 
@@ -108,11 +108,7 @@ def clean_partition(
         partition, filtered.pulled, filtered.filtered, filtered.dropped, filtered.pii
     )
     kept = filtered.kept
-    signed = sign_records(
-        [{**r, "dedup_text": dedup_text(r)} for r in kept],
-        field="dedup_text",
-        settings=settings.dedup,
-    )
+    signed = sign_feedback_records(kept, settings.dedup)
     if trained is not None:
         rows, dropped = drop_trained(signed, trained)
         summary.dropped.update(dropped)
@@ -123,7 +119,7 @@ def clean_partition(
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / _RECORDS).open("wb") as out:
         for record in kept:
-            out.write(orjson.dumps(record) + b"\n")
+            out.write(orjson.dumps(record.as_dict()) + b"\n")
     stage_signatures(
         staging,
         partition,
@@ -167,11 +163,11 @@ def partition_offsets(summaries: list[PartitionSummary], history: int = 0) -> li
     return offsets
 
 
-def _staged_records(staging: Path, partitions: int) -> Iterator[dict[str, Any]]:
+def _staged_records(staging: Path, partitions: int) -> Iterator[FeedbackRecord]:
     for partition in range(partitions):
         with (partition_dir(staging, partition) / _RECORDS).open("rb") as lines:
             for line in lines:
-                yield orjson.loads(line)
+                yield FeedbackRecord.from_dict(orjson.loads(line))
 
 
 def finish_partitions(
@@ -204,14 +200,14 @@ def finish_partitions(
     new_count = sum(summary.kept for summary in summaries)
     keep, dropped = window_verdicts(decisions, new_count)
     funnel.dropped.update(dropped)
-    unique: list[dict[str, Any]] = []
+    unique: list[FeedbackRecord] = []
     request_ids: list[str] = []
     signals: list[str] = []
     for record, flag in zip(_staged_records(staging, len(summaries)), keep, strict=True):
         if flag:
             unique.append(record)
-            request_ids.append(str(record["request_id"]))
-            signals.append(str(record.get("signal")))
+            request_ids.append(record.request_id)
+            signals.append(record.signal.value)
     rows = np.flatnonzero(np.array(keep, dtype=np.bool_))
     signed = SignedRecords.empty(settings.dedup)
     if rows.size:

@@ -1,33 +1,36 @@
 """Signals per interaction: pull an interaction with its feedback, and name its main signal.
 
-A *feedback record* is one interaction joined with every feedback event about
-it: the unit that cleaning, dedup and dataset building work on. Edited text is
-lifted to the record's ``edit`` field (the newest edit wins) so scrubbing sees
-every user-written text in one place, and the feedback list keeps only ids,
-types and times.
+A *feedback record* (:class:`feedback.records.FeedbackRecord`) is one interaction
+joined with every feedback event about it: the unit that cleaning, dedup and
+dataset building work on. Edited text is lifted to the record's ``edit`` field
+(the newest edit wins) so scrubbing sees every user-written text in one place,
+and the feedback notes keep only ids, types, payloads and times.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, func, or_, select, true
 
-from feedback.events import EDIT_TYPES, SIGNAL_PRIORITY, Signal
+from feedback.events import EDIT_TYPES, SIGNAL_PRIORITY, FeedbackType, Signal, TaskOutcome
+from feedback.records import FeedbackNote, FeedbackRecord
 from feedback.schema import feedback_table, interactions_table
 
+_OUTCOMES = frozenset(outcome.value for outcome in TaskOutcome)
 
-def signals_of(feedback: list[dict[str, Any]]) -> set[Signal]:
+
+def signals_of(feedback: Iterable[FeedbackNote]) -> set[Signal]:
     """The signals in a record's feedback events (task outcomes split by result)."""
     found: set[Signal] = set()
     for event in feedback:
-        kind = event["type"]
-        if kind == "task_outcome":
-            if event.get("outcome") in ("success", "failure"):
-                found.add(Signal(f"task_{event['outcome']}"))
+        kind = event.type
+        if kind == FeedbackType.TASK_OUTCOME:
+            if event.outcome in _OUTCOMES:
+                found.add(Signal(f"task_{event.outcome}"))
         elif kind in _VALUES:
             found.add(Signal(kind))
     return found
@@ -36,55 +39,56 @@ def signals_of(feedback: list[dict[str, Any]]) -> set[Signal]:
 _VALUES = frozenset(s.value for s in Signal)
 
 
-def primary_signal(feedback: list[dict[str, Any]], has_edit: bool) -> str:
+def primary_signal(feedback: Iterable[FeedbackNote], has_edit: bool) -> Signal:
     """The record's main signal, used to scope dedup and to report buckets (an edit counts
     only with its edited text)."""
     present = signals_of(feedback) - {Signal.EDIT}
     if has_edit:
         present.add(Signal.EDIT)
-    return next((s.value for s in SIGNAL_PRIORITY if s in present), Signal.NONE.value)
+    return next((s for s in SIGNAL_PRIORITY if s in present), Signal.NONE)
 
 
 def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def to_record(interaction: Any, events: list[Any]) -> dict[str, Any]:
-    """One feedback record from an interaction row and its feedback rows."""
+def to_record(interaction: Any, events: list[Any]) -> FeedbackRecord:
+    """One feedback record from an interaction row and its feedback rows (the store's edge:
+    SQL rows in, a typed record out)."""
     events = sorted(events, key=lambda e: (e.created_at, e.id))
     # A reviewer's corrected answer is an edit too (a review never counts as a user signal).
     edits = [e.edited_text for e in events if e.type in EDIT_TYPES and e.edited_text]
-    feedback = [
-        {
-            "id": event.id,
-            "type": event.type,
-            "outcome": event.outcome,
-            "rank": event.rank,
-            "replaced_by": event.replaced_by,
-            "user_id": event.user_id,
-            "created_at": _iso(event.created_at),
-        }
+    feedback = tuple(
+        FeedbackNote(
+            id=event.id,
+            type=event.type,
+            outcome=event.outcome,
+            rank=event.rank,
+            replaced_by=event.replaced_by,
+            user_id=event.user_id,
+            created_at=_iso(event.created_at),
+        )
         for event in events
-    ]
-    return {
-        "request_id": interaction.request_id,
-        "session_id": interaction.session_id,
-        "user_id": interaction.user_id,
-        "key_name": interaction.key_name,
-        "business_line": interaction.business_line,
-        "adapter_name": interaction.adapter_name,
-        "adapter_version": interaction.adapter_version,
-        "base_model": interaction.base_model,
-        "messages": interaction.messages,
-        "response": interaction.response,
-        "prompt_hash": interaction.prompt_hash,
-        "status": interaction.status,
-        "source": interaction.source,
-        "created_at": _iso(interaction.created_at),
-        "feedback": feedback,
-        "edit": edits[-1] if edits else None,
-        "signal": primary_signal(feedback, bool(edits)),
-    }
+    )
+    return FeedbackRecord(
+        request_id=interaction.request_id,
+        session_id=interaction.session_id,
+        user_id=interaction.user_id,
+        key_name=interaction.key_name,
+        business_line=interaction.business_line,
+        adapter_name=interaction.adapter_name,
+        adapter_version=interaction.adapter_version,
+        base_model=interaction.base_model,
+        messages=tuple(interaction.messages),
+        response=interaction.response,
+        prompt_hash=interaction.prompt_hash,
+        status=interaction.status,
+        source=interaction.source,
+        created_at=_iso(interaction.created_at),
+        feedback=feedback,
+        edit=edits[-1] if edits else None,
+        signal=primary_signal(feedback, bool(edits)),
+    )
 
 
 def window_conditions(
@@ -140,7 +144,7 @@ def pull_records(
     until: datetime | None = None,
     ids: tuple[int, int] | None = None,
     page_size: int = 5_000,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[FeedbackRecord]:
     """Feedback records of one line in ingest order, streamed a page at a time.
 
     With a window (``since`` inclusive, ``until`` exclusive), a record is pulled

@@ -74,7 +74,7 @@ def test_store_to_datasets_without_pii(postgres_url: str, tmp_path: Path) -> Non
         r
         for line in store.business_lines()
         for r in pull_records(engine, line)
-        if r["user_id"] == user
+        if r.user_id == user
     ]
     assert remaining == []
     store.close()

@@ -121,12 +121,10 @@ def test_a_reviewer_works_through_the_queue_and_corrects_a_chinese_answer(
     assert correction.outcome == "fail"
     assert correction.metadata == {"reason": "wrong facts", "reviewer": "reviewer"}
     record = next(
-        r
-        for r in pull_records(world.store.engine, LINE)
-        if r["request_id"] == correction.request_id
+        r for r in pull_records(world.store.engine, LINE) if r.request_id == correction.request_id
     )
-    assert record["edit"] == CORRECTION
-    assert record["signal"] == "edit"
+    assert record.edit == CORRECTION
+    assert record.signal == "edit"
 
     # The canary flow's look, recorded as the flow records it, and the overview showing it.
     windows = adapter_windows(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,6 +18,7 @@ from composition.clients import build_clients
 from composition.satisfaction import train_satisfaction_model
 from feedback.datasets import split_by_time, write_dataset
 from feedback.examples import build_examples
+from feedback.records import FeedbackRecord
 from flywheel.settings import load_settings
 from flywheel.settings.cleaning import DatasetSettings
 from lab.simulation.prompts import builtin_prompts, topic_of
@@ -38,7 +38,7 @@ satisfaction_model:
 """
 
 
-def _records(coin: bool) -> list[dict[str, Any]]:
+def _records(coin: bool) -> list[FeedbackRecord]:
     users, rng = CustomerServiceUsers(), random.Random(4)
     records = []
     for index, prompt in enumerate(builtin_prompts(LINE, 160, 9)):
@@ -54,21 +54,23 @@ def _records(coin: bool) -> list[dict[str, Any]]:
         )
         happy = users.satisfied(LINE, prompt, answer) if not coin else rng.random() < 0.5
         records.append(
-            {
-                "request_id": f"r{index}",
-                "user_id": f"u{index % 40}",
-                "business_line": LINE,
-                "adapter_name": None,
-                "base_model": "base",
-                "messages": [{"role": "user", "content": prompt}],
-                "response": answer,
-                "prompt_hash": f"p{index}",
-                "created_at": f"2026-11-{1 + index // 24:02d}T{index % 24:02d}:00:00Z",
-                "feedback": [
-                    {"id": index, "rank": None, "type": "thumbs_up" if happy else "thumbs_down"}
-                ],
-                "edit": None,
-            }
+            FeedbackRecord.from_dict(
+                {
+                    "request_id": f"r{index}",
+                    "user_id": f"u{index % 40}",
+                    "business_line": LINE,
+                    "adapter_name": None,
+                    "base_model": "base",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "response": answer,
+                    "prompt_hash": f"p{index}",
+                    "created_at": f"2026-11-{1 + index // 24:02d}T{index % 24:02d}:00:00Z",
+                    "feedback": [
+                        {"id": index, "rank": None, "type": "thumbs_up" if happy else "thumbs_down"}
+                    ],
+                    "edit": None,
+                }
+            )
         )
     return records
 

@@ -3,53 +3,63 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from feedback.cleaning import clean_records, drop_reason
+from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import CleaningSettings
 
 SECRET = re.compile(r"SECRET\d+")
 
 
-def fake_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fake_scrub(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
     out = []
     for record in batch:
-        copy = dict(record)
-        copy["messages"] = [
-            {**m, "content": SECRET.sub("<PERSON_1>", m["content"])} for m in record["messages"]
-        ]
-        copy["response"] = SECRET.sub("<PERSON_1>", record["response"])
-        found = sum(len(SECRET.findall(m["content"])) for m in record["messages"])
-        copy["pii"] = {"PERSON": found} if found else {}
-        out.append(copy)
+        found = sum(len(SECRET.findall(m["content"])) for m in record.messages)
+        out.append(
+            record.scrubbed(
+                messages=[
+                    {**m, "content": SECRET.sub("<PERSON_1>", m["content"])}
+                    for m in record.messages
+                ],
+                response=SECRET.sub("<PERSON_1>", record.response),
+                edit=record.edit,
+                pii={"PERSON": found} if found else {},
+            )
+        )
     return out
 
 
-def rec(rid: str, prompt: str, response: str, signal: str, **extra: Any) -> dict[str, Any]:
+def rec(rid: str, prompt: str, response: str, signal: str, **extra: Any) -> FeedbackRecord:
     feedback = [{"id": len(rid), "type": signal, "rank": None}] if signal != "none" else []
-    return {
-        "request_id": rid,
-        "user_id": extra.get("user_id", f"user-{rid}"),
-        "business_line": "legal",
-        "adapter_name": None,
-        "base_model": "base",
-        "messages": [{"role": "user", "content": prompt}],
-        "response": response,
-        "prompt_hash": extra.get("prompt_hash", rid),
-        "status": extra.get("status", "ok"),
-        "created_at": f"2026-11-01T00:{len(rid):02d}:00Z",
-        "feedback": feedback,
-        "edit": extra.get("edit"),
-        "signal": signal,
-    }
+    return FeedbackRecord.from_dict(
+        {
+            "request_id": rid,
+            "user_id": extra.get("user_id", f"user-{rid}"),
+            "business_line": "legal",
+            "adapter_name": None,
+            "base_model": "base",
+            "messages": [{"role": "user", "content": prompt}],
+            "response": response,
+            "prompt_hash": extra.get("prompt_hash", rid),
+            "status": extra.get("status", "ok"),
+            "created_at": f"2026-11-01T00:{len(rid):02d}:00Z",
+            "feedback": feedback,
+            "edit": extra.get("edit"),
+            "signal": signal,
+        }
+    )
 
 
 def test_drop_reasons() -> None:
     assert (
         drop_reason(
-            rec("a", "SECRET1", "x", "none")
-            | {"messages": [{"role": "user", "content": "<PERSON_1>"}]},
+            replace(
+                rec("a", "SECRET1", "x", "none"),
+                messages=({"role": "user", "content": "<PERSON_1>"},),
+            ),
             4,
         )
         == "pii_only"
@@ -104,8 +114,8 @@ def test_funnel_counts_each_step_and_reason(tmp_path: Path) -> None:
 def test_dedup_first_scrubs_only_what_passes_the_cheap_filters(tmp_path: Path) -> None:
     scrubbed: list[str] = []
 
-    def counting_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        scrubbed.extend(record["request_id"] for record in batch)
+    def counting_scrub(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
+        scrubbed.extend(record.request_id for record in batch)
         return fake_scrub(batch)
 
     records = [
@@ -114,9 +124,15 @@ def test_dedup_first_scrubs_only_what_passes_the_cheap_filters(tmp_path: Path) -
         rec("ccc", "My landlord keeps the deposit, SECRET2 says.", "Write first.", "thumbs_up"),
         rec("dddd", "Can I break my lease?", "", "none", status="error"),
         # Same raw text as "f" but earlier, though pulled after it: both are scrubbed.
-        rec("eeeee", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:09:00Z"},
-        rec("ffffff", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:08:00Z"},
-        rec("ggggggg", "SECRET4", "Hello.", "thumbs_down") | {"created_at": "2026-11-01T00:10:00Z"},
+        replace(
+            rec("eeeee", "SECRET4", "Hello.", "thumbs_down"), created_at="2026-11-01T00:09:00Z"
+        ),
+        replace(
+            rec("ffffff", "SECRET4", "Hello.", "thumbs_down"), created_at="2026-11-01T00:08:00Z"
+        ),
+        replace(
+            rec("ggggggg", "SECRET4", "Hello.", "thumbs_down"), created_at="2026-11-01T00:10:00Z"
+        ),
         rec("hhhhhhhh", "Is a verbal contract valid?", "No idea.", "thumbs_down"),
     ]
     funnels = {}
@@ -133,7 +149,7 @@ def test_dedup_first_scrubs_only_what_passes_the_cheap_filters(tmp_path: Path) -
         assert result.dataset is not None
         funnels[order] = (result.funnel.as_dict(), result.dataset.content_hash, list(scrubbed))
     first, dedup_first = funnels["scrub_first"], funnels["dedup_first"]
-    assert first[2] == [r["request_id"] for r in records]
+    assert first[2] == [r.request_id for r in records]
     assert dedup_first[2] == ["a", "ccc", "eeeee", "ffffff", "hhhhhhhh"]
     assert dedup_first[1] == first[1]
     assert dedup_first[0]["steps"] == first[0]["steps"]

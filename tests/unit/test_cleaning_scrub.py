@@ -17,6 +17,7 @@ from feedback.cleaning import DetectionCache, clean_records, dedup_text, scrub_w
 from feedback.dedup import estimated_similarity, sign_texts
 from feedback.pii import ScrubberSettings, build_scrubber
 from feedback.pii.scrubber import Scrubber
+from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import CleaningSettings, DedupSettings
 from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 
@@ -46,12 +47,12 @@ def test_the_cache_analyses_each_text_once_and_forgets_the_oldest() -> None:
     assert cache(["ccc"]) == [[3]]
 
 
-def simulated_records(requests: int) -> list[dict[str, Any]]:
+def simulated_records(requests: int) -> list[FeedbackRecord]:
     simulation = SimulationSettings(
         requests=requests, seed=7, start=datetime(2026, 11, 1, tzinfo=UTC), pii_share=0.6
     )
     interactions = [e for e in TrafficSimulator(simulation).events() if e["type"] == "interaction"]
-    return [{**event, "edit": None} for event in interactions]
+    return [FeedbackRecord.from_dict({**event, "edit": None}) for event in interactions]
 
 
 @pytest.mark.parametrize("cache_texts", [40, 50_000])
@@ -60,7 +61,7 @@ def test_cached_scrubbing_gives_the_uncached_records(scrubber: Scrubber, cache_t
     batches = [records[start : start + 64] for start in range(0, len(records), 64)]
     uncached = scrub_with(scrubber, cache_texts=0)
     expected = [record for batch in batches for record in uncached(batch)]
-    assert any(record["pii"] for record in expected)
+    assert any(record.pii for record in expected)
 
     # The cache works through the scrubber's public detect(): count what reaches it.
     counted = copy.copy(scrubber)
@@ -73,7 +74,7 @@ def test_cached_scrubbing_gives_the_uncached_records(scrubber: Scrubber, cache_t
     counted.detect = detect  # type: ignore[method-assign]
     cached = scrub_with(counted, cache_texts=cache_texts)
     assert [record for batch in batches for record in cached(batch)] == expected
-    texts = sum(len(r["messages"]) + 1 for r in records)
+    texts = sum(len(r.messages) + 1 for r in records)
     assert len(reached) < texts * (0.9 if cache_texts < 100 else 0.5)
     assert scrubber.detect.__func__ is Scrubber.detect  # type: ignore[attr-defined]
 
@@ -93,28 +94,30 @@ COMPLAINTS = [
 RAW_PII = ("John", "Smith", "john.smith", "Maria", "Garcia", "maria.garcia", "555")
 
 
-def complaint(index: int, prompt: str, response: str) -> dict[str, Any]:
-    return {
-        "request_id": f"req-{index}",
-        "session_id": f"s-{index}",
-        "user_id": f"user-{index}",
-        "business_line": "customer_service",
-        "adapter_name": None,
-        "adapter_version": None,
-        "base_model": "base",
-        "messages": [
-            {"role": "system", "content": "You are a helpful support agent."},
-            {"role": "user", "content": prompt},
-        ],
-        "response": response,
-        "prompt_hash": f"p-{index}",
-        "status": "ok",
-        "source": "test",
-        "created_at": f"2026-11-01T00:0{index}:00Z",
-        "feedback": [{"id": index, "type": "thumbs_up", "rank": None}],
-        "edit": None,
-        "signal": "thumbs_up",
-    }
+def complaint(index: int, prompt: str, response: str) -> FeedbackRecord:
+    return FeedbackRecord.from_dict(
+        {
+            "request_id": f"req-{index}",
+            "session_id": f"s-{index}",
+            "user_id": f"user-{index}",
+            "business_line": "customer_service",
+            "adapter_name": None,
+            "adapter_version": None,
+            "base_model": "base",
+            "messages": [
+                {"role": "system", "content": "You are a helpful support agent."},
+                {"role": "user", "content": prompt},
+            ],
+            "response": response,
+            "prompt_hash": f"p-{index}",
+            "status": "ok",
+            "source": "test",
+            "created_at": f"2026-11-01T00:0{index}:00Z",
+            "feedback": [{"id": index, "type": "thumbs_up", "rank": None}],
+            "edit": None,
+            "signal": "thumbs_up",
+        }
+    )
 
 
 def dataset_text(path: Path) -> str:

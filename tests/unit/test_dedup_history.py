@@ -9,6 +9,7 @@ build the same dataset from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from feedback.partitions import (
     partition_offsets,
     stage_history,
 )
+from feedback.records import FeedbackRecord
 from feedback.signals import id_partitions
 from feedback.store import FeedbackStore
 from feedback.training_history import load_training_history, record_training
@@ -56,8 +58,8 @@ SECOND_NIGHT = {
 }
 
 
-def no_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**record, "pii": {}} for record in batch]
+def no_scrub(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
+    return [replace(record, pii={}) for record in batch]
 
 
 def interaction(request_id: str, prompt: str, answer: str, at: datetime) -> dict[str, Any]:

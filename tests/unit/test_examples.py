@@ -21,28 +21,31 @@ from feedback.datasets import (
 )
 from feedback.examples import build_examples, user_digest
 from feedback.importers.hh_rlhf import pair_from_row, pairs_from_rows, read_hh_rlhf
+from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import DatasetSettings
 from tests.conftest import shared_file
 
 PROMPT = [{"role": "user", "content": "How do I return shoes?"}]
 
 
-def record(rid: str, response: str, *feedback: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def record(rid: str, response: str, *feedback: dict[str, Any], **extra: Any) -> FeedbackRecord:
     events = [{"id": i + 1000 * len(rid), "rank": None, **f} for i, f in enumerate(feedback)]
-    return {
-        "request_id": rid,
-        "user_id": extra.pop("user_id", "u1"),
-        "business_line": "customer_service",
-        "adapter_name": "customer_service-v3",
-        "base_model": "base",
-        "messages": extra.pop("messages", PROMPT),
-        "response": response,
-        "prompt_hash": extra.pop("prompt_hash", "p1"),
-        "created_at": extra.pop("created_at", f"2026-11-01T00:00:{len(rid):02d}Z"),
-        "feedback": events,
-        "edit": extra.pop("edit", None),
-        **extra,
-    }
+    return FeedbackRecord.from_dict(
+        {
+            "request_id": rid,
+            "user_id": extra.pop("user_id", "u1"),
+            "business_line": "customer_service",
+            "adapter_name": "customer_service-v3",
+            "base_model": "base",
+            "messages": extra.pop("messages", PROMPT),
+            "response": response,
+            "prompt_hash": extra.pop("prompt_hash", "p1"),
+            "created_at": extra.pop("created_at", f"2026-11-01T00:00:{len(rid):02d}Z"),
+            "feedback": events,
+            "edit": extra.pop("edit", None),
+            **extra,
+        }
+    )
 
 
 def test_edit_gives_sft_and_a_pair() -> None:
@@ -130,7 +133,7 @@ def test_one_user_cannot_steer_a_bucket() -> None:
     assert max(owners.values()) <= 0.2 * len(kept)
 
 
-def _thumbs_up(rid: str, user: str | None, key: str | None, second: int) -> dict[str, Any]:
+def _thumbs_up(rid: str, user: str | None, key: str | None, second: int) -> FeedbackRecord:
     when = f"2026-11-01T00:{second // 60:02d}:{second % 60:02d}Z"
     return record(
         rid, f"answer {rid}", {"type": "thumbs_up"}, prompt_hash=f"h-{rid}", user_id=user,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from feedback.cleaning import clean_records
+from feedback.records import FeedbackRecord
 from feedback.store import FeedbackStore
 from flywheel.file_modes import open_private, private_dir
 from flywheel.settings import Settings
@@ -87,28 +89,30 @@ def test_spool_files_and_folders_are_owner_only(tmp_path: Path) -> None:
 
 def test_dataset_folders_and_files_are_owner_only(tmp_path: Path) -> None:
     records = [
-        {
-            "request_id": f"req-{i}",
-            "user_id": f"user-{i}",
-            "business_line": "legal",
-            "adapter_name": None,
-            "base_model": "base",
-            "messages": [{"role": "user", "content": f"Question number {i} about my lease?"}],
-            "response": f"Answer {i}.",
-            "prompt_hash": f"p{i}",
-            "status": "ok",
-            "created_at": f"2026-11-01T00:0{i}:00Z",
-            "feedback": [{"id": i, "type": "thumbs_up", "rank": None}],
-            "edit": None,
-            "signal": "thumbs_up",
-        }
+        FeedbackRecord.from_dict(
+            {
+                "request_id": f"req-{i}",
+                "user_id": f"user-{i}",
+                "business_line": "legal",
+                "adapter_name": None,
+                "base_model": "base",
+                "messages": [{"role": "user", "content": f"Question number {i} about my lease?"}],
+                "response": f"Answer {i}.",
+                "prompt_hash": f"p{i}",
+                "status": "ok",
+                "created_at": f"2026-11-01T00:0{i}:00Z",
+                "feedback": [{"id": i, "type": "thumbs_up", "rank": None}],
+                "edit": None,
+                "signal": "thumbs_up",
+            }
+        )
         for i in range(4)
     ]
     root = tmp_path / "datasets"
     result = clean_records(
         records,
         "legal",
-        scrub=lambda batch: [{**r, "pii": {}} for r in batch],
+        scrub=lambda batch: [replace(r, pii={}) for r in batch],
         settings=CleaningSettings(),
         dataset_root=root,
         source={"records": len(records)},

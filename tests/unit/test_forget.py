@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from feedback.cleaning import clean_line
 from feedback.datasets import FORGOTTEN_REWRITES, iter_manifests
 from feedback.events import stored_identity
 from feedback.examples import user_digest
+from feedback.records import FeedbackRecord
 from feedback.schema import (
     feedback_table,
     forgotten_users_table,
@@ -55,9 +56,9 @@ PROMPTS = {
 }
 
 
-def _passthrough(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _passthrough(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
     """No PII in these prompts: the dataset keeps every word, so a leak would show."""
-    return [{**record, "pii": {}} for record in batch]
+    return [replace(record, pii={}) for record in batch]
 
 
 @dataclass

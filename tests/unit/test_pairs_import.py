@@ -22,6 +22,7 @@ from feedback.importers.pairs import (
     read_pairs,
 )
 from feedback.jsonl import JsonlRecord, MalformedLine, iter_jsonl_lines
+from feedback.records import FeedbackRecord
 from tests.conftest import shared_file
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -141,12 +142,14 @@ def test_the_pairs_become_dpo_pairs_by_the_rank_rule() -> None:
             if e["type"] == "rank" and e["request_id"] == interaction["request_id"]
         ]
         records.append(
-            interaction
-            | {
-                "feedback": [
-                    {"id": i, "type": "rank", "rank": r["rank"]} for i, r in enumerate(ranks)
-                ]
-            }
+            FeedbackRecord.from_dict(
+                interaction
+                | {
+                    "feedback": [
+                        {"id": i, "type": "rank", "rank": r["rank"]} for i, r in enumerate(ranks)
+                    ]
+                }
+            )
         )
 
     pairs = build_examples(records).dpo

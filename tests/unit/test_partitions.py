@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from feedback.cleaning import clean_line
 from feedback.dedup.shuffle import bucket_shard
 from feedback.partitions import clean_partition, finish_partitions, partition_offsets
+from feedback.records import FeedbackRecord
 from feedback.signals import id_partitions
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
@@ -20,8 +21,8 @@ from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def no_scrub(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**record, "pii": {}} for record in batch]
+def no_scrub(batch: list[FeedbackRecord]) -> list[FeedbackRecord]:
+    return [replace(record, pii={}) for record in batch]
 
 
 @pytest.fixture

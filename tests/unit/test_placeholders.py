@@ -10,6 +10,7 @@ import pytest
 
 from feedback.cleaning import Funnel, build_splits
 from feedback.placeholders import NEUTRAL_WORDS, neutral_words
+from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import DatasetSettings
 
 
@@ -64,22 +65,24 @@ def test_every_scrubbed_type_has_words_in_both_languages() -> None:
     assert all(english and chinese for english, chinese in NEUTRAL_WORDS.values())
 
 
-def _record(rid: str, response: str, signal: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "request_id": rid,
-        "user_id": f"user-{rid}",
-        "business_line": "customer_service",
-        "adapter_name": "customer_service-v1",
-        "base_model": "base",
-        "messages": extra.pop("messages", [{"role": "user", "content": "Where is my parcel?"}]),
-        "response": response,
-        "prompt_hash": f"p-{rid}",
-        "created_at": f"2026-11-01T00:00:{len(rid):02d}Z",
-        "feedback": [{"id": len(rid), "rank": None, "type": signal}],
-        "edit": extra.pop("edit", None),
-        "signal": signal,
-        **extra,
-    }
+def _record(rid: str, response: str, signal: str, **extra: Any) -> FeedbackRecord:
+    return FeedbackRecord.from_dict(
+        {
+            "request_id": rid,
+            "user_id": f"user-{rid}",
+            "business_line": "customer_service",
+            "adapter_name": "customer_service-v1",
+            "base_model": "base",
+            "messages": extra.pop("messages", [{"role": "user", "content": "Where is my parcel?"}]),
+            "response": response,
+            "prompt_hash": f"p-{rid}",
+            "created_at": f"2026-11-01T00:00:{len(rid):02d}Z",
+            "feedback": [{"id": len(rid), "rank": None, "type": signal}],
+            "edit": extra.pop("edit", None),
+            "signal": signal,
+            **extra,
+        }
+    )
 
 
 def test_the_funnel_counts_restored_examples() -> None:

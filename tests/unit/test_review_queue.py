@@ -204,14 +204,14 @@ def test_a_correction_becomes_an_edit_with_lineage_and_verdicts_feed_the_canary(
     assert stored.metadata == {"reason": "wrong facts", "reviewer": "reviewer"}
     assert stored.business_line == LINE
 
-    records = {r["request_id"]: r for r in pull_records(world.store.engine, LINE)}
-    assert records[corrected]["edit"] == "Parcel 0 arrives on Friday."
-    assert records[corrected]["signal"] == "edit"
+    records = {r.request_id: r for r in pull_records(world.store.engine, LINE)}
+    assert records[corrected].edit == "Parcel 0 arrives on Friday."
+    assert records[corrected].signal == "edit"
     examples = build_examples(list(records.values()))
     (sft,) = [e for e in examples.sft if e.lineage.request_ids == (corrected,)]
     (dpo,) = [e for e in examples.dpo if e.lineage.request_ids == (corrected,)]
     assert sft.completion == dpo.chosen == "Parcel 0 arrives on Friday."
-    assert dpo.rejected == records[corrected]["response"]
+    assert dpo.rejected == records[corrected].response
     assert stored.id in sft.lineage.event_ids
     # Only the corrected answer became an example: a verdict alone trains nothing.
     assert {e.lineage.request_ids for e in examples.sft} == {(corrected,)}

@@ -3,8 +3,8 @@ logistic head, held-out AUC and calibration, and the verdict that refuses a coin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +25,9 @@ from eval.satisfaction_model import (
     read_dataset_rows,
 )
 from feedback.datasets import split_by_time, write_dataset
+from feedback.events import Signal
 from feedback.examples import build_examples, model_labelled_examples, silent_records
+from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import DatasetSettings
 from tests.unit.test_examples import record
 
@@ -135,7 +137,7 @@ def test_a_single_class_cannot_train_a_model() -> None:
     assert single_class_reason([0, 1]) is None
 
 
-def _silent(count: int) -> list[dict[str, Any]]:
+def _silent(count: int) -> list[FeedbackRecord]:
     return [
         record(f"s{i}", f"answer {i}", user_id=f"q{i}", prompt_hash=f"ps{i}") for i in range(count)
     ]
@@ -194,7 +196,7 @@ def test_silent_answers_are_those_without_any_signal() -> None:
         record("c", "edited", {"type": "edit"}, edit="better", prompt_hash="p3"),
         record("d", "failed", prompt_hash="p4", status="error"),
     ]
-    assert [r["request_id"] for r in silent_records(records, used=set())] == ["b"]
+    assert [r.request_id for r in silent_records(records, used=set())] == ["b"]
     assert silent_records(records, used={"b"}) == []
 
 
@@ -218,11 +220,11 @@ def test_the_cleaning_stage_adds_model_labels_to_training_only(tmp_path: Path) -
     records = [
         *(record(f"h{i}", f"liked {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}",
                  user_id=f"hu{i}", signal="thumbs_up") for i in range(6)),
-        *({**r, "signal": "none"} for r in _silent(6)),
+        *(replace(r, signal=Signal.NONE) for r in _silent(6)),
     ]  # fmt: skip
     labelling = SilentLabelling(
         model="customer_service-satisfaction-v1",
-        score=lambda silent: [0.95 if int(r["request_id"][1:]) % 2 else 0.05 for r in silent],
+        score=lambda silent: [0.95 if int(r.request_id[1:]) % 2 else 0.05 for r in silent],
         confidence=0.85,
         max_share=0.5,
         weight=0.5,
@@ -322,16 +324,16 @@ def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path
     records = [
         *(record(f"h{i}", f"liked {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}",
                  user_id=f"hu{i}", signal="thumbs_up") for i in range(6)),
-        *({**r, "signal": "none"} for r in _silent(6)),
+        *(replace(r, signal=Signal.NONE) for r in _silent(6)),
     ]  # fmt: skip
     asked: list[list[str]] = []
 
-    def sample(silent: list[dict[str, Any]]) -> list[list[str]]:
-        asked.append([r["request_id"] for r in silent])
-        return [[] if r["request_id"] == "s0" else ["GOOD", "BAD"] for r in silent]
+    def sample(silent: list[FeedbackRecord]) -> list[list[str]]:
+        asked.append([r.request_id for r in silent])
+        return [[] if r.request_id == "s0" else ["GOOD", "BAD"] for r in silent]
 
-    def score(rows: list[dict[str, Any]]) -> list[float]:
-        return [{"GOOD": 0.97, "BAD": 0.03}.get(r["response"], 0.5) for r in rows]
+    def score(rows: list[FeedbackRecord]) -> list[float]:
+        return [{"GOOD": 0.97, "BAD": 0.03}.get(r.response, 0.5) for r in rows]
 
     labelling = SilentLabelling(
         model="customer_service-satisfaction-v1", score=score, confidence=0.85, max_share=0.5,
