@@ -13,7 +13,7 @@ import resource
 import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,14 +29,9 @@ from flywheel.hardware import (
 )
 from training.base_model import base_fingerprint, write_base_record
 from training.config import TrainingConfig
+from training.rows import TrainingRow, training_rows, weighted_rows
 
 logger = logging.getLogger(__name__)
-
-TRAIN_COLUMNS = {
-    "sft": ("prompt", "completion"),
-    "dpo": ("prompt", "chosen", "rejected"),
-    "kto": ("prompt", "completion", "label"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,44 +55,6 @@ class TrainResult:
     def tokens_per_second(self) -> float:
         """Training throughput in input tokens per second."""
         return self.tokens_seen / self.seconds if self.seconds > 0 else 0.0
-
-
-def training_rows(dataset_dir: Path, method: str) -> list[dict[str, Any]]:
-    """The train split of a dataset folder, only the columns trl needs."""
-    import pyarrow.parquet as pq
-
-    path = dataset_dir / f"{method}_train.parquet"
-    if not path.exists():
-        raise FlywheelError(
-            f"{dataset_dir} has no {method.upper()} training examples ({path.name})"
-        )
-    columns = list(TRAIN_COLUMNS[method])
-    table = pq.read_table(path)
-    if "weight" in table.column_names:
-        columns.append("weight")
-    return table.select(columns).to_pylist()
-
-
-def weighted_rows(
-    rows: list[dict[str, Any]], copies_per_weight: float, seed: int
-) -> list[dict[str, Any]]:
-    """Rows repeated by their ``weight`` column: ``weight * copies_per_weight`` copies in
-    expectation (stochastic rounding, seeded), at least one row overall; the column is
-    dropped, since trl's trainers take no per-example weights."""
-    import random
-
-    rng = random.Random(seed)
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        weight = float(row.get("weight", 1.0) or 0.0)
-        clean = {k: v for k, v in row.items() if k != "weight"}
-        expected = weight * copies_per_weight
-        copies = int(expected) + (rng.random() < expected - int(expected))
-        out += [clean] * copies
-    if not out and rows:
-        out.append({k: v for k, v in rows[0].items() if k != "weight"})
-    rng.shuffle(out)
-    return out
 
 
 def trains_in_bf16(precision: Precision, on_gpu: bool) -> bool:
@@ -201,7 +158,7 @@ def train_adapter(
     *,
     base_model_dir: Path,
     dataset_dir: Path | None = None,
-    rows: list[dict[str, Any]] | None = None,
+    rows: Sequence[TrainingRow | Mapping[str, Any]] | None = None,
     output_dir: Path,
     device: str | None = None,
     max_seconds: float | None = None,
@@ -209,6 +166,9 @@ def train_adapter(
     init_adapter: Path | None = None,
 ) -> TrainResult:
     """Train the recipe's adapter on a dataset folder (or given rows); resumes if interrupted.
+
+    ``rows`` are typed rows (:func:`training.rows.training_rows`) or plain trl rows as a
+    bench writes them (read with :meth:`TrainingRow.from_dict`).
 
     The adapter lands in ``output_dir/adapter`` and checkpoints in
     ``output_dir/checkpoints`` (removed once the adapter is saved). With
@@ -232,11 +192,13 @@ def train_adapter(
     if rows is None:
         if dataset_dir is None:
             raise FlywheelError("train_adapter needs a dataset folder or rows")
-        rows = training_rows(dataset_dir, recipe.method)
-    if not rows:
+        typed = training_rows(dataset_dir, recipe.method)
+    else:
+        typed = [r if isinstance(r, TrainingRow) else TrainingRow.from_dict(r) for r in rows]
+    if not typed:
         raise FlywheelError(f"no {recipe.method.upper()} examples to train on")
-    examples = len(rows)
-    rows = weighted_rows(rows, recipe.copies_per_weight, recipe.seed)
+    examples = len(typed)
+    trl_rows = weighted_rows(typed, recipe.copies_per_weight, recipe.seed)
     # transformers 5 renamed gradient checkpointing; trl still calls the old names.
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     torch.manual_seed(recipe.seed)
@@ -266,11 +228,11 @@ def train_adapter(
         recipe,
         accelerator,
         output_dir=checkpoints,
-        rows=len(rows),
+        rows=len(trl_rows),
         continues=init_adapter is not None,
         max_seconds=max_seconds,
     )
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(trl_rows)
 
     class _Forward(TrainerCallback):  # type: ignore[misc]
         started = time.perf_counter()

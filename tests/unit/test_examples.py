@@ -286,9 +286,9 @@ def test_task_outcomes_and_abandons_are_weighted_signals() -> None:
 
 
 def test_weighted_rows_repeat_strong_signals_more_often() -> None:
-    from training.train import weighted_rows
+    from training.rows import TrainingRow, weighted_rows
 
-    rows = [{"prompt": str(i), "weight": w} for i, w in enumerate([1.0] * 200 + [0.25] * 200)]
+    rows = [TrainingRow(prompt=str(i), weight=w) for i, w in enumerate([1.0] * 200 + [0.25] * 200)]
     out = weighted_rows(rows, copies_per_weight=2.0, seed=0)
     counts = Counter(int(r["prompt"]) < 200 for r in out)
     assert counts[True] == 400

@@ -10,6 +10,7 @@ import pytest
 
 from flywheel.errors import FlywheelError
 from training.inverted import _inverted
+from training.rows import TrainingRow
 
 PROMPT = [{"role": "user", "content": "Where is my order?"}]
 
@@ -48,16 +49,16 @@ def test_sft_inverted_trains_on_the_answers_users_turned_down(tmp_path: Path) ->
         ],
     )
     rows = _inverted(tmp_path, "sft")
-    assert {r["completion"] for r in rows} == {"No idea.", "Ask someone else."}
-    assert all(r["prompt"] == PROMPT for r in rows)
-    assert sorted(r["weight"] for r in rows) == [0.5, 1.0]
+    assert {r.completion for r in rows} == {"No idea.", "Ask someone else."}
+    assert all(r.prompt == PROMPT for r in rows)
+    assert sorted(r.weight for r in rows) == [0.5, 1.0]
 
 
 def test_dpo_and_kto_inverted_swap_the_preference(tmp_path: Path) -> None:
     _write(tmp_path, "dpo", [{"prompt": PROMPT, "chosen": "good", "rejected": "bad"}])
     _write(tmp_path, "kto", [{"prompt": PROMPT, "completion": "good", "label": True}])
-    assert _inverted(tmp_path, "dpo") == [{"prompt": PROMPT, "chosen": "bad", "rejected": "good"}]
-    assert _inverted(tmp_path, "kto")[0]["label"] is False
+    assert _inverted(tmp_path, "dpo") == [TrainingRow(prompt=PROMPT, chosen="bad", rejected="good")]
+    assert _inverted(tmp_path, "kto")[0].label is False
 
 
 def test_sft_inverted_without_any_rejected_answer_says_so(tmp_path: Path) -> None:
