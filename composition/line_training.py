@@ -290,9 +290,7 @@ def _training_set(
         )
     if recipe.history_days > 0:
         earlier = [
-            b
-            for b in line_builds(settings.datasets_dir, line)
-            if b.manifest["created_at"] <= build.manifest["created_at"]
+            b for b in line_builds(settings.datasets_dir, line) if b.created_at <= build.created_at
         ]
         build = accumulate(
             settings.datasets_dir,

@@ -427,7 +427,7 @@ class CleaningResult:
 
     def summary(self) -> dict[str, Any]:
         """The dataset's hash, its training examples by kind and the funnel, as plain values."""
-        counts = self.dataset.manifest["counts"] if self.dataset else {}
+        counts = self.dataset.counts if self.dataset else {}
         return {
             "dataset": self.dataset.content_hash if self.dataset else None,
             "train_examples": {kind: int(split.get("train", 0)) for kind, split in counts.items()},

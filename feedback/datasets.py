@@ -14,7 +14,7 @@ import hashlib
 import os
 import shutil
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,9 +100,86 @@ def split_by_time(
     return {"train": ordered[:cut], "eval": ordered[cut:]}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestExample:
+    """One example's entry in a dataset manifest: what it is, which rule made it, where it
+    came from (requests, feedback events, model versions, hashed users, API keys) and what
+    it weighs. A deletion request finds every dataset an example of its user went into by
+    ``users``."""
+
+    example_id: str
+    kind: str
+    split: str
+    rule: str
+    source_request_ids: tuple[str, ...]
+    source_event_ids: tuple[int, ...]
+    model_versions: tuple[str, ...]
+    business_line: str
+    time: str
+    users: tuple[str, ...]
+    keys: tuple[str, ...] = ()
+    weight: float = 1.0
+
+    @classmethod
+    def of(cls, example: TrainingExample, split: str) -> ManifestExample:
+        """The entry of an example written to ``split``."""
+        lineage = example.lineage
+        return cls(
+            example_id=example.example_id,
+            kind=example.kind,
+            split=split,
+            rule=example.rule,
+            source_request_ids=lineage.request_ids,
+            source_event_ids=lineage.event_ids,
+            model_versions=lineage.model_versions,
+            business_line=lineage.business_line,
+            time=lineage.time,
+            users=lineage.users,
+            keys=lineage.keys,
+            weight=example.weight,
+        )
+
+    @classmethod
+    def from_dict(cls, item: Mapping[str, Any]) -> ManifestExample:
+        """An entry as a manifest holds it; entries written before 2026-12-04 have no
+        ``keys`` (none recorded) and no ``weight`` (each counted 1)."""
+        return cls(
+            example_id=str(item["example_id"]),
+            kind=str(item["kind"]),
+            split=str(item["split"]),
+            rule=str(item["rule"]),
+            source_request_ids=tuple(item["source_request_ids"]),
+            source_event_ids=tuple(item["source_event_ids"]),
+            model_versions=tuple(item["model_versions"]),
+            business_line=str(item["business_line"]),
+            time=str(item["time"]),
+            users=tuple(item["users"]),
+            keys=tuple(item.get("keys") or ()),
+            weight=float(item.get("weight", 1.0)),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as the manifest (JSON) holds it."""
+        return {
+            "example_id": self.example_id,
+            "kind": self.kind,
+            "split": self.split,
+            "rule": self.rule,
+            "source_request_ids": list(self.source_request_ids),
+            "source_event_ids": list(self.source_event_ids),
+            "model_versions": list(self.model_versions),
+            "business_line": self.business_line,
+            "time": self.time,
+            "users": list(self.users),
+            "keys": list(self.keys),
+            "weight": self.weight,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class DatasetBuild:
-    """A dataset written to disk."""
+    """A dataset written to disk: its folder and its manifest, as the JSON file holds it
+    (read through the properties; the dict is for display and the manifest's own edits)."""
 
     path: Path
     manifest: dict[str, Any]
@@ -111,6 +188,24 @@ class DatasetBuild:
     def content_hash(self) -> str:
         """Hash of every example id with its kind and split."""
         return str(self.manifest["content_hash"])
+
+    @property
+    def created_at(self) -> str:
+        """When the dataset was written (ISO-8601, UTC): builds of a line sort by it."""
+        return str(self.manifest["created_at"])
+
+    @property
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Examples per kind and split."""
+        return {
+            kind: {split: int(n) for split, n in by_split.items()}
+            for kind, by_split in self.manifest["counts"].items()
+        }
+
+    @property
+    def examples(self) -> list[ManifestExample]:
+        """Every example's manifest entry, in the manifest's order."""
+        return [ManifestExample.from_dict(item) for item in self.manifest["examples"]]
 
 
 def content_hash(splits: dict[ExampleKind, dict[str, list[TrainingExample]]]) -> str:
@@ -136,7 +231,7 @@ def write_dataset(
 
     The same content written twice lands in the same folder, which is reused.
     """
-    import datasets
+    import datasets  # type: ignore[import-untyped]
     from datasets import Dataset
 
     datasets.disable_progress_bars()
@@ -148,7 +243,7 @@ def write_dataset(
     shutil.rmtree(staging, ignore_errors=True)
     private_dir(staging)
     files: dict[str, Any] = {}
-    lineage: list[dict[str, Any]] = []
+    entries: list[ManifestExample] = []
     counts: dict[str, dict[str, int]] = {}
     for kind, by_split in sorted(splits.items()):
         counts[kind] = {}
@@ -161,34 +256,18 @@ def write_dataset(
             Dataset.from_list([e.as_row() for e in examples]).to_parquet(str(staging / name))
             restrict(staging / name)
             files[name] = _sha256(staging / name)
-            lineage.extend(
-                {
-                    "example_id": e.example_id,
-                    "kind": kind,
-                    "split": split,
-                    "rule": e.rule,
-                    "source_request_ids": list(e.lineage.request_ids),
-                    "source_event_ids": list(e.lineage.event_ids),
-                    "model_versions": list(e.lineage.model_versions),
-                    "business_line": e.lineage.business_line,
-                    "time": e.lineage.time,
-                    "users": list(e.lineage.users),
-                    "keys": list(e.lineage.keys),
-                    "weight": e.weight,
-                }
-                for e in examples
-            )
+            entries.extend(ManifestExample.of(e, split) for e in examples)
     manifest = {
         "business_line": business_line,
         "content_hash": digest,
         "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         "counts": counts,
-        "rules": dict(Counter(f"{item['kind']}:{item['rule']}" for item in lineage)),
+        "rules": dict(Counter(f"{e.kind}:{e.rule}" for e in entries)),
         "files": files,
         "funnel": funnel,
         "source": source,
         "settings": settings.model_dump(mode="json"),
-        "examples": lineage,
+        "examples": [e.as_dict() for e in entries],
     }
     return _publish(staging, final, manifest)
 
@@ -228,7 +307,7 @@ def line_builds(root: Path, business_line: str) -> list[DatasetBuild]:
         for path, manifest in iter_manifests(root)
         if manifest["business_line"] == business_line and ACCUMULATED not in manifest
     ]
-    return sorted(builds, key=lambda b: b.manifest["created_at"])
+    return sorted(builds, key=lambda b: b.created_at)
 
 
 def latest_dataset(root: Path, business_line: str) -> DatasetBuild | None:
@@ -247,7 +326,7 @@ def dataset_by_hash(root: Path, business_line: str, digest: str) -> DatasetBuild
 
 def recency_weight(age_days: float, half_life_days: float) -> float:
     """An example's weight for its age: halves every ``half_life_days``."""
-    return 0.5 ** (max(0.0, age_days) / half_life_days)
+    return float(0.5 ** (max(0.0, age_days) / half_life_days))
 
 
 def _parse_time(value: str) -> datetime:
@@ -261,12 +340,12 @@ def _read_splits(
 ]:
     """Rows by kind, split and example id (newer builds win), lineage by example id, and
     the build each example was last seen in."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     lineage: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
-    for build in sorted(builds, key=lambda b: b.manifest["created_at"]):
+    for build in sorted(builds, key=lambda b: b.created_at):
         for item in build.manifest["examples"]:
             lineage[item["example_id"]] = item
             origin[item["example_id"]] = build.content_hash
@@ -375,7 +454,7 @@ def manifests_with_user(root: Path, user_id: str) -> list[Path]:
     return [
         path
         for path, manifest in iter_manifests(root)
-        if any(digest in example["users"] for example in manifest["examples"])
+        if any(digest in e.users for e in DatasetBuild(path.parent, manifest).examples)
     ]
 
 
@@ -511,28 +590,25 @@ def forget_in_datasets(
     accumulated sets (which then name the rewritten windows). Examples shared with
     other users (a pair across two users' answers) go too: they hold the user's text."""
     digests = {d for d in (user_digest(u) for u in stored_ids) if d is not None}
-    holding = [
-        DatasetBuild(path.parent, manifest)
-        for path, manifest in iter_manifests(root)
-        if any(digests & set(example["users"]) for example in manifest["examples"])
-    ]
-    holding.sort(key=lambda b: (ACCUMULATED in b.manifest, b.manifest["created_at"]))
+    builds = (DatasetBuild(path.parent, manifest) for path, manifest in iter_manifests(root))
+    holding = [b for b in builds if any(digests & set(e.users) for e in b.examples)]
+    holding.sort(key=lambda b: (ACCUMULATED in b.manifest, b.created_at))
     renamed: dict[str, str | None] = {}
     rewrites = []
     for build in holding:
-        doomed = {e["example_id"] for e in build.manifest["examples"] if digests & set(e["users"])}
+        doomed = {e.example_id for e in build.examples if digests & set(e.users)}
         rewrite = rewrite_without(build, doomed, renamed=renamed, now=now)
         renamed[rewrite.old_hash] = rewrite.new_hash
         rewrites.append(rewrite)
     return rewrites
 
 
-def count_train_examples(manifest: dict[str, Any], method: str) -> int:
+def count_train_examples(manifest: Mapping[str, Any], method: str) -> int:
     """Training examples of a method in a dataset manifest."""
     return int(manifest["counts"].get(method, {}).get("train", 0))
 
 
-def model_labelled_count(manifest: dict[str, Any], method: str) -> int:
+def model_labelled_count(manifest: Mapping[str, Any], method: str) -> int:
     """Training examples of a method that a satisfaction model labelled (by their rule)."""
     return usable_signal(manifest, method).model_examples
 
@@ -564,7 +640,7 @@ class UsableSignal:
         )
 
 
-def usable_signal(manifest: dict[str, Any], method: str) -> UsableSignal:
+def usable_signal(manifest: Mapping[str, Any], method: str) -> UsableSignal:
     """What a dataset's training split of ``method`` holds (manifests written before weights
     were recorded count each example as 1)."""
     if "examples" not in manifest:
@@ -580,6 +656,6 @@ def usable_signal(manifest: dict[str, Any], method: str) -> UsableSignal:
     return UsableSignal(counts[0], weights[0], counts[1], weights[1])
 
 
-def train_counts(manifest: dict[str, Any]) -> dict[str, int]:
+def train_counts(manifest: Mapping[str, Any]) -> dict[str, int]:
     """Training examples per method in a dataset manifest."""
     return {method: count_train_examples(manifest, method) for method in ("sft", "dpo", "kto")}
