@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, Select, and_, exists, literal, or_, select
 
 from dashboard.filters import BucketFilter, Cursor
-from feedback.events import EDIT_TYPES
+from feedback.events import EDIT_TYPES, FeedbackType, Signal
 from feedback.examples import user_digest
 from feedback.rollup import (
     BASE_ADAPTER,
@@ -70,6 +70,10 @@ class RawSample:
         return Cursor(self.created_at, self.id)
 
 
+# The outcome each task signal stands for (task_success: success).
+_TASK_OUTCOMES = {s.value: s.outcome.value for s in Signal if s.outcome is not None}
+
+
 def _signal_condition(signal: str) -> ColumnElement[bool]:
     """A per-row probe of ``feedback_events(request_id)`` for the signal.
 
@@ -79,13 +83,13 @@ def _signal_condition(signal: str) -> ColumnElement[bool]:
     """
     i, f = interactions_table.c, feedback_table.c
     about = [f.request_id == i.request_id]
-    if signal in {"task_success", "task_failure"}:
-        outcome = "success" if signal == "task_success" else "failure"
-        about += [f.type == "task_outcome", f.outcome == outcome]
-    elif signal != "none":
+    outcome = _TASK_OUTCOMES.get(signal)
+    if outcome is not None:
+        about += [f.type == FeedbackType.TASK_OUTCOME.value, f.outcome == outcome]
+    elif signal != Signal.NONE:
         about.append(f.type == signal)
     probe = exists(select(literal(1)).where(*about).offset(0))
-    return ~probe if signal == "none" else probe
+    return ~probe if signal == Signal.NONE else probe
 
 
 def sample_conditions(business_line: str, bucket: BucketFilter) -> list[ColumnElement[bool]]:

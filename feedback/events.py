@@ -129,6 +129,13 @@ class Signal(StrEnum):
         """The feedback event type that carries this signal."""
         return "task_outcome" if self.value.startswith("task_") else self.value
 
+    @property
+    def outcome(self) -> TaskOutcome | None:
+        """The task outcome a ``task_*`` signal stands for; None for every other signal."""
+        if not self.value.startswith("task_"):
+            return None
+        return TaskOutcome(self.value.removeprefix("task_"))
+
 
 _WEIGHTS = {
     Signal.EDIT: 1.0,

@@ -55,7 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from feedback.events import USER_SIGNALS
+from feedback.events import USER_SIGNALS, FeedbackType, Signal, TaskOutcome
 from feedback.schema import (
     feedback_table,
     interactions_table,
@@ -107,8 +107,9 @@ def ceil_hour(value: datetime) -> datetime:
 
 def feedback_signal(kind: str, outcome: str | None) -> str:
     """The rollup's name for a feedback event (a task outcome splits by success/failure)."""
-    if kind == "task_outcome":
-        return "task_success" if outcome == "success" else "task_failure"
+    if kind == FeedbackType.TASK_OUTCOME:
+        found = Signal.TASK_SUCCESS if outcome == TaskOutcome.SUCCESS else Signal.TASK_FAILURE
+        return found.value
     return kind
 
 
