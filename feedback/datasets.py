@@ -333,16 +333,46 @@ def _parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """One example as a dataset's parquet file holds it: trl's columns of its kind, then its
+    rule, weight and lineage columns (:meth:`TrainingExample.as_row`). An accumulated set
+    reads its id, time and weight and writes the columns back as they were, re-weighted."""
+
+    columns: dict[str, Any]
+
+    @property
+    def example_id(self) -> str:
+        """The example's content hash."""
+        return str(self.columns["example_id"])
+
+    @property
+    def time(self) -> str:
+        """The newest source time of the example (ISO-8601, UTC)."""
+        return str(self.columns["time"])
+
+    def reweighted(self, factor: float) -> StoredRow:
+        """The row with its weight (1 where none is stored) times ``factor``."""
+        weight = float(self.columns.get("weight") or 1.0)
+        return StoredRow({**self.columns, "weight": round(weight * factor, 6)})
+
+    def hash_line(self, kind: str, split: str) -> bytes:
+        """The row's line in an accumulated set's content hash: its id and stored weight."""
+        return f"{kind}/{split}/{self.example_id}/{self.columns['weight']}\n".encode()
+
+
+# Rows by kind, split and example id.
+RowsByKind = dict[str, dict[str, dict[str, StoredRow]]]
+
+
 def _read_splits(
     builds: Sequence[DatasetBuild],
-) -> tuple[
-    dict[str, dict[str, dict[str, dict[str, Any]]]], dict[str, dict[str, Any]], dict[str, str]
-]:
-    """Rows by kind, split and example id (newer builds win), lineage by example id, and
-    the build each example was last seen in."""
+) -> tuple[RowsByKind, dict[str, dict[str, Any]], dict[str, str]]:
+    """Rows by kind, split and example id (newer builds win), manifest entries by example id
+    (as each manifest holds them), and the build each example was last seen in."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    rows: dict[str, dict[str, dict[str, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    rows: RowsByKind = defaultdict(lambda: defaultdict(dict))
     lineage: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     for build in sorted(builds, key=lambda b: b.created_at):
@@ -353,8 +383,9 @@ def _read_splits(
             for split in SPLITS:
                 path = build.path / f"{kind}_{split}.parquet"
                 if path.exists():
-                    for row in pq.read_table(path).to_pylist():
-                        rows[kind][split][row["example_id"]] = row
+                    for columns in pq.read_table(path).to_pylist():
+                        row = StoredRow(columns)
+                        rows[kind][split][row.example_id] = row
     return rows, lineage, origin
 
 
@@ -381,13 +412,13 @@ def accumulate(
     if not builds:
         raise ValueError("accumulate needs at least one dataset")
     rows, lineage, origin = _read_splits(builds)
-    times = [_parse_time(r["time"]) for k in rows.values() for v in k.values() for r in v.values()]
+    times = [_parse_time(r.time) for k in rows.values() for v in k.values() for r in v.values()]
     newest = max(times, default=datetime.now(UTC))
 
-    def age_days(row: dict[str, Any]) -> float:
-        return (newest - _parse_time(row["time"])).total_seconds() / 86_400
+    def age_days(row: StoredRow) -> float:
+        return (newest - _parse_time(row.time)).total_seconds() / 86_400
 
-    splits: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    splits: dict[str, dict[str, list[StoredRow]]] = {}
     used: set[str] = set()
     for kind, by_split in rows.items():
         held_out = set(by_split.get("eval", {}))
@@ -396,20 +427,20 @@ def accumulate(
             for split, items in by_split.items()
         }
         splits[kind] = {
-            "train": [r for i, r in recent.get("train", {}).items() if i not in held_out],
+            "train": [
+                r.reweighted(recency_weight(age_days(r), half_life_days))
+                for i, r in recent.get("train", {}).items()
+                if i not in held_out
+            ],
             "eval": list(recent.get("eval", {}).values()),
         }
-        for row in splits[kind]["train"]:
-            row["weight"] = round(
-                float(row.get("weight") or 1.0) * recency_weight(age_days(row), half_life_days), 6
-            )
-        used.update(origin[r["example_id"]] for items in splits[kind].values() for r in items)
+        used.update(origin[r.example_id] for items in splits[kind].values() for r in items)
     chosen = [b for b in builds if b.content_hash in used]
     digest = hashlib.sha256()
     for kind in sorted(splits):
         for split in SPLITS:
-            for row in sorted(splits[kind][split], key=lambda r: r["example_id"]):
-                digest.update(f"{kind}/{split}/{row['example_id']}/{row['weight']}\n".encode())
+            for row in sorted(splits[kind][split], key=lambda r: r.example_id):
+                digest.update(row.hash_line(kind, split))
     content = digest.hexdigest()
     final = root / business_line / content[:16]
     if (final / MANIFEST).exists():
@@ -423,15 +454,15 @@ def accumulate(
     for kind in sorted(splits):
         counts[kind] = {}
         for split in SPLITS:
-            items = sorted(splits[kind][split], key=lambda r: (r["time"], r["example_id"]))
+            items = sorted(splits[kind][split], key=lambda r: (r.time, r.example_id))
             counts[kind][split] = len(items)
             if not items:
                 continue
             name = f"{kind}_{split}.parquet"
-            Dataset.from_list(items).to_parquet(str(staging / name))
+            Dataset.from_list([r.columns for r in items]).to_parquet(str(staging / name))
             restrict(staging / name)
             files[name] = _sha256(staging / name)
-            kept += [lineage[r["example_id"]] for r in items if r["example_id"] in lineage]
+            kept += [lineage[r.example_id] for r in items if r.example_id in lineage]
     manifest = {
         "business_line": business_line,
         "content_hash": content,
@@ -484,7 +515,7 @@ class DatasetRewrite:
         return self.new.content_hash if self.new is not None else None
 
 
-def _rewritten_hash(kept: dict[str, dict[str, list[dict[str, Any]]]], accumulated: bool) -> str:
+def _rewritten_hash(kept: dict[str, dict[str, list[StoredRow]]], accumulated: bool) -> str:
     """The content hash the builder gives these rows: :func:`content_hash` for a window's
     dataset (file order), the weighted form of :func:`accumulate` for an accumulated one."""
     digest = hashlib.sha256()
@@ -492,11 +523,11 @@ def _rewritten_hash(kept: dict[str, dict[str, list[dict[str, Any]]]], accumulate
         for split in SPLITS:
             rows = kept[kind].get(split, [])
             if accumulated:
-                for row in sorted(rows, key=lambda r: r["example_id"]):
-                    digest.update(f"{kind}/{split}/{row['example_id']}/{row['weight']}\n".encode())
+                for row in sorted(rows, key=lambda r: r.example_id):
+                    digest.update(row.hash_line(kind, split))
             else:
                 for row in rows:
-                    digest.update(f"{kind}/{split}/{row['example_id']}\n".encode())
+                    digest.update(f"{kind}/{split}/{row.example_id}\n".encode())
     return digest.hexdigest()
 
 
@@ -523,14 +554,15 @@ def rewrite_without(
     line = str(manifest["business_line"])
     accumulated = ACCUMULATED in manifest
     root = build.path.parent.parent
-    kept: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    kept: dict[str, dict[str, list[StoredRow]]] = {}
     tables: dict[str, pa.Table] = {}
     for name in sorted(manifest.get("files", {})):
         kind, split = name.removesuffix(".parquet").split("_", 1)
         table = pq.read_table(build.path / name)
         mask = pa.array([i not in doomed for i in table.column("example_id").to_pylist()])
         table = table.filter(mask)
-        kept.setdefault(kind, {})[split] = table.select(["example_id", "weight"]).to_pylist()
+        columns = table.select(["example_id", "weight"]).to_pylist()
+        kept.setdefault(kind, {})[split] = [StoredRow(c) for c in columns]
         if table.num_rows:
             tables[name] = table
     examples = [e for e in manifest["examples"] if e["example_id"] not in doomed]
