@@ -12,6 +12,7 @@ being taken for a name.
 from __future__ import annotations
 
 import importlib
+import itertools
 import pkgutil
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +34,9 @@ _TITLES = frozenset(
     # Stage names: "DJ Switch", "Lil Sly", "MC Hammer".
     | {"dj", "mc", "lil"}
 )
+_FORMAL_TITLES = frozenset({"mr", "mrs", "dr", "prof"})
+"""Titles after which even a lower-case English word is a name ("mr beast", "dr phil");
+not "ms", which is milliseconds as often ("200 ms latency")."""
 _CUES = re.compile(
     r"(?:\bmy name is|\bname is|\bi am|\bi'm|\bim|\bcall me|\bcalled|\bnamed|\bname:|"
     r"\bthis is|\bsigned|\bregards,?|\bthanks,?|\bdear|\bhi|\bhello|\bhey|\bwith|\bby|"
@@ -675,6 +679,7 @@ class PersonNameFinder:
         results.extend(self._speakers(text))
         results.extend(self._handles(text))
         results.extend(self._lists(text, words))
+        results.extend(self._given_and_family(text, words))
         results.extend(self._informal_names(text, words, latin_script))
         return results
 
@@ -974,6 +979,43 @@ class PersonNameFinder:
             results.append(RecognizerResult(self.ENTITY, match.start(1), match.end(1), 0.5))
         return results
 
+    def _given_and_family(self, text: str, words: list[_Word]) -> list[RecognizerResult]:
+        """ "bo burnham", "donald trump", "olga krylova's": a given name that is no English
+        word, then, one space on, a word used as a name (a known or typical surname, a word
+        people mostly capitalise, or one the corpus uses like names), the two not both
+        capitalised (that case is :meth:`_name_at`'s). Writers who type in lower case, or
+        capitalise only part of a name, leave the family name out of the casing rules."""
+        gazetteer = self.gazetteer
+        results = []
+        for first, second in itertools.pairwise(words):
+            if (
+                (first.capitalised and second.capitalised)
+                or text[first.end : second.start] != " "
+                or len(first.text) < 2
+                or not gazetteer.is_given_name(first.text)
+                or gazetteer.is_english_word(first.text)
+                or first.text.casefold() in _BEFORE_PLACES
+            ):
+                continue
+            family = _POSSESSIVE.sub("", second.text)
+            if (
+                len(family) < 3
+                or not _name_shaped(family)
+                or gazetteer.is_common(family)
+                or gazetteer.is_function_word(family)
+                or gazetteer.is_informal_word(family)
+                or gazetteer.is_place(family)
+            ):
+                continue
+            if (
+                gazetteer.is_surname_like(family)
+                or gazetteer.is_proper_noun(family)
+                or gazetteer.is_name_like(family)
+            ):
+                end = second.start + len(family)
+                results.append(RecognizerResult(self.ENTITY, first.start, end, 0.5))
+        return results
+
     def _lists(self, text: str, words: list[_Word]) -> list[RecognizerResult]:
         """In "Hleb, Sheila, Donna and Shane", once two items are names, all of them are."""
         results: list[RecognizerResult] = []
@@ -1040,16 +1082,24 @@ class PersonNameFinder:
                 )
             )
         else:
-            starts = strong or (
-                gazetteer.is_given_name(word.text)
-                and (
+            starts = (
+                strong
+                or (
                     titled
-                    or _CUES.search(window) is not None
-                    or (
-                        adjacent
-                        and following is not None
-                        and not following.capitalised
-                        and gazetteer.is_surname_like(following.text)
+                    and previous in _FORMAL_TITLES
+                    and not gazetteer.is_informal_word(word.text)
+                )
+                or (
+                    gazetteer.is_given_name(word.text)
+                    and (
+                        titled
+                        or _CUES.search(window) is not None
+                        or (
+                            adjacent
+                            and following is not None
+                            and not following.capitalised
+                            and gazetteer.is_surname_like(following.text)
+                        )
                     )
                 )
             )
