@@ -1,7 +1,8 @@
 """The cleaning stage for one business line: scrub, filter, dedup, build examples, cap, split.
 
-Every step is a plain function over a list of feedback records (see
-:mod:`feedback.signals`); :func:`clean_line` strings them together and counts,
+Every step is a plain function over a list of feedback records
+(:class:`feedback.records.FeedbackRecord`, pulled by
+:func:`feedback.signals.pull_records`); :func:`clean_line` strings them together and counts,
 per signal, what survives each step and why the rest was dropped. The
 per-record work (:func:`scrub_and_filter_records`) streams over a window or a
 partition of it, so a flow can map it over partitions.
