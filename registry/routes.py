@@ -8,8 +8,9 @@ serialises writers itself) so two concurrent changes cannot lose one another.
 
 The product writes a table only through ``registry.rollout`` (whose transitions
 load, probe, move MLflow's aliases and unload alongside); ``tests/unit/test_layers.py``
-holds every other package to that. The ``set_*``/``clear_*`` writers below move the
-table alone: they seed tables for tests and benchmarks.
+holds every other package to that, and holds :class:`RouteStore` to its one write.
+Tests arrange tables by hand with ``tests/routing.py``, itself a caller of
+:meth:`RouteStore.change`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from flywheel.errors import UsageError
-from registry.routing import DEFAULT_CANARY_FRACTION, ExperimentSplit, RoutingTable
+from registry.routing import ExperimentSplit, RoutingTable
 from registry.tables import route_changes_table, routes_table
 
 
@@ -155,80 +156,6 @@ class RouteStore:
         if row is None:
             return RoutingTable(business_line=business_line), 0
         return _table_of(row), int(row.revision)
-
-    def set_canary(
-        self,
-        business_line: str,
-        adapter: str,
-        fraction: float = DEFAULT_CANARY_FRACTION,
-        *,
-        actor: str,
-        reason: str | None = None,
-    ) -> RoutingTable:
-        """Send ``fraction`` of the line's users (sticky) to ``adapter`` (the table alone)."""
-        return self.change(
-            business_line,
-            lambda table: table.with_canary(adapter, fraction),
-            action="canary_set",
-            actor=actor,
-            reason=reason,
-        )
-
-    def clear_canary(
-        self, business_line: str, *, actor: str, reason: str | None = None
-    ) -> RoutingTable:
-        """Every user of the line back on the champion at once (the table alone)."""
-        return self.change(
-            business_line,
-            lambda table: table.without_canary(),
-            action="canary_clear",
-            actor=actor,
-            reason=reason,
-        )
-
-    def set_shadow(
-        self,
-        business_line: str,
-        adapter: str,
-        fraction: float,
-        *,
-        actor: str,
-        reason: str | None = None,
-    ) -> RoutingTable:
-        """Mirror ``fraction`` of the line's champion requests to ``adapter`` (the table
-        alone)."""
-        return self.change(
-            business_line,
-            lambda table: table.with_shadow(adapter, fraction),
-            action="shadow_set",
-            actor=actor,
-            reason=reason,
-        )
-
-    def clear_shadow(
-        self, business_line: str, *, actor: str, reason: str | None = None
-    ) -> RoutingTable:
-        """Stop mirroring the line's requests to its shadow adapter (the table alone)."""
-        return self.change(
-            business_line,
-            lambda table: table.without_shadow(),
-            action="shadow_clear",
-            actor=actor,
-            reason=reason,
-        )
-
-    def set_champion(
-        self, business_line: str, adapter: str | None, *, actor: str, reason: str | None = None
-    ) -> RoutingTable:
-        """Make ``adapter`` (None: the base model) the champion, the old one previous (the
-        table alone: MLflow's alias does not follow)."""
-        return self.change(
-            business_line,
-            lambda table: table.with_champion(adapter),
-            action="champion_set",
-            actor=actor,
-            reason=reason,
-        )
 
     def history(self, business_line: str, *, limit: int = 20) -> list[RouteChangeRecord]:
         """The line's latest changes, newest first."""

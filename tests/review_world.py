@@ -19,6 +19,7 @@ from feedback.store import FeedbackStore
 from flywheel.settings import Settings, load_settings
 from gateway.keys import add_key
 from registry.routes import RouteStore
+from tests.routing import set_canary, set_champion
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -120,9 +121,9 @@ def build_review_world(
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
     champion, canary = f"{LINE}-v1", f"{LINE}-v2"
-    routes.set_champion(LINE, champion, actor="test")
-    routes.set_canary(LINE, canary, 0.05, actor="test")
-    routes.set_champion(OTHER_LINE, "billing-v1", actor="test")
+    set_champion(routes, LINE, champion, actor="test")
+    set_canary(routes, LINE, canary, 0.05, actor="test")
+    set_champion(routes, OTHER_LINE, "billing-v1", actor="test")
     started = datetime.now(UTC)
     records = []
     for arm, adapter in (("champion", champion), ("canary", canary)):

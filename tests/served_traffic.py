@@ -19,6 +19,7 @@ from typing import Any
 from feedback.store import FeedbackStore, IngestReport
 from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
 from registry.routes import RouteStore
+from tests.routing import set_canary, set_champion
 
 ACTOR = "demo-store"
 
@@ -98,8 +99,8 @@ def write_routes(
         ]
     )
     routes = RouteStore(store.engine, clock=lambda: next(moments))
-    routes.set_champion(line, f"{line}-v1", actor=ACTOR, reason="first adapter")
-    routes.set_champion(line, f"{line}-v2", actor=ACTOR, reason="promoted after its canary")
-    routes.set_canary(
-        line, f"{line}-v3", plan.canary_fraction, actor=ACTOR, reason="nightly candidate"
+    set_champion(routes, line, f"{line}-v1", actor=ACTOR, reason="first adapter")
+    set_champion(routes, line, f"{line}-v2", actor=ACTOR, reason="promoted after its canary")
+    set_canary(
+        routes, line, f"{line}-v3", plan.canary_fraction, actor=ACTOR, reason="nightly candidate"
     )

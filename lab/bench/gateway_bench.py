@@ -246,7 +246,12 @@ def _route(home: Path, shadow: float) -> None:
     store = FeedbackStore.open(Settings(home=home, database_url=None))
     try:
         routes = RouteStore(store.engine)
-        routes.set_champion(LINE, CHAMPION_ADAPTER, actor="gateway-bench")
+        routes.change(
+            LINE,
+            lambda table: table.with_champion(CHAMPION_ADAPTER),
+            action="champion_set",
+            actor="gateway-bench",
+        )
         if shadow:
             routes.change(
                 LINE,

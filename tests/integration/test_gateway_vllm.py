@@ -38,6 +38,7 @@ from registry.vllm_admin import VllmAdminClient
 from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 from tests.conftest import services_required
 from tests.pg_instance import PrivatePostgres, PrivatePostgresUnavailable
+from tests.routing import set_canary, set_champion
 from tests.servers import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -178,8 +179,8 @@ def store(postgres_url: str) -> Iterator[FeedbackStore]:
 def routed_store(store: FeedbackStore) -> FeedbackStore:
     """The store, with customer_service on v1 and v2 as a 5% canary."""
     routes = RouteStore(store.engine)
-    routes.set_champion(LINE, CHAMPION, actor="test")
-    routes.set_canary(LINE, CANARY, 0.05, actor="test")
+    set_champion(routes, LINE, CHAMPION, actor="test")
+    set_canary(routes, LINE, CANARY, 0.05, actor="test")
     return store
 
 
@@ -454,7 +455,7 @@ def test_a_30s_store_outage_loses_no_interaction_and_no_feedback(
         pytest.skip(f"no private PostgreSQL server: {exc}")
     with pg:
         store = _open_store(pg.url)
-        RouteStore(store.engine).set_champion(LINE, CHAMPION, actor="test")
+        set_champion(RouteStore(store.engine), LINE, CHAMPION, actor="test")
         spool = tmp_path / "spool"
         with running_gateway(
             settings, store, adapters.base_url, spool_dir=spool, spool_retry_s=1

@@ -20,6 +20,7 @@ from flywheel.settings import Settings, load_settings
 from registry.adapter_sync import lifecycle_check
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients
+from tests.routing import set_champion
 
 runner = CliRunner()
 
@@ -120,7 +121,7 @@ def _vllm(adapters: list[str]) -> httpx.MockTransport:
 
 def test_the_lifecycle_check_on_fake_mlflow_and_vllm(settings: Settings) -> None:
     store = FeedbackStore.open(settings)
-    RouteStore(store.engine).set_champion("legal", "legal-v1", actor="test")
+    set_champion(RouteStore(store.engine), "legal", "legal-v1", actor="test")
     registry = _Registry({"legal": {"champion": 1}})
     agreed = fake_clients(
         settings, store=store, registry=registry, vllm_transport=_vllm(["legal-v1"])

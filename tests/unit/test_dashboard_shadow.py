@@ -16,6 +16,7 @@ from registry.decisions import record_decision
 from registry.routes import RouteStore
 from registry.shadow import ShadowPolicy, compare_shadow, judge_shadow
 from tests.dashboard_store import build_page_home
+from tests.routing import set_shadow
 
 LINE = "medical"
 SHADOW = f"{LINE}-v9"
@@ -36,7 +37,7 @@ def test_the_overview_shows_the_shadow_in_numbers(tmp_path: Path) -> None:
         )
     routes = RouteStore(engine)
     before = routes.table(LINE)
-    routes.set_shadow(LINE, SHADOW, 0.25, actor="test")
+    set_shadow(routes, LINE, SHADOW, 0.25, actor="test")
     now = datetime.now(UTC)
     outputs = [
         {"request_id": rid, "business_line": LINE, "adapter_name": SHADOW, "response": SECRET,

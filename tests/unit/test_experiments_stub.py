@@ -49,6 +49,7 @@ from registry.vllm_server import free_port
 from tests.dashboard_store import shared_scrubber
 from tests.fake_clients import fake_clients
 from tests.registered import fake_adapter, register_version
+from tests.routing import set_canary
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
@@ -155,7 +156,7 @@ def test_one_rollout_at_a_time_and_the_arms_checked(world: World) -> None:
     assert refused.status == "refused"
     assert "experiment" in refused.reason
     with pytest.raises(UsageError, match="one rollout at a time"):
-        RouteStore(world.store.engine).set_canary(LINE, v1, 0.05, actor="test")
+        set_canary(RouteStore(world.store.engine), LINE, v1, 0.05, actor="test")
     with pytest.raises(UsageError, match="already live"):
         world.start(v1, v2)
     assert lifecycle_check(world.settings, world.clients, world.urls)["problems"] == []

@@ -41,6 +41,7 @@ from registry.records import TAG_FORGOTTEN_USER_DATA, TAG_FORGOTTEN_USER_DATA_AT
 from registry.routes import RouteStore
 from registry.tracking import Registry
 from registry.vllm_server import free_port
+from tests.routing import set_champion
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
 
@@ -73,7 +74,7 @@ def traffic(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tra
     """Every user's prompts through the gateway, each answer given a thumbs-up."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     store = FeedbackStore.open(settings)
-    RouteStore(store.engine).set_champion(LINE, CHAMPION, actor="test")
+    set_champion(RouteStore(store.engine), LINE, CHAMPION, actor="test")
     keys = KeyRing([ApiKey(name="cs", sha256=key_digest(KEY), business_lines=(LINE,))])
     request_ids: dict[str, list[str]] = {}
     with running_stub(StubBehaviour(adapters={CHAMPION})) as stub:

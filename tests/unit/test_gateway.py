@@ -22,6 +22,7 @@ from gateway.keys import ApiKey, KeyRing, key_digest
 from registry.routes import RouteStore
 from registry.routing import choose_arm
 from registry.vllm_server import free_port
+from tests.routing import clear_canary, set_canary, set_champion
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
 
@@ -90,8 +91,8 @@ class Running:
 def gateway(settings: Settings) -> Iterator[Running]:
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
-    routes.set_champion("customer_service", CHAMPION, actor="test")
-    routes.set_canary("customer_service", CANARY, 0.05, actor="test")
+    set_champion(routes, "customer_service", CHAMPION, actor="test")
+    set_canary(routes, "customer_service", CANARY, 0.05, actor="test")
     with running_stub(StubBehaviour(adapters={CHAMPION, CANARY})) as stub:
         config = GatewaySettings(
             upstreams=(stub.base_url,), routes_refresh_s=0.05, log_flush_s=0.02
@@ -172,7 +173,7 @@ def test_no_answer_tells_the_caller_which_adapter_or_arm_served_it(gateway: Runn
             }
             served[arm] = gateway.served(plain)
     assert served == {"champion": ("champion", CHAMPION), "canary": ("canary", CANARY)}
-    gateway.routes.set_canary("customer_service", "customer_service-v7", 1.0, actor="test")
+    set_canary(gateway.routes, "customer_service", "customer_service-v7", 1.0, actor="test")
     time.sleep(0.3)
     with gateway.client() as client:
         missing = _chat(client, user="someone-else")
@@ -429,7 +430,7 @@ def test_the_split_is_sticky_and_a_rollback_reaches_the_gateway_within_a_second(
         expected = {u: choose_arm(_table(gateway), u)[0] for u in users}
         assert first == expected
         canary_user = next(u for u, arm in first.items() if arm == "canary")
-        gateway.routes.clear_canary("customer_service", actor="test", reason="rollback")
+        clear_canary(gateway.routes, "customer_service", actor="test", reason="rollback")
         cleared = time.monotonic()
         while gateway.arm(_chat(client, user=canary_user)) != "champion":
             assert time.monotonic() - cleared < 1.0
@@ -444,14 +445,14 @@ def test_a_conversation_keeps_its_adapter_until_that_adapter_is_rolled_back(
     headers = {"x-session-id": "conversation-1"}
     with gateway.client() as client:
         assert gateway.adapter(_chat(client, user=user, headers=headers)) == CHAMPION
-        gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
+        set_canary(gateway.routes, "customer_service", CANARY, 1.0, actor="test")
         time.sleep(0.3)
         # Every new user is on the canary now, but this conversation stays where it began.
         assert gateway.adapter(_chat(client, user="someone-new")) == CANARY
         assert gateway.adapter(_chat(client, user=user, headers=headers)) == CHAMPION
         other = {"x-session-id": "conversation-2"}
         assert gateway.adapter(_chat(client, user=user, headers=other)) == CANARY
-        gateway.routes.clear_canary("customer_service", actor="test")
+        clear_canary(gateway.routes, "customer_service", actor="test")
         time.sleep(0.3)
         assert gateway.adapter(_chat(client, user=user, headers=other)) == CHAMPION
 
@@ -513,7 +514,7 @@ def test_another_lines_key_reusing_a_session_id_touches_nothing_of_this_line(
         other = _chat(legal, model="legal", user=user, headers=headers)
         assert other.status_code == 200, other.text
         assert gateway.arm(other) == "base"
-        gateway.routes.set_canary("customer_service", CANARY, 1.0, actor="test")
+        set_canary(gateway.routes, "customer_service", CANARY, 1.0, actor="test")
         time.sleep(0.3)
         follow_up = [
             {"role": "user", "content": "hi"},

@@ -30,6 +30,7 @@ from gateway.keys import ApiKey, KeyRing, key_digest
 from gateway.limits import Limits
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
+from tests.routing import set_champion
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
@@ -50,7 +51,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     home = tmp_path_factory.mktemp("fuzz-home")
     app_settings: Settings = load_settings(home=home, database_url=f"sqlite:///{home}/fw.db")
     store = FeedbackStore.open(app_settings)
-    RouteStore(store.engine).set_champion("legal", "legal-v1", actor="fuzz")
+    set_champion(RouteStore(store.engine), "legal", "legal-v1", actor="fuzz")
     limits = Limits(concurrent_streams=STREAMS, requests_per_min=1_000_000)
     keys = KeyRing(
         [ApiKey(name="fuzz", sha256=key_digest(KEY), business_lines=("legal",), limits=limits)]

@@ -21,6 +21,7 @@ from flywheel.settings import Settings
 from gateway.keys import KeyRing, add_key, bearer_token
 from gateway.recorder import FinishedRequest, InteractionRecorder, answer_text
 from registry.routes import RouteStore
+from tests.routing import set_canary, set_champion
 
 runner = CliRunner()
 
@@ -193,9 +194,9 @@ def test_route_changes_are_atomic_revisioned_and_recorded(settings: Settings) ->
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
     assert routes.table("legal").champion is None
-    routes.set_champion("legal", "legal-v1", actor="t")
-    routes.set_canary("legal", "legal-v2", 0.05, actor="t", reason="nightly")
-    routes.set_champion("legal", "legal-v2", actor="t", reason="promoted")
+    set_champion(routes, "legal", "legal-v1", actor="t")
+    set_canary(routes, "legal", "legal-v2", 0.05, actor="t", reason="nightly")
+    set_champion(routes, "legal", "legal-v2", actor="t", reason="promoted")
     snapshot = routes.snapshot()
     table = snapshot.table("legal")
     assert (table.champion, table.canary, table.previous) == ("legal-v2", None, "legal-v1")
@@ -204,9 +205,9 @@ def test_route_changes_are_atomic_revisioned_and_recorded(settings: Settings) ->
     assert [c.action for c in history] == ["champion_set", "canary_set", "champion_set"]
     assert history[0].reason == "promoted"
     with pytest.raises(UsageError, match="not an adapter of legal"):
-        routes.set_canary("legal", "medical-v9", actor="t")
+        set_canary(routes, "legal", "medical-v9", actor="t")
     with pytest.raises(UsageError, match="differ from the champion"):
-        routes.set_canary("legal", "legal-v2", actor="t")
+        set_canary(routes, "legal", "legal-v2", actor="t")
     assert routes.snapshot().revisions["legal"] == 3
     store.close()
 
@@ -247,7 +248,7 @@ def test_canary_and_routes_commands(settings: Settings) -> None:
     assert unregistered.exit_code != 0
     assert "no version 1" in str(unregistered.exception)
     assert RouteStore(FeedbackStore.open(settings).engine).table("legal").champion is None
-    RouteStore(FeedbackStore.open(settings).engine).set_champion("legal", "legal-v1", actor="t")
+    set_champion(RouteStore(FeedbackStore.open(settings).engine), "legal", "legal-v1", actor="t")
     result = runner.invoke(
         app, ["canary", "set", "legal", "legal-v2", "--fraction", "0.1", "--no-check"]
     )

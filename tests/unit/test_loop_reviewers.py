@@ -31,6 +31,7 @@ from registry.canary import RATES as CANARY_RATES
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
 from tests.review_world import write_recipe
+from tests.routing import clear_canary, set_canary, set_champion
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 
@@ -76,7 +77,7 @@ class Stage:
         if self.routes.table(line).champion == ADAPTER:
             return NightlyResult("gated_out", "nothing better than the champion")
         self.started = datetime.now(UTC)
-        self.routes.set_canary(line, ADAPTER, 0.05, actor="test")
+        set_canary(self.routes, line, ADAPTER, 0.05, actor="test")
         return NightlyResult("deployed", "v1 on a 5% canary", 1, ADAPTER)
 
     def canary(self, line: str) -> CanaryResult:
@@ -95,10 +96,10 @@ class Stage:
         )
         self.checks.append({c.metric: c for c in decision.checks})
         if decision.action is CanaryAction.PROMOTE:
-            self.routes.set_champion(line, ADAPTER, actor="test")
-            self.routes.clear_canary(line, actor="test")
+            set_champion(self.routes, line, ADAPTER, actor="test")
+            clear_canary(self.routes, line, actor="test")
         elif decision.action is CanaryAction.ROLLBACK:
-            self.routes.clear_canary(line, actor="test")
+            clear_canary(self.routes, line, actor="test")
         return CanaryResult(decision.action.value, "; ".join(decision.reasons))
 
 

@@ -27,6 +27,7 @@ from lab.simulation.protocol import LoadedUsers
 from registry.canary import CanaryAction, CanaryPolicy, decide_canary
 from registry.routes import RouteStore
 from registry.vllm_server import free_port
+from tests.routing import clear_canary, set_canary, set_champion
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 
@@ -71,7 +72,7 @@ class Stage:
         if self.routes.table(line).champion == ADAPTER:
             return NightlyResult("gated_out", "nothing better than the champion")
         self.started = datetime.now(UTC)
-        self.routes.set_canary(line, ADAPTER, 0.05, actor="test")
+        set_canary(self.routes, line, ADAPTER, 0.05, actor="test")
         return NightlyResult("deployed", "v1 on a 5% canary", 1, ADAPTER)
 
     def canary(self, line: str) -> CanaryResult:
@@ -95,10 +96,10 @@ class Stage:
             _arm(windows, table.champion), _arm(windows, table.canary), policy, look=1
         )
         if decision.action is CanaryAction.PROMOTE:
-            self.routes.set_champion(line, ADAPTER, actor="test")
-            self.routes.clear_canary(line, actor="test")
+            set_champion(self.routes, line, ADAPTER, actor="test")
+            clear_canary(self.routes, line, actor="test")
         elif decision.action is CanaryAction.ROLLBACK:
-            self.routes.clear_canary(line, actor="test")
+            clear_canary(self.routes, line, actor="test")
         return CanaryResult(decision.action.value, "; ".join(decision.reasons))
 
 

@@ -20,6 +20,7 @@ from registry.records import CanaryRecord
 from registry.routes import RouteStore
 from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
+from tests.routing import set_canary, set_champion
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 
@@ -88,8 +89,8 @@ def test_the_canary_judge_waits_then_steps_up_and_records_every_look(
     store = FeedbackStore.open(settings)
     clients = fake_clients(settings, store=store)
     routes = RouteStore(store.engine)
-    routes.set_champion("customer_service", "customer_service-v1", actor="t")
-    routes.set_canary("customer_service", "customer_service-v2", 0.05, actor="t")
+    set_champion(routes, "customer_service", "customer_service-v1", actor="t")
+    set_canary(routes, "customer_service", "customer_service-v2", 0.05, actor="t")
     since = routes.history("customer_service")[0].created_at
     start = since + timedelta(seconds=1)
     store.ingest(_traffic("customer_service-v2", 50, 2, start), source="t")
@@ -122,8 +123,8 @@ def test_the_canary_judge_rolls_a_worse_canary_back_at_once(
     settings = rates_settings
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
-    routes.set_champion("customer_service", "customer_service-v1", actor="t")
-    routes.set_canary("customer_service", "customer_service-v2", 0.05, actor="t")
+    set_champion(routes, "customer_service", "customer_service-v1", actor="t")
+    set_canary(routes, "customer_service", "customer_service-v2", 0.05, actor="t")
     start = routes.history("customer_service")[0].created_at + timedelta(seconds=1)
     store.ingest(_traffic("customer_service-v1", 4000, 200, start), source="t")
     store.ingest(_traffic("customer_service-v2", 600, 200, start), source="t")

@@ -19,6 +19,7 @@ from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from registry.routes import RouteStore
 from registry.vllm_admin import VllmUnavailableError
+from tests.routing import set_canary
 
 LINE = "legal"
 
@@ -94,7 +95,7 @@ def test_a_live_canary_skips_the_line_and_keeps_its_data(
     settings: Settings, stages: dict[str, Any]
 ) -> None:
     store = FeedbackStore.open(settings)
-    RouteStore(store.engine).set_canary(LINE, f"{LINE}-v3", 0.3, actor="test")
+    set_canary(RouteStore(store.engine), LINE, f"{LINE}-v3", 0.3, actor="test")
     store.close()
     report = nightly.LineReport(LINE)
     nightly._run_line(settings, LINE, report, 1, None)

@@ -30,6 +30,7 @@ from registry.routes import RouteStore
 from registry.routing import RoutingTable
 from registry.vllm_server import free_port
 from tests.registered import fake_adapter
+from tests.routing import set_champion
 from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, StubVllm, running_stub
 
@@ -158,7 +159,7 @@ def _gateway(
 ) -> Iterator[tuple[str, FeedbackStore, GatewayState]]:
     store = FeedbackStore.open(settings)
     routes = RouteStore(store.engine)
-    routes.set_champion(LINE, CHAMPION, actor="t")
+    set_champion(routes, LINE, CHAMPION, actor="t")
     routes.change(LINE, lambda t: t.placed_on(placement), action="placement_set", actor="t")
     keys = KeyRing([ApiKey(name="ops", sha256=key_digest(KEY), business_lines=("*",))])
     config = GatewaySettings(

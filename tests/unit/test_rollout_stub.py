@@ -37,6 +37,7 @@ from registry.vllm_server import free_port
 from tests.fake_clients import fake_clients
 from tests.reactions import arm_events
 from tests.registered import fake_adapter, register_version
+from tests.routing import set_canary
 from tests.servers import serving
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, StubVllm, running_stub
 
@@ -106,7 +107,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
 def test_a_rerun_of_a_deploy_keeps_the_canary_where_it_is(world: World) -> None:
     v1 = world.register()
     assert deploy_canary(world.settings, world.clients, LINE, v1, world.urls).status == "canary"
-    RouteStore(world.store.engine).set_canary(LINE, f"{LINE}-v{v1}", 0.3, actor="t")
+    set_canary(RouteStore(world.store.engine), LINE, f"{LINE}-v{v1}", 0.3, actor="t")
     again = deploy_canary(world.settings, world.clients, LINE, v1, world.urls)
     assert again.status == "none"
     assert world.table().canary_fraction == 0.3
