@@ -4,17 +4,25 @@ and that a failure yields no answers instead of failing the night."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from composition.satisfaction import _sample_all
 from eval.satisfaction import SatisfactionModelPolicy
+from feedback.records import FeedbackRecord
 from flywheel.settings import Settings
 from tests.stub_vllm import BASE_MODEL, StubBehaviour, running_stub
 
 
-def _records(count: int) -> list[dict[str, Any]]:
+def _records(count: int) -> list[FeedbackRecord]:
     return [
-        {"request_id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}]}
+        FeedbackRecord.from_dict(
+            {
+                "request_id": f"r{i}",
+                "business_line": "customer_service",
+                "messages": [{"role": "user", "content": f"question {i}"}],
+                "response": f"answer {i}",
+                "created_at": "2026-12-05T00:00:00Z",
+            }
+        )
         for i in range(count)
     ]
 
