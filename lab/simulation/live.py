@@ -93,22 +93,20 @@ def flow_nightly(
 
 def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
     from composition.line_training import train_line
-    from composition.nightly_report import LineStatus
     from composition.rollout import deploy_canary, rollout
     from flywheel.settings import load_settings
     from registry.lifecycle import CanaryStoppedByHand
 
     settings = load_settings()
-    if row["status"] == LineStatus.DEPLOYED:
-        # Tonight's canary is the inverted adapter: the nightly's own candidate, just put on
-        # the canary, would keep it waiting (rollout.on_live_canary: keep) and be judged
-        # instead, as happened once its recipe let it through the gate. Stopped through the
-        # lifecycle, like a canary taken out by hand: route cleared, version rejected, unloaded.
-        parts = rollout(
-            settings, clients, line, settings.gateway.upstreams, actor="loop --bad-canary"
-        )
-        state = parts.state()
-        reason = f"{row['adapter']} replaced by an adapter trained on inverted preferences"
+    parts = rollout(settings, clients, line, settings.gateway.upstreams, actor="loop --bad-canary")
+    state = parts.state()
+    if state.table.canary is not None:
+        # Tonight's canary is the inverted adapter: a canary already live (the nightly's own
+        # candidate just deployed, or one still undecided from an earlier day, which makes the
+        # nightly keep it: rollout.on_live_canary) would keep it waiting and be judged instead.
+        # Stopped through the lifecycle, like a canary taken out by hand: route cleared,
+        # version rejected, unloaded.
+        reason = f"{state.table.canary} replaced by an adapter trained on inverted preferences"
         parts.apply(state, parts.advance(state, CanaryStoppedByHand(reason)))
     trained = train_line(settings, clients, line, invert_preferences=True)
     if trained.version is None:

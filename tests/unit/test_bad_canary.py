@@ -17,24 +17,31 @@ from lab.simulation.live import _deploy_inverted
 
 
 class _Rollout:
-    """The lifecycle's parts as the inverted night uses them: the event it is sent."""
+    """The lifecycle's parts as the inverted night uses them: the line's live canary (None:
+    none) and the event it is sent."""
 
-    def __init__(self, calls: list[str], line: str, actor: str) -> None:
-        self.calls, self.line, self.actor = calls, line, actor
+    def __init__(self, calls: list[str], line: str, actor: str, canary: str | None) -> None:
+        self.calls, self.line, self.actor, self.canary = calls, line, actor, canary
 
-    def state(self) -> str:
-        return "state"
+    def state(self) -> Any:
+        return SimpleNamespace(table=SimpleNamespace(canary=self.canary))
 
-    def advance(self, state: str, event: Any) -> Any:
+    def advance(self, state: Any, event: Any) -> Any:
         return (type(event).__name__, event.reason)
 
-    def apply(self, state: str, transition: Any) -> None:
+    def apply(self, state: Any, transition: Any) -> None:
         name, reason = transition
         self.calls.append(f"{name} {self.line} by {self.actor}: {reason}")
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def live_canary() -> list[str | None]:
+    """The canary live on the line when the inverted night starts (set by a test)."""
+    return [None]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch, live_canary: list[str | None]) -> list[str]:
     made: list[str] = []
 
     def train_line(settings: Any, clients: Any, line: str, **kwargs: Any) -> Any:
@@ -46,7 +53,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return SimpleNamespace(status="canary", reason="on 5%", adapter=f"{line}-v{version}")
 
     def rollout(settings: Any, clients: Any, line: str, upstreams: Any, *, actor: str) -> Any:
-        return _Rollout(made, line, actor)
+        return _Rollout(made, line, actor, live_canary[0])
 
     monkeypatch.setattr(composition.rollout, "rollout", rollout)
     monkeypatch.setattr(composition.line_training, "train_line", train_line)
@@ -60,8 +67,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed(
-    calls: list[str],
+    calls: list[str], live_canary: list[str | None]
 ) -> None:
+    live_canary[0] = "cs-v2"
     row = {"status": "deployed", "adapter": "cs-v2", "version": 2}
     result = _deploy_inverted(SimpleNamespace(), "cs", row)  # type: ignore[arg-type]
     assert calls == [
@@ -74,7 +82,23 @@ def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed
     assert "inverted preferences" in result.reason
 
 
-@pytest.mark.parametrize("status", ["gated_out", "skipped", "reused", "canary_live"])
-def test_no_canary_of_the_nightly_leaves_the_routes_alone(calls: list[str], status: str) -> None:
+def test_a_canary_still_undecided_from_an_earlier_day_is_cleared_too(
+    calls: list[str], live_canary: list[str | None]
+) -> None:
+    """With a canary live from an earlier day the nightly keeps it and deploys nothing; the
+    inverted adapter must still be the one the day's users meet (it was not: the undecided
+    canary stayed and the inverted one's deploy was refused)."""
+    live_canary[0] = "cs-v2"
+    _deploy_inverted(SimpleNamespace(), "cs", {"status": "canary_live", "adapter": None})  # type: ignore[arg-type]
+    assert calls == [
+        "CanaryStoppedByHand cs by loop --bad-canary: "
+        "cs-v2 replaced by an adapter trained on inverted preferences",
+        "train cs inverted=True",
+        "deploy cs-v3",
+    ]
+
+
+@pytest.mark.parametrize("status", ["gated_out", "skipped", "reused"])
+def test_no_live_canary_leaves_the_routes_alone(calls: list[str], status: str) -> None:
     _deploy_inverted(SimpleNamespace(), "cs", {"status": status, "adapter": None})  # type: ignore[arg-type]
     assert calls == ["train cs inverted=True", "deploy cs-v3"]
