@@ -86,12 +86,12 @@ def flow_nightly(
             return NightlyResult(
                 row["status"], row["reason"], row["version"], row["adapter"], row["seconds"]
             )
-        return _deploy_inverted(clients, line, row)
+        return _deploy_inverted(clients, line)
 
     return run
 
 
-def _deploy_inverted(clients: Clients, line: str, row: dict[str, object]) -> NightlyResult:
+def _deploy_inverted(clients: Clients, line: str) -> NightlyResult:
     from composition.line_training import train_line
     from composition.rollout import deploy_canary, rollout
     from flywheel.settings import load_settings

@@ -70,8 +70,7 @@ def test_the_nightly_s_own_canary_is_cleared_before_the_inverted_one_is_deployed
     calls: list[str], live_canary: list[str | None]
 ) -> None:
     live_canary[0] = "cs-v2"
-    row = {"status": "deployed", "adapter": "cs-v2", "version": 2}
-    result = _deploy_inverted(SimpleNamespace(), "cs", row)  # type: ignore[arg-type]
+    result = _deploy_inverted(SimpleNamespace(), "cs")  # type: ignore[arg-type]
     assert calls == [
         "CanaryStoppedByHand cs by loop --bad-canary: "
         "cs-v2 replaced by an adapter trained on inverted preferences",
@@ -89,7 +88,7 @@ def test_a_canary_still_undecided_from_an_earlier_day_is_cleared_too(
     inverted adapter must still be the one the day's users meet (it was not: the undecided
     canary stayed and the inverted one's deploy was refused)."""
     live_canary[0] = "cs-v2"
-    _deploy_inverted(SimpleNamespace(), "cs", {"status": "canary_live", "adapter": None})  # type: ignore[arg-type]
+    _deploy_inverted(SimpleNamespace(), "cs")  # type: ignore[arg-type]
     assert calls == [
         "CanaryStoppedByHand cs by loop --bad-canary: "
         "cs-v2 replaced by an adapter trained on inverted preferences",
@@ -98,7 +97,6 @@ def test_a_canary_still_undecided_from_an_earlier_day_is_cleared_too(
     ]
 
 
-@pytest.mark.parametrize("status", ["gated_out", "skipped", "reused"])
-def test_no_live_canary_leaves_the_routes_alone(calls: list[str], status: str) -> None:
-    _deploy_inverted(SimpleNamespace(), "cs", {"status": status, "adapter": None})  # type: ignore[arg-type]
+def test_no_live_canary_leaves_the_routes_alone(calls: list[str]) -> None:
+    _deploy_inverted(SimpleNamespace(), "cs")  # type: ignore[arg-type]
     assert calls == ["train cs inverted=True", "deploy cs-v3"]
