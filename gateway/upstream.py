@@ -34,6 +34,10 @@ import aiohttp
 from registry.placement import placed_replicas
 
 COOL_DOWN_S = 3.0
+# Idle pooled connections are dropped before the model server drops them (vLLM's and
+# uvicorn's keep-alive is 5 s): a request written on a connection the server is closing
+# gets no answer at all.
+KEEPALIVE_S = 3.0
 HEAL_RETRY_S = 10.0
 logger = logging.getLogger(__name__)
 
@@ -88,7 +92,9 @@ class Upstreams:
     async def start(self) -> None:
         """Open the connection pool."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
+            connector = aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=KEEPALIVE_S, force_close=False
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=self._timeout,
@@ -152,11 +158,7 @@ class Upstreams:
         order = self._order(home)
         for position, replica in enumerate(order):
             try:
-                response = await self._session.post(
-                    replica.base_url + path,
-                    data=body,
-                    headers={**self._headers, **(headers or {})},
-                )
+                response = await self._send(replica, path, body, headers)
             except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
                 # Refused, reset or closed before any answer (e.g. a replica killed under
                 # load): no answer started, so the next replica may take the request.
@@ -180,6 +182,19 @@ class Upstreams:
         raise UpstreamUnavailableError(
             "no vLLM replica accepted the request: " + ", ".join(refused)
         )
+
+    async def _send(
+        self, replica: Replica, path: str, body: bytes, headers: Mapping[str, str] | None
+    ) -> aiohttp.ClientResponse:
+        """POST to one replica; once more when the server closed the pooled connection as
+        the request went out (no answer was started, so nothing ran twice; the closed
+        connection is not pooled again)."""
+        assert self._session is not None
+        merged = {**self._headers, **(headers or {})}
+        try:
+            return await self._session.post(replica.base_url + path, data=body, headers=merged)
+        except aiohttp.ServerDisconnectedError:
+            return await self._session.post(replica.base_url + path, data=body, headers=merged)
 
     async def _post_again(
         self, replica: Replica, path: str, body: bytes, headers: Mapping[str, str] | None

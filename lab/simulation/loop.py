@@ -134,6 +134,8 @@ class NightRecord:
     reactions: dict[str, int]
     minutes: float
     reviews: dict[str, int] = field(default_factory=dict)
+    # Requests and feedback the gateway did not take (by error), so a lost one shows.
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -362,6 +364,7 @@ class _Day:
             reactions=merged.reactions(),
             minutes=round((time.monotonic() - started) / 60, 2),
             reviews=dict(reviewed),
+            failures=dict(merged.failures),
         )
 
 

@@ -206,7 +206,8 @@ class UserTraffic:
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {self.api_key}"},
             timeout=self.timeout_s,
-            limits=httpx.Limits(max_connections=self.concurrency * 2),
+            # Idle connections are dropped before the gateway's keep-alive (5 s) drops them.
+            limits=httpx.Limits(max_connections=self.concurrency * 2, keepalive_expiry=2.0),
             transport=self.transport,
         )
 
@@ -260,7 +261,11 @@ class UserTraffic:
         }
         headers = {SESSION_HEADER: request.session_id}
         try:
-            response = await client.post("/v1/chat/completions", json=body, headers=headers)
+            try:
+                response = await client.post("/v1/chat/completions", json=body, headers=headers)
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                # Once more on a new connection, as the OpenAI SDK's clients do.
+                response = await client.post("/v1/chat/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:
             return ServedAnswer(request, None, None, None, "", False, "none", type(exc).__name__)
         if response.status_code != 200:

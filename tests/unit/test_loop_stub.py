@@ -203,13 +203,13 @@ def test_at_its_true_share_the_canary_sees_only_its_users_of_each_day(world: Any
     result = run_loop(plan, LoadedUsers("test:ApologyUsers", ApologyUsers()), services)
     first_day, night = result.nights
     assert first_day.night == 0
-    assert first_day.served == {"base": 800}
+    assert first_day.served == {"base": 800}, first_day.failures
     assert first_day.canary_decisions == []
     assert first_day.nightly["status"] == "none"
     assert night.nightly["status"] == "deployed"
     assert night.canary == ADAPTER
     served = night.served.get("canary", 0) + night.served.get("base", 0)
-    assert served == 800
+    assert served == 800, night.failures
     # 400 users a day, each asking twice: about 20 on a 5% canary (binomial 1%-99%: 10-30).
     assert 20 <= night.served.get("canary", 0) <= 60
     assert 1 <= len(night.canary_decisions) <= 4
