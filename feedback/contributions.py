@@ -18,7 +18,9 @@ Either share is at least ``1 / keys``: a key alone on a line (an application ser
 its users through one key) holds what it holds, and two keys can each hold half. What
 one key can move against another is bounded; what a line's only key sends is trusted to
 name its users, and the gateway tells no caller which arm answered, so no key can aim its
-users or feedback at the canary.
+users or feedback at the canary. A key is its name: a client whose secret is replaced
+(``flywheel gateway rotate-key``) stays one key; one given a second key under a new name
+is two, and its older key's answers in a look's window bound the newer one's.
 """
 
 from __future__ import annotations

@@ -269,9 +269,29 @@ def add_key(
     except ValidationError as exc:
         raise UsageError(f"bad key {name!r}: {exc.errors()[0]['msg']}") from None
     current.keys.append(entry)
+    _write(path, current)
+    return token
+
+
+def rotate_key(path: Path, name: str) -> str:
+    """Give the key named ``name`` a new secret, keeping its name, lines, roles and limits;
+    return the new key (shown once). The old secret stops working at the gateway's next read
+    of the file. Its traffic stays one key's: what one key may move in a canary's look or a
+    training set is bounded by name, so a rotated key is not a second key."""
+    token = KEY_PREFIX + secrets.token_urlsafe(32)
+    current = _read(path) if path.exists() else _KeyFile()
+    for index, key in enumerate(current.keys):
+        if key.name == name:
+            current.keys[index] = key.model_copy(update={"sha256": key_digest(token)})
+            _write(path, current)
+            return token
+    raise UsageError(f"{path}: no key named {name!r}")
+
+
+def _write(path: Path, keys: _KeyFile) -> None:
+    """Replace the key file at once (readable by its owner only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
     with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        yaml.safe_dump(current.model_dump(mode="json", exclude_defaults=True), out, sort_keys=False)
+        yaml.safe_dump(keys.model_dump(mode="json", exclude_defaults=True), out, sort_keys=False)
     partial.replace(path)
-    return token

@@ -278,6 +278,22 @@ def gateway_add_key(
     out.print(token, highlight=False)
 
 
+@gateway_app.command("rotate-key")
+def gateway_rotate_key(
+    name: Annotated[str, typer.Argument(help="The key's name.")],
+) -> None:
+    """Give a key a new secret (printed once), keeping its name, lines and roles; the old
+    secret stops working at the gateway's next read of the key file. Rotate rather than add
+    a new key for the same client: its traffic stays one key's in the canary's bounds."""
+    from gateway.keys import rotate_key
+
+    settings = load_settings()
+    path = settings.gateway.resolved_keys_file(settings.home)
+    token = rotate_key(path, name)
+    out.print(f"new secret for {name}, stored as a digest in {path} (the old one is void):")
+    out.print(token, highlight=False)
+
+
 def serve_gateway(
     port: Annotated[int, typer.Option(min=1, max=65_535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "",

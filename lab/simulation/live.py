@@ -12,8 +12,7 @@ import contextlib
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,7 +139,6 @@ def live_services(
     """vLLM and the gateway up, the flows pointed at them; yields the loop's services. With
     ``reviewers``, the feedback page too and that many keys with the reviewer role."""
     from flows.prefect_env import configure_prefect
-    from gateway.keys import add_key
     from registry.adapter_sync import sync_adapters
     from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
     from training.base_model import ensure_base_model
@@ -154,11 +152,11 @@ def live_services(
     logs.mkdir(parents=True, exist_ok=True)
     vllm = VllmServerSettings(model=base, port=free_port(), served_model_name=base.name)
     keys = settings.gateway.resolved_keys_file(settings.home)
-    stamp = int(time.time())
-    key = add_key(keys, f"loop-{stamp}", ["*"])
-    reviewer_keys = tuple(
-        add_key(keys, f"loop-{stamp}-reviewer-{n}", ["*"], ["*"]) for n in range(reviewers)
-    )
+    # One application's users across runs on a home: the same key, rotated, as a client
+    # would keep its key (a new name each run made a canary judged across two runs count
+    # one key's answers against the other's: the look's per-key bound).
+    key = _key(keys, "loop-users", ["*"])
+    reviewer_keys = tuple(_key(keys, f"loop-reviewer-{n}", ["*"], ["*"]) for n in range(reviewers))
     with (
         VllmServer(vllm, python=python, log_path=logs / "loop-vllm.log", report=report) as llm,
         gateway_process(settings, llm.base_url, free_port(), logs / "loop-gateway.log") as url,
@@ -190,3 +188,14 @@ def live_services(
             review_url=review_url,
             reviewer_keys=reviewer_keys,
         )
+
+
+def _key(path: Path, name: str, lines: list[str], review_lines: Sequence[str] = ()) -> str:
+    """The secret of the key ``name``: rotated when the file has it, else made."""
+    from flywheel.errors import UsageError
+    from gateway.keys import add_key, rotate_key
+
+    try:
+        return rotate_key(path, name)
+    except UsageError:
+        return add_key(path, name, lines, review_lines)

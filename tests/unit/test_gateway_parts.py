@@ -316,6 +316,28 @@ def test_gateway_add_key_prints_the_key_once(settings: Settings) -> None:
     assert not key.operator
 
 
+def test_a_rotated_key_keeps_its_name_and_lines_and_the_old_secret_stops(
+    settings: Settings,
+) -> None:
+    made = runner.invoke(
+        app, ["gateway", "add-key", "support", "--lines", "legal", "--review-lines", "legal"]
+    )
+    old = made.stdout.strip().splitlines()[-1]
+    rotated = runner.invoke(app, ["gateway", "rotate-key", "support"])
+    assert rotated.exit_code == 0, rotated.output
+    new = rotated.stdout.strip().splitlines()[-1]
+    assert new.startswith("fw-") and new != old
+    ring = KeyRing.load(settings.home / "gateway-keys.yaml")
+    assert ring.authorize(old) is None
+    key = ring.authorize(new)
+    assert key is not None
+    assert (key.name, key.business_lines, key.review_lines) == ("support", ("legal",), ("legal",))
+    assert len(ring) == 1
+    unknown = runner.invoke(app, ["gateway", "rotate-key", "nobody"])
+    assert isinstance(unknown.exception, UsageError)
+    assert "no key named 'nobody'" in str(unknown.exception)
+
+
 def test_an_operator_key_is_made_in_the_same_key_file_and_needs_no_lines(
     settings: Settings,
 ) -> None:
