@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eval.reports import EvalReport, GenerationSample
+from feedback.records import last_user_text, message_text
 from flywheel.errors import FlywheelError
 from flywheel.hardware import Precision, detect_accelerator, number_format
 from flywheel.progress import progress_bar
@@ -500,8 +501,10 @@ def _unique_items(
 
 
 def _last_user_text(prompt: Conversation) -> str:
-    users = [m["content"] for m in prompt if m["role"] == "user"]
-    return users[-1] if users else (prompt[-1]["content"] if prompt else "")
+    """The prompt's newest user message; without one its last message."""
+    if any(message["role"] == "user" for message in prompt):
+        return last_user_text(list(prompt))
+    return message_text(prompt[-1]["content"]) if prompt else ""
 
 
 def _per_token(score: tuple[float, int]) -> float:

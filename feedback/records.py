@@ -163,7 +163,24 @@ class FeedbackRecord:
     @property
     def last_user_text(self) -> str:
         """The newest user message of the prompt."""
-        for message in reversed(self.messages):
-            if message["role"] == "user":
-                return str(message["content"])
-        return ""
+        return last_user_text(self.messages)
+
+
+def message_text(content: Any) -> str:
+    """A message's text: its string, or the text parts of an OpenAI content list joined by
+    new lines ('' for anything else)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = (part.get("text") for part in content if isinstance(part, dict))
+        return "\n".join(text for text in texts if isinstance(text, str))
+    return ""
+
+
+def last_user_text(messages: Any) -> str:
+    """The text of a conversation's newest user message ('' without one, or for a value that
+    is not a list of messages)."""
+    for message in reversed(messages if isinstance(messages, list | tuple) else ()):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return message_text(message.get("content"))
+    return ""

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from feedback.answers import is_refusal, output_tokens
+from feedback.records import last_user_text
 from feedback.schema import interactions_table, shadow_outputs_table
 
 DEFAULT_LIMIT = 5_000
@@ -202,14 +203,6 @@ class AnswerPair:
     shadow: str
 
 
-def _last_user_message(messages: Any) -> str:
-    for message in reversed(messages if isinstance(messages, list) else []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else ""
-    return ""
-
-
 def shadow_answer_pairs(
     engine: Engine,
     business_line: str,
@@ -237,6 +230,4 @@ def shadow_answer_pairs(
     )
     with engine.connect() as connection:
         rows = connection.execute(query).all()
-    return [
-        AnswerPair(row[0], _last_user_message(row[1]), row[2] or "", row[3] or "") for row in rows
-    ]
+    return [AnswerPair(row[0], last_user_text(row[1]), row[2] or "", row[3] or "") for row in rows]

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from feedback.records import last_user_text
+
 REPHRASE = "rephrase"
 COMPLAINT = "complaint"
 # Share of the two questions' words they have in common (Jaccard), and the fewest words.
@@ -35,15 +37,6 @@ _COMPLAINTS = re.compile(
 )
 _WORD = re.compile(r"[\w']+")
 _HAN = re.compile(r"([\u4e00-\u9fff])")
-
-
-def last_user_text(messages: Any) -> str:
-    """The newest user message of a conversation ('' without one)."""
-    for message in reversed(messages or ()):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else ""
-    return ""
 
 
 def answered_before(messages: Any) -> bool:

@@ -34,10 +34,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from feedback.answers import is_refusal, output_tokens, time_per_output_token_ms
 from feedback.events import prompt_hash
+from feedback.records import last_user_text
 from feedback.schema import interactions_table
 from feedback.store import FeedbackStore
 from flywheel.file_modes import open_private, private_dir
-from gateway.implicit import COMPLAINT, implicit_signal, last_user_text
+from gateway.implicit import COMPLAINT, implicit_signal
 
 logger = logging.getLogger(__name__)
 

@@ -62,3 +62,23 @@ def test_a_complaint_needs_the_answer_it_complains_about() -> None:
     assert implicit_signal(alone, "Where is my parcel?") is None
     again = [{"role": "user", "content": "where is the parcel I ordered last week now"}]
     assert implicit_signal(again, "Where is my parcel I ordered last week?") == REPHRASE
+
+
+def test_the_newest_user_text_of_any_conversation_shape() -> None:
+    from feedback.records import last_user_text
+
+    parts = [
+        {"type": "text", "text": "Where is"},
+        {"type": "image_url"},
+        {"type": "text", "text": "my parcel?"},
+    ]
+    assert last_user_text(
+        [{"role": "user", "content": "old"}, {"role": "user", "content": parts}]
+    ) == ("Where is\nmy parcel?")
+    assert (
+        last_user_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+        == "hi"
+    )
+    assert last_user_text([{"role": "system", "content": "be kind"}]) == ""
+    assert last_user_text("not a conversation") == ""
+    assert last_user_text([{"role": "user", "content": 7}, "junk"]) == ""
