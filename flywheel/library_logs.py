@@ -90,8 +90,11 @@ def library_logs_to_file(home: Path, name: str = "libraries") -> Iterator[Path]:
 
 
 def _import_noisy_libraries() -> None:
+    # torch too: transformers imports it lazily, and torch sets its logger's level on import,
+    # a level the block must save (restoring "none" left torch at the root's level).
     import datasets  # noqa: F401
     import mlflow  # noqa: F401
+    import torch  # noqa: F401
     import transformers  # noqa: F401
 
 

@@ -208,6 +208,30 @@ def test_torch_s_own_info_lines_stay_off_the_terminal_while_library_logs_go_to_a
     assert "compile_threads" not in done.stderr + done.stdout
 
 
+def test_torch_first_imported_inside_the_block_prints_nothing_at_exit(tmp_path: Path) -> None:
+    # `flywheel loop` printed dynamo's "TorchDynamo attempted to trace the following frames"
+    # and "FakeTensor cache stats" at exit: torch was first imported inside the block, which
+    # then restored the "torch" logger to the level it had before torch set one (none), so
+    # at exit it followed the root logger, at INFO under Prefect's run-log settings.
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, sys; from pathlib import Path\n"
+        "logging.getLogger().setLevel(logging.INFO)\n"
+        "from flywheel.library_logs import library_logs_to_file\n"
+        f"with library_logs_to_file(Path({str(tmp_path)!r})):\n"
+        "    import torch._dynamo, torch._subclasses.fake_tensor\n"
+        "assert logging.getLogger('torch').getEffectiveLevel() >= logging.WARNING\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "TorchDynamo" not in done.stderr + done.stdout
+    assert "FakeTensor" not in done.stderr + done.stdout
+
+
 def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> None:
     from flywheel.progress import announce_training, training_steps
     from training.train import log_training_step
