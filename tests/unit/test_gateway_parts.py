@@ -326,7 +326,8 @@ def test_a_rotated_key_keeps_its_name_and_lines_and_the_old_secret_stops(
     rotated = runner.invoke(app, ["gateway", "rotate-key", "support"])
     assert rotated.exit_code == 0, rotated.output
     new = rotated.stdout.strip().splitlines()[-1]
-    assert new.startswith("fw-") and new != old
+    assert new.startswith("fw-")
+    assert new != old
     ring = KeyRing.load(settings.home / "gateway-keys.yaml")
     assert ring.authorize(old) is None
     key = ring.authorize(new)
