@@ -812,7 +812,7 @@ def satisfaction_check(
     detail = (
         f"canary satisfies {arms[1].mean:.2f} of {arms[1].answers} answers vs the champion's "
         f"{arms[0].mean:.2f} of {arms[0].answers} (reviews {arms[1].reviews}/{arms[0].reviews}; "
-        f"difference {difference:+.2f}, 95% interval {difference - spread:+.2f} to "
+        f"difference {difference:+.2f}, this look's 95% interval {difference - spread:+.2f} to "
         f"{difference + spread:+.2f}; the satisfaction model weighted {arms[1].weight:.2f}/"
         f"{arms[0].weight:.2f})"
     )
@@ -834,9 +834,11 @@ def _explain_satisfaction(check: MetricCheck, policy: CanaryPolicy) -> str:
             f"({sure(policy.worse_alpha)} needed)"
         )
     if check.verdict == "UNPROVEN":
+        # Both ways, so a canary heading back reads as such beside this look's interval.
         return (
-            f"{numbers}: not yet shown {within}, {sure(check.non_inferior_p)} sure "
-            f"({sure(policy.non_inferior_alpha)} needed)"
+            f"{numbers}: not yet shown {within} ({sure(check.non_inferior_p)} sure, "
+            f"{sure(policy.non_inferior_alpha)} needed) nor less satisfying "
+            f"({sure(check.worse_p)} sure, {sure(policy.worse_alpha)} needed over every look)"
         )
     return (
         f"{numbers}: {within}, {sure(check.non_inferior_p)} sure "

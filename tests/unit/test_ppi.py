@@ -159,7 +159,7 @@ def test_satisfaction_decides_and_the_quiet_rates_do_not_hold_a_promotion() -> N
     assert reason.startswith(
         "canary satisfies 0.56 of 1000 answers vs the champion's 0.52 of 20000"
     )
-    assert "difference +0.04, 95% interval" in reason
+    assert "difference +0.04, this look's 95% interval" in reason
     assert "within 0.05 of the champion, 97% sure (95% needed)" in reason
     check = next(c for c in decision.checks if c.metric == SATISFACTION)
     assert check.counts is not None
@@ -188,3 +188,18 @@ def test_too_few_reviews_waits_and_a_worse_rate_still_rolls_back() -> None:
     )
     assert decision.action is CanaryAction.ROLLBACK
     assert any(reason.startswith("error rate higher") for reason in decision.reasons)
+
+
+def test_a_waiting_canary_says_how_sure_it_is_worse_as_well() -> None:
+    # A canary 0.10 less satisfying on 100 reviewed answers: this look's interval may sit
+    # below zero while the test over every look has not decided; the reason says both.
+    rng = np.random.default_rng(5)
+    champion, _ = _arm(rng, 2_400, 0.3, 0.03)
+    canary, _ = _arm(rng, 100, 0.2, 1.0)
+    decision = decide_canary(_stats(champion, 2_400), _stats(canary, 100), POLICY, look=2)
+    assert decision.action is CanaryAction.WAIT, decision.reasons
+    reason = decision.reasons[0]
+    assert "this look's 95% interval" in reason
+    assert "not yet shown within 0.05 of the champion (" in reason
+    assert "nor less satisfying (" in reason
+    assert "needed over every look)" in reason
