@@ -338,6 +338,8 @@ def _print_night(record: Any) -> None:
         f"reactions: {in_words(record.reactions)}"
         + (f"; reviews: {in_words(record.reviews)}" if record.reviews else "")
     )
+    if record.failures:
+        out.print(f"  not taken by the gateway: {in_words(record.failures)}")
 
 
 def _print_final(document: dict[str, Any]) -> None:

@@ -41,10 +41,12 @@ def test_the_loops_night_prints_reactions_without_braces(
         reactions={"regenerate": 35, "thumbs_up": 4},
         minutes=2.0,
         reviews={"passed": 3},
+        failures={"http 503": 2},
     )
     _print_night(record)
     printed = capsys.readouterr().out
     assert "reactions: regenerate: 35, thumbs up: 4" in printed
+    assert "not taken by the gateway: http 503: 2" in printed
     assert "reviews: passed: 3" in printed
     assert "{" not in printed
     assert "'" not in printed
