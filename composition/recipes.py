@@ -31,7 +31,7 @@ from feedback.reviews import ReviewPolicy
 from flywheel.errors import FlywheelError
 from flywheel.settings import Settings
 from flywheel.user_files import load_user_yaml
-from registry.canary import CanaryPolicy, ReviewTest
+from registry.canary import DEFAULT_SATISFACTION_SHARE, CanaryPolicy, ReviewTest
 from registry.lifecycle import RolloutPolicy
 from registry.records import flatten_params
 from training.config import TrainingConfig
@@ -99,6 +99,7 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "gate.predicted_satisfaction_margin": None,
     "gate.min_predicted_prompts": 8,
     "canary.satisfaction": None,
+    "canary.satisfaction.rollback_share": DEFAULT_SATISFACTION_SHARE,
     "canary.max_answers_per_user": DEFAULT_ANSWERS_PER_USER,
     "canary.max_key_share": DEFAULT_KEY_SHARE,
 }

@@ -26,6 +26,10 @@ def in_words(value: Any, *, empty: str = "none") -> str:
     return str(value)
 
 
+def _whole(value: float) -> bool:
+    return abs(value - round(value)) < 1e-6
+
+
 def sure(p: float) -> str:
     """How sure a test is, for a person: ``1 - p`` as a percentage ("95%", "99.4%"), shown to
     the digits ``p`` needs and never rounded up (a p of 0.0001 is "99.99%", not "100%")."""
@@ -33,6 +37,8 @@ def sure(p: float) -> str:
     digits = 0
     while digits < 3 and p < 10 ** -(digits + 2):
         digits += 1
+    # A level a few more digits state exactly is shown whole: 0.025 needed reads "97.5%".
+    digits = next((d for d in range(digits, 4) if _whole(p * 100 * 10**d)), digits)
     scale = 10**digits
     shown = min(math.floor(round((1 - p) * 100 * scale, 6)), 100 * scale - 1) / scale
     return f"{shown:.{digits}f}%"

@@ -54,15 +54,19 @@ The error budget is split over the tests only, never over the looks:
 
 - wrongly rolling back (calling the canary worse when no rate is): any rate, the
   output length, or the pass rate when reviews are judged can trigger it. The
-  rollback is one composite test of "no rate is worse": the mean of the ``m``
-  rollback tests' likelihood ratios (each an e-process; the length's is the mean
-  of its two sides') at ``alpha``, valid under any dependence between the rates
-  (Vovk & Wang 2021, "E-values: calibration, combination and applications"). A
-  metric is itself labelled worse when its own ratio reaches ``m / alpha``
-  (``worse_alpha``, Bonferroni, as before); every such label implies the mean
-  crosses, so the composite test rolls back whenever Bonferroni would, and sooner
-  when several rates rise together (the usual bad canary). Holm's procedure would
-  add nothing here: its first rejection is Bonferroni's;
+  rollback is one composite test of "no rate is worse": a weighted mean of the
+  ``m`` rollback tests' likelihood ratios (each an e-process; the length's is the
+  mean of its two sides'; fixed weights summing to 1) at ``alpha``, valid under
+  any dependence between the rates (Vovk & Wang 2021, "E-values: calibration,
+  combination and applications"). The weights are equal, except that
+  satisfaction, when judged, holds ``rollback_share`` of them (half by default:
+  it is the test that decides) and the guardrails split the rest. A metric is
+  itself labelled worse when its own ratio reaches ``1 / (weight * alpha)``
+  (``worse_alpha``, ``satisfaction_worse_alpha``: weighted Bonferroni); every
+  such label implies the mean crosses, so the composite test rolls back whenever
+  Bonferroni would, and sooner when several rates rise together (the usual bad
+  canary). Holm's procedure would add nothing here: its first rejection is
+  Bonferroni's;
 - wrongly promoting (when some rate is worse by its margin or more): a
   promotion needs *every* rate shown non-inferior, so it needs the truly
   inferior rate to pass its own test, and each rate's test at ``alpha``
@@ -123,6 +127,11 @@ PASS_RATE = "pass_rate"  # noqa: S105 (a metric's name)
 # Satisfaction on every answer: the model's scores rectified by the reviews (registry.ppi).
 SATISFACTION = "satisfaction"
 DEFAULT_ALPHA = 0.05
+# With satisfaction judged it decides; the guardrails watch for what it cannot see (errors,
+# speed, a rate that jumps). Half the rollback budget puts its threshold at a likelihood ratio
+# of 40 instead of 200 (alpha 0.05; bench/canary_ppi_bench.py measures the users it saves),
+# and raises each of the nine guardrails' from 200 to 360.
+DEFAULT_SATISFACTION_SHARE = 0.5
 # The spread of the 95% interval shown beside a satisfaction decision (a description of the
 # estimate; the decision itself rests on the anytime-valid test).
 SHOWN_INTERVAL_Z = 1.959963984540054
@@ -178,6 +187,13 @@ class SatisfactionTest(BaseModel):
         default=True,
         description="PPI++ (the model's weight chosen from the data, never worse than the "
         "reviews alone); False: plain PPI.",
+    )
+    rollback_share: float = Field(
+        default=DEFAULT_SATISFACTION_SHARE,
+        gt=0,
+        lt=1,
+        description="Share of the rollback error budget held by satisfaction, the test that "
+        "decides; the guardrails split the rest.",
     )
 
 
@@ -279,10 +295,35 @@ class CanaryPolicy(BaseModel):
         return WORSE_TESTS + (self.reviews is not None or self.satisfaction is not None)
 
     @property
+    def satisfaction_share(self) -> float:
+        """Share of the rollback budget held by satisfaction when it decides; otherwise each
+        rollback test holds an equal share."""
+        if self.satisfaction is not None:
+            return self.satisfaction.rollback_share
+        return 1 / self.worse_tests
+
+    @property
+    def guardrail_share(self) -> float:
+        """Share of the rollback budget held by each other rollback test (a rate, the output
+        length, the pass rate)."""
+        if self.satisfaction is not None:
+            return (1 - self.satisfaction.rollback_share) / (self.worse_tests - 1)
+        return 1 / self.worse_tests
+
+    @property
     def worse_alpha(self) -> float:
-        """Level at which one metric is itself labelled worse: ``alpha`` split over the
-        rollback tests (Bonferroni; the rollback is their combined test at ``alpha``)."""
-        return self.alpha / self.worse_tests
+        """Level at which one guardrail is itself labelled worse: its share of ``alpha``
+        (weighted Bonferroni; the rollback is the tests' weighted mean at ``alpha``)."""
+        return self.alpha * self.guardrail_share
+
+    @property
+    def satisfaction_worse_alpha(self) -> float:
+        """Level at which satisfaction is itself labelled worse: its share of ``alpha``."""
+        return self.alpha * self.satisfaction_share
+
+    def rollback_weight(self, metric: str) -> float:
+        """The weight of ``metric``'s e-value in the rollback's weighted mean."""
+        return self.satisfaction_share if metric == SATISFACTION else self.guardrail_share
 
     @property
     def non_inferior_alpha(self) -> float:
@@ -651,13 +692,17 @@ def _explain_unproven(
 
 
 def combined_worse_p(checks: Sequence[MetricCheck], policy: CanaryPolicy) -> float:
-    """Always-valid p-value that no rate (nor the length, nor the pass rate) is worse: the
-    reciprocal of the mean of the ``policy.worse_tests`` rollback tests' e-values. A test
-    without data counts as 1 (no evidence; a constant 1 is an e-value), so the mean stays an
-    e-process whichever tests have data yet."""
-    evidence = [c.worse_evidence for c in checks if c.worse_evidence is not None]
-    missing = policy.worse_tests - len(evidence)
-    return float(_p_of((math.fsum(evidence) + missing) / policy.worse_tests))
+    """Always-valid p-value that no rate (nor the length, nor the pass rate, nor
+    satisfaction) is worse: the reciprocal of the weighted mean of the
+    ``policy.worse_tests`` rollback tests' e-values (:meth:`CanaryPolicy.rollback_weight`,
+    fixed weights summing to 1). A test without data counts as 1 (no evidence; a constant 1
+    is an e-value), so the mean stays an e-process whichever tests have data yet."""
+    judged = [c for c in checks if c.worse_evidence is not None]
+    weights = [policy.rollback_weight(c.metric) for c in judged]
+    mean = math.fsum(
+        w * (c.worse_evidence or 0.0) for w, c in zip(weights, judged, strict=True)
+    ) + max(0.0, 1 - math.fsum(weights))
+    return float(_p_of(mean))
 
 
 def _explain_jointly_worse(
@@ -799,10 +844,10 @@ def satisfaction_check(
     variance = arms[0].variance + arms[1].variance
     worse_e, non_inferior_e = satisfaction_evidence(
         difference, variance, test.margin,
-        worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+        worse_alpha=policy.satisfaction_worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
     )  # fmt: skip
     worse, non_inferior = float(_p_of(worse_e)), float(_p_of(non_inferior_e))
-    if worse <= policy.worse_alpha:
+    if worse <= policy.satisfaction_worse_alpha:
         verdict = "WORSE"
     elif non_inferior <= policy.non_inferior_alpha:
         verdict = "OK"
@@ -831,14 +876,15 @@ def _explain_satisfaction(check: MetricCheck, policy: CanaryPolicy) -> str:
     if check.verdict == "WORSE":
         return (
             f"{numbers}: shown less satisfying, {sure(check.worse_p)} sure "
-            f"({sure(policy.worse_alpha)} needed)"
+            f"({sure(policy.satisfaction_worse_alpha)} needed)"
         )
     if check.verdict == "UNPROVEN":
         # Both ways, so a canary heading back reads as such beside this look's interval.
         return (
             f"{numbers}: not yet shown {within} ({sure(check.non_inferior_p)} sure, "
             f"{sure(policy.non_inferior_alpha)} needed) nor less satisfying "
-            f"({sure(check.worse_p)} sure, {sure(policy.worse_alpha)} needed over every look)"
+            f"({sure(check.worse_p)} sure, {sure(policy.satisfaction_worse_alpha)} needed over "
+            "every look)"
         )
     return (
         f"{numbers}: {within}, {sure(check.non_inferior_p)} sure "

@@ -24,6 +24,8 @@ requests per arm:
 * **PPI**: ``CanaryPolicy(satisfaction=SatisfactionTest())``: satisfaction per
   arm (the model's scores rectified by the reviews, PPI++), margin 0.05 on
   the reviewers' scale, 30 reviews per arm first; the rates as guardrails.
+* **PPI, 1/10 share**: the same, satisfaction holding a tenth of the rollback
+  budget (an equal share with the nine guardrails) instead of the default half;
 * **reviews only** (a reference): the same test with the model's weight at 0.
 
 Printed per scenario: the share promoted, rolled back and undecided by the last
@@ -176,8 +178,8 @@ def feedback_actions(looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy)
             worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
         )  # fmt: skip
         unsimulated = policy.worse_tests - len(RATES)  # the output length's: e-value 1
-        rollback = (worse_e.sum(axis=1) + unsimulated) / policy.worse_tests >= 1 / policy.alpha
-        rollback |= (worse_e >= 1 / policy.worse_alpha).any(axis=1)
+        mean_e = policy.guardrail_share * (worse_e.sum(axis=1) + unsimulated)
+        rollback = (mean_e >= 1 / policy.alpha) | (worse_e >= 1 / policy.worse_alpha).any(axis=1)
         promote = (non_inferior_e >= 1 / policy.non_inferior_alpha).all(axis=1)
         out.append(np.where(rollback, -1, np.where(promote, 1, 0)))
     return _gate_floor(np.stack(out, axis=1), looks)
@@ -206,15 +208,17 @@ def ppi_actions(
         variance = arms[1][1] + arms[0][1]
         sat_worse, sat_ok = satisfaction_evidence(
             difference, variance, test.margin,
-            worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
+            worse_alpha=policy.satisfaction_worse_alpha,
+            non_inferior_alpha=policy.non_inferior_alpha,
         )  # fmt: skip
         enough = np.minimum(champion.ppi[:, 3], canary.ppi[:, 3]) >= test.min_reviews
         sat_worse = np.where(enough, sat_worse, 1.0)
         sat_ok = np.where(enough, sat_ok, 0.0)
-        unsimulated = policy.worse_tests - len(RATES) - 1
-        mean_e = (worse_e.sum(axis=1) + sat_worse + unsimulated) / policy.worse_tests
+        unsimulated = policy.worse_tests - len(RATES) - 1  # the output length's: e-value 1
+        mean_e = policy.guardrail_share * (worse_e.sum(axis=1) + unsimulated)
+        mean_e = mean_e + policy.satisfaction_share * sat_worse
         rollback = (mean_e >= 1 / policy.alpha) | (worse_e >= 1 / policy.worse_alpha).any(axis=1)
-        rollback |= sat_worse >= 1 / policy.worse_alpha
+        rollback |= sat_worse >= 1 / policy.satisfaction_worse_alpha
         promote = sat_ok >= 1 / policy.non_inferior_alpha
         out.append(np.where(rollback, -1, np.where(promote, 1, 0)))
     return _gate_floor(np.stack(out, axis=1), looks)
@@ -266,7 +270,9 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     ]
     figure, axes = plt.subplots(1, len(names), figsize=(16, 4), sharey=True)
     for axis, name in zip(axes, names, strict=True):
-        for rule, style in (("PPI", "-"), ("reviews only", "--"), ("feedback only", ":")):
+        rules = (("PPI", "-"), ("PPI, 1/10 share", "-."), ("reviews only", "--"),
+                 ("feedback only", ":"))  # fmt: skip
+        for rule, style in rules:
             curve = results["scenarios"][name][rule]["correct_by_look"]
             axis.plot(CANARY_USERS, curve, style, label=rule)
         axis.set_xscale("log")
@@ -292,6 +298,11 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     feedback_policy = CanaryPolicy()
     ppi_policy = CanaryPolicy(satisfaction=SatisfactionTest())
+    # Satisfaction holding an equal share of the rollback budget with the nine guardrails, as
+    # before it held half: the same statistics, to measure what the share buys.
+    equal_share = CanaryPolicy(
+        satisfaction=SatisfactionTest(rollback_share=1 / ppi_policy.worse_tests)
+    )
     margin = ppi_policy.satisfaction.margin if ppi_policy.satisfaction else 0.05
     # The reviewers' pass rate is 0.1 + 0.8 * satisfaction: a drop of the margin on their
     # scale is margin / 0.8 of satisfaction.
@@ -323,6 +334,7 @@ def main() -> None:
         block = {
             "feedback only": outcome(feedback_actions(looks, feedback_policy), correct),
             "PPI": outcome(ppi_actions(looks, ppi_policy), correct),
+            "PPI, 1/10 share": outcome(ppi_actions(looks, equal_share), correct),
             "reviews only": outcome(ppi_actions(looks, ppi_policy, model=False), correct),
         }
         results["scenarios"][name] = block
@@ -348,11 +360,21 @@ def main() -> None:
             f"feedback alone {feedback_90 or 'never'} (it promoted "
             f"{worse['feedback only']['promoted']:.0%} of these canaries)"
         )
+    for name in ("worse by 0.15 (0.50 -> 0.35)", "inverted (0.48 -> 0.12)"):
+        block = results["scenarios"][name]
+        half, tenth = block["PPI"]["users_90"], block["PPI, 1/10 share"]["users_90"]
+        if half and tenth:
+            print(
+                f"{name}: satisfaction holding half the rollback budget decides 90% correctly "
+                f"after {half} canary users, a tenth of it after {tenth} ({half / tenth:.2f}x)"
+            )
+            results.setdefault("share_ratio", {})[name] = half / tenth
     equal = results["scenarios"]["equal (0.50 vs 0.50)"]
     at = results["scenarios"]["worse by the margin"]
     print(
         f"type I over {len(CANARY_USERS)} looks (alpha {ppi_policy.alpha}): equal arms ever "
-        f"rolled back PPI {equal['PPI']['ever_rolled_back']:.3f}, feedback "
+        f"rolled back PPI {equal['PPI']['ever_rolled_back']:.3f} (1/10 share "
+        f"{equal['PPI, 1/10 share']['ever_rolled_back']:.3f}), feedback "
         f"{equal['feedback only']['ever_rolled_back']:.3f}; "
         f"worse by the margin ever promoted PPI {at['PPI']['ever_promoted']:.3f}, reviews only "
         f"{at['reviews only']['ever_promoted']:.3f}"

@@ -172,7 +172,7 @@ def test_a_less_satisfying_canary_goes_back_even_if_the_model_likes_it() -> None
     fooled, _ = _arm(rng, 1_500, 0.3, 0.3, bias=2.0)  # the model scores its style higher
     decision = decide_canary(_stats(champion, 20_000), _stats(fooled, 1_500), POLICY, look=2)
     assert decision.action is CanaryAction.ROLLBACK, decision.reasons
-    assert "shown less satisfying, 99.999% sure (99.5% needed)" in decision.reasons[0]
+    assert "shown less satisfying, 99.999% sure (97.5% needed)" in decision.reasons[0]
 
 
 def test_too_few_reviews_waits_and_a_worse_rate_still_rolls_back() -> None:
@@ -203,3 +203,51 @@ def test_a_waiting_canary_says_how_sure_it_is_worse_as_well() -> None:
     assert "not yet shown within 0.05 of the champion (" in reason
     assert "nor less satisfying (" in reason
     assert "needed over every look)" in reason
+
+
+def _reviewed(reviews: int, passed: int) -> SatisfactionSample:
+    """An arm judged by its reviews alone (no model: every score 0)."""
+    verdicts = np.array([1.0] * passed + [0.0] * (reviews - passed))
+    return SatisfactionSample.of(np.zeros(0), np.zeros(reviews), verdicts)
+
+
+def test_satisfaction_holds_half_the_rollback_budget_and_the_guardrails_split_the_rest() -> None:
+    policy = CanaryPolicy(satisfaction=SatisfactionTest())
+    others = policy.worse_tests - 1
+    assert policy.satisfaction_share == 0.5
+    assert policy.satisfaction_share + others * policy.guardrail_share == pytest.approx(1.0)
+    assert policy.satisfaction_worse_alpha == pytest.approx(policy.alpha / 2)
+    assert policy.worse_alpha == pytest.approx(policy.alpha / 2 / others)
+    # Without satisfaction every rollback test holds an equal share, as before.
+    plain = CanaryPolicy()
+    assert plain.satisfaction_share == plain.guardrail_share == 1 / plain.worse_tests
+
+
+def test_a_canary_reviewed_worse_goes_back_on_satisfactions_share_not_a_tenth() -> None:
+    """0.26 against 0.50 on 100 reviews per arm: enough for half the budget (a likelihood
+    ratio of about 84 against 40 needed), not for an equal tenth (200 needed)."""
+    champion = ArmStats("a", 400, answered=400, satisfaction=_reviewed(100, 50))
+    canary = ArmStats("b", 400, answered=400, satisfaction=_reviewed(100, 26))
+    half = decide_canary(champion, canary, POLICY, look=3)
+    assert half.action is CanaryAction.ROLLBACK, half.reasons
+    assert "shown less satisfying" in half.reasons[0]
+    assert "(97.5% needed)" in half.reasons[0]
+    tenth = CanaryPolicy(
+        min_requests=100, satisfaction=SatisfactionTest(margin=0.05, rollback_share=0.1)
+    )
+    waited = decide_canary(champion, canary, tenth, look=3)
+    assert waited.action is CanaryAction.WAIT, waited.reasons
+    check = next(c for c in waited.checks if c.metric == SATISFACTION)
+    assert 1 / POLICY.satisfaction_worse_alpha < (check.worse_evidence or 0)
+    assert (check.worse_evidence or 0) < 1 / tenth.satisfaction_worse_alpha
+
+
+def test_the_combined_rollback_is_the_weighted_mean_of_the_e_values() -> None:
+    champion = ArmStats("a", 400, answered=400, satisfaction=_reviewed(100, 50))
+    canary = ArmStats("b", 400, answered=400, thumbs_down=3, satisfaction=_reviewed(100, 40))
+    decision = decide_canary(champion, canary, POLICY, look=3)
+    judged = [c for c in decision.checks if c.worse_evidence is not None]
+    weights = [POLICY.rollback_weight(c.metric) for c in judged]
+    mean = sum(w * (c.worse_evidence or 0) for w, c in zip(weights, judged, strict=True))
+    mean += 1 - sum(weights)
+    assert decision.combined_worse_p == pytest.approx(min(1.0, 1 / mean))
