@@ -23,7 +23,7 @@ from composition.recipes import (
     recipe_hash,
     start_training_run,
 )
-from eval.reports import EvalReport, GateDecision
+from eval.reports import GOES_TO_CANARY, EvalReport, GateDecision
 from feedback.datasets import DatasetBuild, train_counts, usable_signal
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.settings import Settings
@@ -110,7 +110,7 @@ class TrainResult:
         else:
             # A version reused from an earlier (maybe crashed) run keeps that run's verdicts:
             # one the gate refused, or one rolled back online, is never put on a canary again.
-            promote = outcome.metrics.get("gate") == "promote" and not outcome.metrics.get(
+            promote = outcome.metrics.get("gate") in GOES_TO_CANARY and not outcome.metrics.get(
                 "rolled_back"
             )
         return cls(outcome.business_line, outcome.status, outcome.reason, outcome.version, promote)
@@ -208,7 +208,10 @@ def _evaluate_and_gate(
     decision = decide_promotion(
         reports["candidate"], reports["champion"], recipe.gate, base_general_loss=base_loss
     )
-    return reports, _with_predicted_satisfaction(clients, recipe, base_dir, reports, decision)
+    from eval.gate import left_to_canary
+
+    decision = _with_predicted_satisfaction(clients, recipe, base_dir, reports, decision)
+    return reports, left_to_canary(decision, recipe.gate)
 
 
 def _with_predicted_satisfaction(

@@ -79,6 +79,12 @@ class Recipe(TrainingConfig):
                 "canary.satisfaction needs a review block: reviewers' spot checks are the "
                 "random sample that keeps the satisfaction estimate valid"
             )
+        if self.gate.unjudged == "canary" and self.canary.satisfaction is None:
+            raise ValueError(
+                "gate.unjudged: canary needs canary.satisfaction: a candidate the gate could "
+                "not judge is judged by the canary's reviews, which only the satisfaction test "
+                "holds a promotion on"
+            )
         return self
 
     def canary_policy(self) -> CanaryPolicy:
@@ -98,6 +104,7 @@ _HASHED_ONLY_WHEN_SET: dict[str, object] = {
     "gate.max_general_loss_drift": None,
     "gate.predicted_satisfaction_margin": None,
     "gate.min_predicted_prompts": 8,
+    "gate.unjudged": "hold",
     "canary.satisfaction": None,
     "canary.satisfaction.rollback_share": DEFAULT_SATISFACTION_SHARE,
     "canary.max_answers_per_user": DEFAULT_ANSWERS_PER_USER,

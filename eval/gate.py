@@ -82,6 +82,13 @@ class GatePolicy(BaseModel):
         "95% interval must lie above -margin (at least min_predicted_prompts prompts). None: "
         "too few pairs is not judged. The canary's reviews remain the test that counts.",
     )
+    unjudged: Literal["hold", "canary"] = Field(
+        default="hold",
+        description="A candidate the gate cannot judge (too few held-out pairs, no "
+        "satisfaction model to decide instead) whose every other check passes: hold keeps "
+        "it off users; canary sends it to the canary, whose blind reviews judge it on the "
+        "line's users (needs canary.satisfaction and a review block).",
+    )
     min_predicted_prompts: int = Field(
         default=8, ge=2, le=100_000, description="Held-out prompts the fallback needs."
     )
@@ -384,3 +391,19 @@ def with_predicted_satisfaction(
     return replace(
         decision, promote=passed and all(c.passed for c in others), checks=checks, not_judged=None
     )
+
+
+def left_to_canary(decision: GateDecision, policy: GatePolicy) -> GateDecision:
+    """The gate's final decision (pure): with ``policy.unjudged == "canary"``, a candidate the
+    gate could not judge whose every other check passed goes to the canary, saying so; any
+    other decision is returned as it is."""
+    if policy.unjudged != "canary" or decision.not_judged is None:
+        return decision
+    others = [c for c in decision.checks if c.name != "held_out_pairs"]
+    if not all(c.passed for c in others):
+        return decision
+    reason = (
+        f"too few held-out pairs to judge offline ({decision.not_judged}); every other check "
+        "passed, so the canary's blind reviews judge it on the line's users"
+    )
+    return replace(decision, promote=True, not_judged=None, left_to_canary=reason)

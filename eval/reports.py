@@ -97,28 +97,40 @@ class GateCheck:
     detail: str
 
 
+# The gate verdicts that put a candidate on the canary.
+GOES_TO_CANARY = frozenset({"promote", "left to canary"})
+
+
 @dataclass(frozen=True, slots=True)
 class GateDecision:
     """Whether a candidate may go to canary, with the reason for every check.
 
     ``not_judged`` says why the gate compared nothing (too few held-out pairs:
     ``"n=4 < 100"``): such a candidate is never promoted, and is shown as not
-    judged rather than as a loss or a win on a handful of pairs.
+    judged rather than as a loss or a win on a handful of pairs. ``left_to_canary``
+    says why such a candidate goes to the canary all the same (the recipe's
+    ``gate.unjudged: canary``, every other check passed): the canary's blind reviews
+    judge it on users, the gate having compared nothing.
     """
 
     promote: bool
     checks: tuple[GateCheck, ...]
     not_judged: str | None = None
+    left_to_canary: str | None = None
 
     def __post_init__(self) -> None:
         if self.promote and self.not_judged is not None:
             raise ValueError("a gate that judged nothing cannot promote")
+        if self.left_to_canary is not None and not self.promote:
+            raise ValueError("a candidate left to the canary goes to the canary")
 
     @property
-    def verdict(self) -> Literal["promote", "reject", "not judged"]:
-        """``promote``, ``reject`` or ``not judged``."""
+    def verdict(self) -> Literal["promote", "reject", "not judged", "left to canary"]:
+        """``promote``, ``reject``, ``not judged`` or ``left to canary``."""
         if self.not_judged is not None:
             return "not judged"
+        if self.left_to_canary is not None:
+            return "left to canary"
         return "promote" if self.promote else "reject"
 
     @property
@@ -132,5 +144,7 @@ class GateDecision:
         """``promote``, ``reject`` with the failed checks named, or ``not judged`` and why."""
         if self.not_judged is not None:
             return f"not judged: {self.not_judged}"
+        if self.left_to_canary is not None:
+            return f"left to canary: {self.left_to_canary}"
         failed = [c.name for c in self.checks if not c.passed]
         return "promote" if self.promote else f"reject ({', '.join(failed)})"

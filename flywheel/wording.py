@@ -37,8 +37,9 @@ def sure(p: float) -> str:
     digits = 0
     while digits < 3 and p < 10 ** -(digits + 2):
         digits += 1
-    # A level a few more digits state exactly is shown whole: 0.025 needed reads "97.5%".
-    digits = next((d for d in range(digits, 4) if _whole(p * 100 * 10**d)), digits)
+    # A level one more digit states exactly is shown whole: 0.025 needed reads "97.5%".
+    if digits < 3 and not _whole(p * 100 * 10**digits) and _whole(p * 1000 * 10**digits):
+        digits += 1
     scale = 10**digits
     shown = min(math.floor(round((1 - p) * 100 * scale, 6)), 100 * scale - 1) / scale
     return f"{shown:.{digits}f}%"

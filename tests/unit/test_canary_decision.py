@@ -119,10 +119,9 @@ def test_how_sure_reads_as_a_percentage_never_rounded_up() -> None:
     assert [sure(p) for p in (0.05, 0.8, 1.0, 0.0)] == ["95%", "20%", "0%", "99.999%"]
     assert sure(0.05 / 9) == "99.4%"
     assert sure(0.0001) == "99.99%"
-    assert sure(0.00999) == "99.001%"
-    assert sure(0.009991) == "99.0%"
+    assert sure(0.00999) == "99.0%"
     # A level that one more digit states exactly is never shown rounded down.
-    assert [sure(0.025), sure(0.1), sure(0.0125)] == ["97.5%", "90%", "98.75%"]
+    assert [sure(0.025), sure(0.1), sure(0.65625)] == ["97.5%", "90%", "34%"]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eval.gate import GatePolicy, decide_promotion
+from eval.gate import GatePolicy, decide_promotion, left_to_canary
 from eval.paired import compare_paired
 from eval.reports import EvalReport, GateDecision
 
@@ -314,6 +314,33 @@ def test_four_pairs_won_four_to_nil_are_not_judged_and_show_no_accuracies() -> N
 def test_a_gate_that_judged_nothing_cannot_promote() -> None:
     with pytest.raises(ValueError, match="judged nothing"):
         GateDecision(promote=True, checks=(), not_judged="n=4 < 100")
+
+
+def test_an_unjudged_healthy_candidate_is_left_to_the_canary_when_the_recipe_says_so() -> None:
+    candidate, champion = reports(0, 1, 0, 0)  # one held-out pair
+    policy = POLICY.model_copy(update={"min_eval_pairs": 3, "unjudged": "canary"})
+    decision = left_to_canary(decide_promotion(candidate, champion, policy), policy)
+    assert decision.promote
+    assert decision.not_judged is None
+    assert decision.verdict == "left to canary"
+    assert decision.summary.startswith(
+        "left to canary: too few held-out pairs to judge offline (n=1 < 3); every other check "
+        "passed, so the canary's blind reviews judge it"
+    )
+    # The default holds it, and a candidate failing another check is never left to the canary.
+    held = POLICY.model_copy(update={"min_eval_pairs": 3})
+    assert left_to_canary(decide_promotion(candidate, champion, held), held).verdict == (
+        "not judged"
+    )
+    drifted = dataclasses.replace(candidate, general_loss=3.0)
+    refused = left_to_canary(decide_promotion(drifted, champion, policy), policy)
+    assert not refused.promote
+    assert refused.verdict == "not judged"
+    # A judged decision is never changed.
+    judged = decide_promotion(GOOD, CHAMPION, policy)
+    assert left_to_canary(judged, policy) == judged
+    with pytest.raises(ValueError, match="goes to the canary"):
+        GateDecision(promote=False, checks=(), left_to_canary="why")
 
 
 def test_verdicts_of_a_judged_gate() -> None:

@@ -40,6 +40,7 @@ def test_production_and_demo_recipes_differ_only_in_volumes_and_times(line: str)
         assert getattr(production, field) == getattr(demo, field), field
     assert production.canary.satisfaction == demo.canary.satisfaction
     assert production.gate.preference_test == demo.gate.preference_test
+    assert production.gate.unjudged == demo.gate.unjudged
     assert production.review is not None
     assert demo.review is not None
     assert production.review.rubric == demo.review.rubric
@@ -68,6 +69,10 @@ def test_production_and_demo_recipes_differ_only_in_volumes_and_times(line: str)
         ("business_line: x\nmethod: sft\nepochs: 1\ncanary_steps: [0.5, 0.05]\n", "canary_steps"),
         ("business_line: x\nmethod: [sft\n", "not valid YAML"),
         ("business_line: x\nmethod: sft\nepochs: 1\nprecision: fp16\n", "precision"),
+        (
+            "business_line: x\nmethod: sft\nepochs: 1\ngate: {unjudged: canary}\n",
+            "gate.unjudged: canary needs canary.satisfaction",
+        ),
     ],
 )
 def test_bad_recipes_are_refused(tmp_path: Path, text: str, message: str) -> None:
