@@ -101,6 +101,7 @@ def test_a_later_field_at_its_default_leaves_the_hash_alone() -> None:
     dumped["gate"].pop("max_general_loss_drift")
     dumped["gate"].pop("predicted_satisfaction_margin")
     dumped["gate"].pop("min_predicted_prompts")
+    dumped["gate"].pop("unjudged")
     dumped["canary"].pop("satisfaction")
     dumped["canary"].pop("max_answers_per_user")
     dumped["canary"].pop("max_key_share")
