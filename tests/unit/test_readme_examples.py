@@ -1,4 +1,5 @@
-"""The README's request and feedback examples, run against the gateway on the stand-in vLLM.
+"""The README's and docs/api.md's request and feedback examples, run against the gateway on
+the stand-in vLLM.
 
 The ``curl`` commands are read from the README's fenced ``bash`` blocks and sent as the exact
 HTTP requests they describe (method, URL path, headers, body), with the gateway's address and
@@ -33,6 +34,10 @@ from tests.servers import serving
 from tests.stub_vllm import StubBehaviour, running_stub
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = README.parent / "docs" / "api.md"
+# Each document's examples and the feedback they send: the README a thumbs-down, the API's
+# page a user's edit (curl) and a regenerate of a streamed answer (the SDK).
+DOCUMENTS = [pytest.param(README, id="README"), pytest.param(API_DOC, id="api")]
 # The address the README's examples use: the gateway's default (`flywheel serve gateway`).
 README_GATEWAY = f"http://127.0.0.1:{GatewaySettings().port}"
 KEY_VARIABLE = "FLYWHEEL_API_KEY"
@@ -106,9 +111,9 @@ def _expand(word: str, command: str) -> str:
     return word
 
 
-def _readme_curls() -> tuple[Curl, Curl]:
-    """The README's chat request and feedback call (the curl commands naming those routes)."""
-    text = README.read_text(encoding="utf-8")
+def _curls(document: Path) -> tuple[Curl, Curl]:
+    """A document's chat request and feedback call (the curl commands naming those routes)."""
+    text = document.read_text(encoding="utf-8")
     curls = [
         _parse_curl(command)
         for block in _fenced(text, "bash")
@@ -117,9 +122,11 @@ def _readme_curls() -> tuple[Curl, Curl]:
     ]
     chats = [c for c in curls if c.url.endswith("/v1/chat/completions")]
     feedbacks = [c for c in curls if c.url.endswith("/v1/feedback")]
-    assert len(chats) == 1, f"the README should show one chat request by curl, not {len(chats)}"
+    assert len(chats) == 1, (
+        f"{document.name} should show one chat request by curl, not {len(chats)}"
+    )
     assert len(feedbacks) == 1, (
-        f"the README should show one feedback call by curl, not {len(feedbacks)}"
+        f"{document.name} should show one feedback call by curl, not {len(feedbacks)}"
     )
     return chats[0], feedbacks[0]
 
@@ -159,8 +166,11 @@ def _send(gateway: Gateway, curl: Curl) -> httpx.Response:
     return httpx.request(curl.method, url, headers=curl.headers, content=content, timeout=10)
 
 
-def test_the_readmes_curl_request_and_feedback_are_served_and_stored(gateway: Gateway) -> None:
-    chat, feedback = _readme_curls()
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_the_curl_request_and_feedback_are_served_and_stored(
+    gateway: Gateway, document: Path
+) -> None:
+    chat, feedback = _curls(document)
     assert chat.headers.get("Authorization") == f"Bearer {TEST_KEY}"
     answer = _send(gateway, chat)
     assert answer.status_code == 200, answer.text
@@ -181,6 +191,7 @@ def test_the_readmes_curl_request_and_feedback_are_served_and_stored(gateway: Ga
     assert accepted.json()["status"] == "accepted"
     [stored] = gateway.rows(feedback_table)
     assert (stored.request_id, stored.type) == (request_id, body["type"])
+    assert stored.edited_text == body.get("edited_text")
 
     # Sent again, the same signal counts once: 200 "duplicate", as the README says.
     again = _send(gateway, sent)
@@ -189,21 +200,41 @@ def test_the_readmes_curl_request_and_feedback_are_served_and_stored(gateway: Ga
     assert len(gateway.rows(feedback_table)) == 1
 
 
-def test_the_readmes_openai_sdk_example_sends_a_request_and_its_feedback(
-    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _run_sdk_example(
+    document: Path, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """Run a document's OpenAI SDK example as written, against the test's gateway."""
     pytest.importorskip("openai", reason="the openai package is not installed in this virtualenv")
-    [example] = [b for b in _fenced(README.read_text(encoding="utf-8"), "python") if "openai" in b]
+    blocks = _fenced(document.read_text(encoding="utf-8"), "python")
+    [example] = [b for b in blocks if "openai" in b]
     assert README_GATEWAY in example
     monkeypatch.setenv(KEY_VARIABLE, TEST_KEY)
     namespace: dict[str, Any] = {}
-    exec(compile(example.replace(README_GATEWAY, gateway.url), "README.md", "exec"), namespace)
-    request_id = namespace["request_id"]
+    exec(compile(example.replace(README_GATEWAY, gateway.url), document.name, "exec"), namespace)
+    return namespace
+
+
+def test_the_readmes_openai_sdk_example_sends_a_request_and_its_feedback(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request_id = _run_sdk_example(README, gateway, monkeypatch)["request_id"]
     assert capsys.readouterr().out.strip()  # the answer was printed
     [interaction] = gateway.rows(interactions_table)
     assert interaction.request_id == request_id
     [stored] = gateway.rows(feedback_table)
     assert (stored.request_id, stored.type) == (request_id, "thumbs_down")
+
+
+def test_the_api_pages_streamed_sdk_example_names_both_answers_in_its_regenerate(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace = _run_sdk_example(API_DOC, gateway, monkeypatch)
+    first, second = namespace["first_id"], namespace["second_id"]
+    assert first != second
+    assert capsys.readouterr().out.strip()  # the streamed answer was printed whole
+    assert {row.request_id for row in gateway.rows(interactions_table)} == {first, second}
+    [stored] = gateway.rows(feedback_table)
+    assert (stored.request_id, stored.type, stored.replaced_by) == (first, "regenerate", second)
 
 
 def test_the_curl_parser_reads_what_a_shell_would_send() -> None:
