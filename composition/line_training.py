@@ -211,7 +211,8 @@ def _evaluate_and_gate(
     from eval.gate import left_to_canary
 
     decision = _with_predicted_satisfaction(clients, recipe, base_dir, reports, decision)
-    return reports, left_to_canary(decision, recipe.gate)
+    judged_online = recipe.canary.satisfaction is not None
+    return reports, left_to_canary(decision, recipe.gate, canary_judges_satisfaction=judged_online)
 
 
 def _with_predicted_satisfaction(

@@ -79,12 +79,6 @@ class Recipe(TrainingConfig):
                 "canary.satisfaction needs a review block: reviewers' spot checks are the "
                 "random sample that keeps the satisfaction estimate valid"
             )
-        if self.gate.unjudged == "canary" and self.canary.satisfaction is None:
-            raise ValueError(
-                "gate.unjudged: canary needs canary.satisfaction: a candidate the gate could "
-                "not judge is judged by the canary's reviews, which only the satisfaction test "
-                "holds a promotion on"
-            )
         return self
 
     def canary_policy(self) -> CanaryPolicy:

@@ -87,7 +87,8 @@ class GatePolicy(BaseModel):
         description="A candidate the gate cannot judge (too few held-out pairs, no "
         "satisfaction model to decide instead) whose every other check passes: hold keeps "
         "it off users; canary sends it to the canary, whose blind reviews judge it on the "
-        "line's users (needs canary.satisfaction and a review block).",
+        "line's users, where the canary decides on satisfaction (canary.satisfaction; "
+        "otherwise it is held, saying why).",
     )
     min_predicted_prompts: int = Field(
         default=8, ge=2, le=100_000, description="Held-out prompts the fallback needs."
@@ -393,15 +394,27 @@ def with_predicted_satisfaction(
     )
 
 
-def left_to_canary(decision: GateDecision, policy: GatePolicy) -> GateDecision:
+def left_to_canary(
+    decision: GateDecision, policy: GatePolicy, *, canary_judges_satisfaction: bool
+) -> GateDecision:
     """The gate's final decision (pure): with ``policy.unjudged == "canary"``, a candidate the
-    gate could not judge whose every other check passed goes to the canary, saying so; any
-    other decision is returned as it is."""
+    gate could not judge whose every other check passed goes to the canary, saying so, when
+    that canary decides on satisfaction (its blind reviews); a canary on the users' signal
+    rates alone promotes what quiet users do not complain about, so the candidate is then held,
+    with a check saying why. Any other decision is returned as it is."""
     if policy.unjudged != "canary" or decision.not_judged is None:
         return decision
     others = [c for c in decision.checks if c.name != "held_out_pairs"]
     if not all(c.passed for c in others):
         return decision
+    if not canary_judges_satisfaction:
+        held = GateCheck(
+            "left_to_canary",
+            False,
+            "gate.unjudged is canary, but this line's canary does not decide on satisfaction "
+            "(no canary.satisfaction): held",
+        )
+        return replace(decision, checks=(*decision.checks, held))
     reason = (
         f"too few held-out pairs to judge offline ({decision.not_judged}); every other check "
         "passed, so the canary's blind reviews judge it on the line's users"

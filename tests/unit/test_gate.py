@@ -319,7 +319,9 @@ def test_a_gate_that_judged_nothing_cannot_promote() -> None:
 def test_an_unjudged_healthy_candidate_is_left_to_the_canary_when_the_recipe_says_so() -> None:
     candidate, champion = reports(0, 1, 0, 0)  # one held-out pair
     policy = POLICY.model_copy(update={"min_eval_pairs": 3, "unjudged": "canary"})
-    decision = left_to_canary(decide_promotion(candidate, champion, policy), policy)
+    decision = left_to_canary(
+        decide_promotion(candidate, champion, policy), policy, canary_judges_satisfaction=True
+    )
     assert decision.promote
     assert decision.not_judged is None
     assert decision.verdict == "left to canary"
@@ -329,16 +331,23 @@ def test_an_unjudged_healthy_candidate_is_left_to_the_canary_when_the_recipe_say
     )
     # The default holds it, and a candidate failing another check is never left to the canary.
     held = POLICY.model_copy(update={"min_eval_pairs": 3})
-    assert left_to_canary(decide_promotion(candidate, champion, held), held).verdict == (
-        "not judged"
-    )
+    assert left_to_canary(
+        decide_promotion(candidate, champion, held), held, canary_judges_satisfaction=True
+    ).verdict == ("not judged")
     drifted = dataclasses.replace(candidate, general_loss=3.0)
-    refused = left_to_canary(decide_promotion(drifted, champion, policy), policy)
+    refused = left_to_canary(
+        decide_promotion(drifted, champion, policy), policy, canary_judges_satisfaction=True
+    )
     assert not refused.promote
     assert refused.verdict == "not judged"
     # A judged decision is never changed.
     judged = decide_promotion(GOOD, CHAMPION, policy)
-    assert left_to_canary(judged, policy) == judged
+    assert left_to_canary(judged, policy, canary_judges_satisfaction=True) == judged
+    # A canary on the signal rates alone cannot judge it: held, saying why.
+    rates_only = decide_promotion(candidate, champion, policy)
+    kept = left_to_canary(rates_only, policy, canary_judges_satisfaction=False)
+    assert kept.verdict == "not judged"
+    assert any("does not decide on satisfaction" in reason for reason in kept.reasons)
     with pytest.raises(ValueError, match="goes to the canary"):
         GateDecision(promote=False, checks=(), left_to_canary="why")
 
