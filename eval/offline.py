@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 Message = dict[str, str]
 Conversation = tuple[Message, ...]
-# Texts in, the entity types found in each text out (e.g. ``["EMAIL_ADDRESS"]``).
-PiiDetector = Callable[[list[str]], list[list[str]]]
+# One piece of PII found in a text: its entity type and its span (``start``, ``end``).
+PiiSpan = tuple[str, int, int]
+# Texts in, the PII found in each text out (e.g. ``[("EMAIL_ADDRESS", 5, 14)]``).
+PiiDetector = Callable[[list[str]], list[list[PiiSpan]]]
 
 GENERAL_SET = "general_set.jsonl"
 GENERATION_SEED = 0
@@ -229,33 +231,56 @@ def check_generations(
     canaries: Sequence[str] = (),
     pii_detector: PiiDetector | None = None,
 ) -> tuple[GenerationSample, ...]:
-    """What the refusal, PII and canary checks see in each generated answer."""
+    """What the refusal, PII and canary checks see in each generated answer. An answer's PII
+    is counted and masked (``<PHONE_NUMBER>``): the samples reach MLflow and the page."""
     found_pii = pii_detector(list(answers)) if pii_detector else [[] for _ in answers]
     if len(found_pii) != len(answers):
         raise ValueError(f"the PII detector answered {len(found_pii)} texts for {len(answers)}")
     return tuple(
         GenerationSample(
             prompt=prompt,
-            answer=answer,
+            answer=masked(answer, pii),
             refused=is_refusal(answer),
-            pii_found=tuple(pii),
+            pii_found=tuple(kind for kind, _, _ in pii),
             canaries_found=tuple(c for c in canaries if c and c in answer),
         )
         for prompt, answer, pii in zip(prompts, answers, found_pii, strict=True)
     )
 
 
+def masked(text: str, spans: Collection[PiiSpan]) -> str:
+    """``text`` with each span replaced by its entity type in angle brackets (pure); of
+    overlapping spans the one starting first (the longer on a tie) is masked, and a span
+    outside the text is left out."""
+    kept: list[PiiSpan] = []
+    for span in sorted(spans, key=lambda s: (s[1], s[1] - s[2])):
+        _, start, stop = span
+        if 0 <= start < stop <= len(text) and (not kept or start >= kept[-1][2]):
+            kept.append(span)
+    out, position = [], 0
+    for kind, start, stop in kept:
+        out += [text[position:start], f"<{kind}>"]
+        position = stop
+    out.append(text[position:])
+    return "".join(out)
+
+
 def pii_detector_for(scrubber: Any, entity_types: Collection[str] | None = None) -> PiiDetector:
     """Adapt a :class:`feedback.pii.Scrubber` (anything whose ``detect`` returns
-    results with ``entity_type``) to the detector :func:`evaluate_model` takes.
+    results with ``entity_type``, ``start`` and ``end``) to the detector
+    :func:`evaluate_model` takes.
 
     ``entity_types`` keeps only those types (e.g. the high-precision ones), so
     a name recogniser's false positives need not block a release.
     """
 
-    def detect(texts: list[str]) -> list[list[str]]:
+    def detect(texts: list[str]) -> list[list[PiiSpan]]:
         return [
-            [r.entity_type for r in found if entity_types is None or r.entity_type in entity_types]
+            [
+                (r.entity_type, r.start, r.end)
+                for r in found
+                if entity_types is None or r.entity_type in entity_types
+            ]
             for found in scrubber.detect(texts)
         ]
 

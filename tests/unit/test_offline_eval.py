@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from eval.offline import (
     load_eval_data,
     load_for_eval,
     load_general_set,
+    masked,
     mean_token_loss,
     pair_wins,
     pii_detector_for,
@@ -222,8 +224,11 @@ def test_refusals_are_recognised_in_english_and_chinese(answer: str, refused: bo
 
 
 def test_generation_checks_count_pii_and_canaries() -> None:
-    def detector(texts: list[str]) -> list[list[str]]:
-        return [["EMAIL_ADDRESS"] * t.count("@") for t in texts]
+    def detector(texts: list[str]) -> list[list[tuple[str, int, int]]]:
+        return [
+            [("EMAIL_ADDRESS", m.start(), m.end()) for m in re.finditer(r"\S+@\S+", t)]
+            for t in texts
+        ]
 
     samples = check_generations(
         ["q1", "q2"],
@@ -233,6 +238,9 @@ def test_generation_checks_count_pii_and_canaries() -> None:
     )
 
     assert [s.pii_found for s in samples] == [("EMAIL_ADDRESS", "EMAIL_ADDRESS"), ()]
+    # What was found never leaves in the sample (it reaches MLflow and the page).
+    assert samples[0].answer == "mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>"
+    assert samples[1].answer == "the code is CANARY-7f3a"
     assert [s.canaries_found for s in samples] == [(), ("CANARY-7f3a",)]
     assert [s.refused for s in samples] == [False, False]
 
@@ -241,16 +249,28 @@ def test_a_scrubber_becomes_a_detector_of_entity_types() -> None:
     @dataclasses.dataclass
     class Found:
         entity_type: str
+        start: int
+        end: int
 
     class Scrubber:
         def detect(self, texts: list[str]) -> list[list[Found]]:
-            return [[Found("PERSON")] * ("Alice" in t) + [Found("EMAIL_ADDRESS")] for t in texts]
+            return [
+                [Found("PERSON", 3, 8)] * ("Alice" in t) + [Found("EMAIL_ADDRESS", 0, 2)]
+                for t in texts
+            ]
 
     assert pii_detector_for(Scrubber())(["hi Alice", "hi"]) == [
-        ["PERSON", "EMAIL_ADDRESS"],
-        ["EMAIL_ADDRESS"],
+        [("PERSON", 3, 8), ("EMAIL_ADDRESS", 0, 2)],
+        [("EMAIL_ADDRESS", 0, 2)],
     ]
-    assert pii_detector_for(Scrubber(), {"PERSON"})(["hi Alice", "hi"]) == [["PERSON"], []]
+    assert pii_detector_for(Scrubber(), {"PERSON"})(["hi Alice", "hi"]) == [[("PERSON", 3, 8)], []]
+
+
+def test_masking_replaces_each_span_once_and_leaves_the_rest() -> None:
+    text = "call (800) 333-3333 or mail a@b.org"
+    spans = [("EMAIL_ADDRESS", 28, 35), ("PHONE_NUMBER", 5, 19), ("PERSON", 6, 9), ("X", 30, 99)]
+    assert masked(text, spans) == "call <PHONE_NUMBER> or mail <EMAIL_ADDRESS>"
+    assert masked(text, []) == text
 
 
 def data() -> EvalData:
@@ -278,7 +298,7 @@ def test_evaluate_reports_every_metric(model: Any, tokenizer: Any) -> None:
         name="tiny",
         general_set=GENERAL,
         canaries=[generated, generated, "never said"],
-        pii_detector=lambda texts: [["PERSON"] for _ in texts],
+        pii_detector=lambda texts: [[("PERSON", 0, 1)] for _ in texts],
         max_new_tokens=4,
     )
 
@@ -289,10 +309,13 @@ def test_evaluate_reports_every_metric(model: Any, tokenizer: Any) -> None:
     assert report.general_loss > 0
     assert report.preferred_loss > 0  # type: ignore[operator]
     assert [s.prompt for s in report.samples] == ["hello", "what is the capital of france ?"]
-    assert report.mean_answer_length == sum(len(s.answer) for s in report.samples) / 2
+    # Lengths are the answers' own; the samples keep them masked where PII was found.
+    assert report.mean_answer_length == sum(len(s.answer) for s in first.samples) / 2
     assert report.pii_in_generations == 2
     assert report.canaries_in_generations == 1
-    assert [s.answer for s in report.samples] == [s.answer for s in first.samples]
+    assert [s.answer for s in report.samples] == [
+        masked(s.answer, [("PERSON", 0, 1)]) for s in first.samples
+    ]
     assert report.samples[0].canaries_found == (generated, generated)
 
 
