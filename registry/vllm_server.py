@@ -591,7 +591,8 @@ class VllmServer:
                 time.sleep(0.5)
         raise VllmServerError(
             f"vLLM did not answer on {self.base_url}/health within "
-            f"{self.settings.start_timeout_s:.0f} s; last lines of {self.log_path}:\n"
+            f"{self.settings.start_timeout_s:.0f} s (FLYWHEEL_VLLM_START_TIMEOUT_S: a first "
+            f"start on a busy CPU can need more); last lines of {self.log_path}:\n"
             f"{log_tail(self.log_path)}"
         )
 

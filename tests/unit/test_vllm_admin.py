@@ -589,3 +589,14 @@ def test_a_server_that_dies_reports_its_exit_code(tmp_path: Path) -> None:
     settings = VllmServerSettings(model=tmp_path, port=free_port(), start_timeout_s=20)
     with VllmServer(settings, python=fake, log_path=tmp_path / "vllm.log") as server:
         assert server.wait() == 3
+
+
+def test_a_server_that_never_answers_names_the_setting_that_waits_for_it(tmp_path: Path) -> None:
+    from registry.vllm_server import VllmServer, VllmServerSettings, free_port
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    fake.chmod(0o755)
+    settings = VllmServerSettings(model=tmp_path, port=free_port(), start_timeout_s=1)
+    with pytest.raises(VllmServerError, match="within 1 s \\(FLYWHEEL_VLLM_START_TIMEOUT_S"):
+        VllmServer(settings, python=fake, log_path=tmp_path / "vllm.log").start()
