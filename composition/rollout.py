@@ -281,6 +281,9 @@ def _canary_look(
         numbers["checks"] = [asdict(check) for check in decision.checks]
         numbers["worse_alpha"] = decision.worse_alpha
         numbers["non_inferior_alpha"] = decision.non_inferior_alpha
+        if policy.satisfaction is not None:
+            # Satisfaction's own level (its share of the rollback budget), beside the guardrails'.
+            numbers["satisfaction_worse_alpha"] = policy.satisfaction_worse_alpha
 
     def training_run(transition: Transition) -> CanaryRecord | None:
         if transition.action not in ("promote", "rollback"):

@@ -516,3 +516,6 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     assert outcome.decision is not None
     check = next(c for c in outcome.decision.checks if c.metric == "satisfaction")
     assert check.counts == (40, 40)
+    # The record says each level: satisfaction's share of the rollback budget, the guardrails'.
+    assert outcome.numbers["satisfaction_worse_alpha"] == pytest.approx(0.2 * 0.5)
+    assert outcome.numbers["worse_alpha"] == pytest.approx(0.2 * 0.5 / 9)
