@@ -322,10 +322,6 @@ class CanaryPolicy(BaseModel):
         """Level at which satisfaction is itself labelled worse: its share of ``alpha``."""
         return self.alpha * self.satisfaction_share
 
-    def rollback_weight(self, metric: str) -> float:
-        """The weight of ``metric``'s e-value in the rollback's weighted mean."""
-        return self.satisfaction_share if metric == SATISFACTION else self.guardrail_share
-
     @property
     def non_inferior_alpha(self) -> float:
         """Level of each rate's non-inferiority test: ``alpha`` (intersection-union)."""
@@ -692,18 +688,37 @@ def _explain_unproven(
     return (grouped, *(_explain(c, policy, requests) for c in unproven if c not in rates))
 
 
+def rollback_evidence(
+    policy: CanaryPolicy,
+    guardrails: npt.ArrayLike,
+    satisfaction: npt.ArrayLike | None = None,
+) -> FloatArray:
+    """The rollback's e-value: the weighted mean of the rollback tests' e-values
+    (satisfaction's share, :attr:`CanaryPolicy.satisfaction_share`, and each guardrail's,
+    :attr:`CanaryPolicy.guardrail_share`: fixed weights summing to 1), elementwise over the
+    leading axes of ``guardrails`` (the guardrails' e-values on the last axis) and
+    ``satisfaction``. A test without data, or not given, counts as 1 (no evidence; a constant
+    1 is an e-value), so the mean stays an e-process whichever tests have data yet."""
+    values = np.asarray(guardrails, dtype=np.float64)
+    slots = policy.worse_tests - (policy.satisfaction is not None)
+    missing = slots - values.shape[-1]
+    if missing < 0:
+        raise ValueError(f"{values.shape[-1]} guardrail e-values for {slots} guardrail tests")
+    mean = policy.guardrail_share * (values.sum(axis=-1) + missing)
+    if policy.satisfaction is not None:
+        sat = 1.0 if satisfaction is None else np.asarray(satisfaction, dtype=np.float64)
+        mean = mean + policy.satisfaction_share * sat
+    return np.asarray(mean, dtype=np.float64)
+
+
 def combined_worse_p(checks: Sequence[MetricCheck], policy: CanaryPolicy) -> float:
     """Always-valid p-value that no rate (nor the length, nor the pass rate, nor
-    satisfaction) is worse: the reciprocal of the weighted mean of the
-    ``policy.worse_tests`` rollback tests' e-values (:meth:`CanaryPolicy.rollback_weight`,
-    fixed weights summing to 1). A test without data counts as 1 (no evidence; a constant 1
-    is an e-value), so the mean stays an e-process whichever tests have data yet."""
-    judged = [c for c in checks if c.worse_evidence is not None]
-    weights = [policy.rollback_weight(c.metric) for c in judged]
-    mean = math.fsum(
-        w * (c.worse_evidence or 0.0) for w, c in zip(weights, judged, strict=True)
-    ) + max(0.0, 1 - math.fsum(weights))
-    return float(_p_of(mean))
+    satisfaction) is worse: the reciprocal of :func:`rollback_evidence` over the checks."""
+    judged = [(c.metric, c.worse_evidence) for c in checks if c.worse_evidence is not None]
+    guardrails = [e for metric, e in judged if metric != SATISFACTION]
+    satisfaction = [e for metric, e in judged if metric == SATISFACTION]
+    evidence = rollback_evidence(policy, guardrails, satisfaction[0] if satisfaction else None)
+    return float(_p_of(evidence))
 
 
 def _explain_jointly_worse(

@@ -55,6 +55,7 @@ from registry.canary import (
     WORSE_DESIGN_EFFECT,
     CanaryPolicy,
     SatisfactionTest,
+    rollback_evidence,
     satisfaction_evidence,
     sequential_evidence,
 )
@@ -177,9 +178,9 @@ def feedback_actions(looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy)
             champion.rates, champion.n[:, None], canary.rates, canary.n[:, None], margins,
             worse_alpha=policy.worse_alpha, non_inferior_alpha=policy.non_inferior_alpha,
         )  # fmt: skip
-        unsimulated = policy.worse_tests - len(RATES)  # the output length's: e-value 1
-        mean_e = policy.guardrail_share * (worse_e.sum(axis=1) + unsimulated)
-        rollback = (mean_e >= 1 / policy.alpha) | (worse_e >= 1 / policy.worse_alpha).any(axis=1)
+        # The output length's test is not simulated: rollback_evidence counts it as 1.
+        rollback = rollback_evidence(policy, worse_e) >= 1 / policy.alpha
+        rollback |= (worse_e >= 1 / policy.worse_alpha).any(axis=1)
         promote = (non_inferior_e >= 1 / policy.non_inferior_alpha).all(axis=1)
         out.append(np.where(rollback, -1, np.where(promote, 1, 0)))
     return _gate_floor(np.stack(out, axis=1), looks)
@@ -214,10 +215,8 @@ def ppi_actions(
         enough = np.minimum(champion.ppi[:, 3], canary.ppi[:, 3]) >= test.min_reviews
         sat_worse = np.where(enough, sat_worse, 1.0)
         sat_ok = np.where(enough, sat_ok, 0.0)
-        unsimulated = policy.worse_tests - len(RATES) - 1  # the output length's: e-value 1
-        mean_e = policy.guardrail_share * (worse_e.sum(axis=1) + unsimulated)
-        mean_e = mean_e + policy.satisfaction_share * sat_worse
-        rollback = (mean_e >= 1 / policy.alpha) | (worse_e >= 1 / policy.worse_alpha).any(axis=1)
+        rollback = rollback_evidence(policy, worse_e, sat_worse) >= 1 / policy.alpha
+        rollback |= (worse_e >= 1 / policy.worse_alpha).any(axis=1)
         rollback |= sat_worse >= 1 / policy.satisfaction_worse_alpha
         promote = sat_ok >= 1 / policy.non_inferior_alpha
         out.append(np.where(rollback, -1, np.where(promote, 1, 0)))

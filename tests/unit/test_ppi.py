@@ -15,6 +15,7 @@ from registry.canary import (
     SatisfactionTest,
     decide_canary,
     normal_sf,
+    rollback_evidence,
     satisfaction_evidence,
 )
 from registry.ppi import SatisfactionSample, estimate, estimate_arrays
@@ -247,7 +248,24 @@ def test_the_combined_rollback_is_the_weighted_mean_of_the_e_values() -> None:
     canary = ArmStats("b", 400, answered=400, thumbs_down=3, satisfaction=_reviewed(100, 40))
     decision = decide_canary(champion, canary, POLICY, look=3)
     judged = [c for c in decision.checks if c.worse_evidence is not None]
-    weights = [POLICY.rollback_weight(c.metric) for c in judged]
+    weights = [
+        POLICY.satisfaction_share if c.metric == SATISFACTION else POLICY.guardrail_share
+        for c in judged
+    ]
     mean = sum(w * (c.worse_evidence or 0) for w, c in zip(weights, judged, strict=True))
-    mean += 1 - sum(weights)
+    mean += 1 - sum(weights)  # the tests without data count 1
     assert decision.combined_worse_p == pytest.approx(min(1.0, 1 / mean))
+
+
+def test_the_rollback_evidence_weighs_satisfaction_by_its_share_and_counts_the_missing_as_one() -> (
+    None
+):
+    # Two of the nine guardrails judged, satisfaction at 30: 0.5 * 30 + (0.5 / 9) * (4 + 2 + 7).
+    assert float(rollback_evidence(POLICY, [4.0, 2.0], 30.0)) == pytest.approx(15 + 13 / 18)
+    assert float(rollback_evidence(POLICY, [])) == pytest.approx(1.0)  # nothing judged yet
+    plain = CanaryPolicy()  # without satisfaction: the plain mean of its tests
+    assert float(rollback_evidence(plain, [plain.worse_tests * 1.0] * 1)) == pytest.approx(
+        (plain.worse_tests + plain.worse_tests - 1) / plain.worse_tests
+    )
+    with pytest.raises(ValueError, match="guardrail e-values"):
+        rollback_evidence(POLICY, [1.0] * 10)
