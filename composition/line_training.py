@@ -33,7 +33,8 @@ from training.inverted import _inverted
 if TYPE_CHECKING:
     from training.train import TrainResult as AdapterTraining
 
-# High-precision PII types only: a place name in a correct answer must not block a release.
+# High-precision PII types only count against a candidate: a place name in a correct answer
+# must not block a release (every type found is still masked in the logged samples).
 GENERATION_PII_TYPES = frozenset(
     {
         "EMAIL_ADDRESS",
@@ -175,7 +176,7 @@ def _evaluate_and_gate(
     )
 
     data = load_eval_data(dataset_dir, max_samples=recipe.eval_generations)
-    detector = pii_detector_for(clients.scrubber, GENERATION_PII_TYPES)
+    detector = pii_detector_for(clients.scrubber)
     reports: dict[str, EvalReport] = {}
     for name, adapter in (("champion", champion_adapter), ("candidate", candidate_adapter)):
         model, tokenizer = load_for_eval(base_dir, adapter, precision=recipe.precision)
@@ -186,6 +187,7 @@ def _evaluate_and_gate(
             name=names[name],
             canaries=canaries,
             pii_detector=detector,
+            counted_pii=GENERATION_PII_TYPES,
             max_length=recipe.max_length,
             mixed_precision=mixed_precision,
         )

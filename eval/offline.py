@@ -230,9 +230,11 @@ def check_generations(
     *,
     canaries: Sequence[str] = (),
     pii_detector: PiiDetector | None = None,
+    counted_pii: Collection[str] | None = None,
 ) -> tuple[GenerationSample, ...]:
-    """What the refusal, PII and canary checks see in each generated answer. An answer's PII
-    is counted and masked (``<PHONE_NUMBER>``): the samples reach MLflow and the page."""
+    """What the refusal, PII and canary checks see in each generated answer. Every piece of
+    PII found is masked (``<PHONE_NUMBER>``: the samples reach MLflow and the page); those of
+    the ``counted_pii`` types (None: every type) count against the answer."""
     found_pii = pii_detector(list(answers)) if pii_detector else [[] for _ in answers]
     if len(found_pii) != len(answers):
         raise ValueError(f"the PII detector answered {len(found_pii)} texts for {len(answers)}")
@@ -241,7 +243,9 @@ def check_generations(
             prompt=prompt,
             answer=masked(answer, pii),
             refused=is_refusal(answer),
-            pii_found=tuple(kind for kind, _, _ in pii),
+            pii_found=tuple(
+                kind for kind, _, _ in pii if counted_pii is None or kind in counted_pii
+            ),
             canaries_found=tuple(c for c in canaries if c and c in answer),
         )
         for prompt, answer, pii in zip(prompts, answers, found_pii, strict=True)
@@ -265,23 +269,14 @@ def masked(text: str, spans: Collection[PiiSpan]) -> str:
     return "".join(out)
 
 
-def pii_detector_for(scrubber: Any, entity_types: Collection[str] | None = None) -> PiiDetector:
+def pii_detector_for(scrubber: Any) -> PiiDetector:
     """Adapt a :class:`feedback.pii.Scrubber` (anything whose ``detect`` returns
     results with ``entity_type``, ``start`` and ``end``) to the detector
-    :func:`evaluate_model` takes.
-
-    ``entity_types`` keeps only those types (e.g. the high-precision ones), so
-    a name recogniser's false positives need not block a release.
-    """
+    :func:`evaluate_model` takes."""
 
     def detect(texts: list[str]) -> list[list[PiiSpan]]:
         return [
-            [
-                (r.entity_type, r.start, r.end)
-                for r in found
-                if entity_types is None or r.entity_type in entity_types
-            ]
-            for found in scrubber.detect(texts)
+            [(r.entity_type, r.start, r.end) for r in found] for found in scrubber.detect(texts)
         ]
 
     return detect
@@ -333,6 +328,7 @@ def evaluate_model(
     general_set: Sequence[PromptAnswer] | None = None,
     canaries: Sequence[str] = (),
     pii_detector: PiiDetector | None = None,
+    counted_pii: Collection[str] | None = None,
     max_new_tokens: int = 64,
     batch_size: int = 8,
     max_length: int = 512,
@@ -341,7 +337,8 @@ def evaluate_model(
     """Every offline metric of one model on one line's held-out data.
 
     ``general_set`` defaults to :func:`load_general_set`. ``pii_detector`` maps
-    texts to the PII entity types found in each (``None`` skips the check).
+    texts to the PII found in each (``None`` skips the check): all of it is masked in the
+    samples, the ``counted_pii`` types (None: all) count as PII in generations.
     The model is put in eval mode for the run and restored afterwards.
     ``mixed_precision`` runs the forward passes under bfloat16 autocast (several
     times faster on CPUs with native bfloat16; both models of a comparison
@@ -392,6 +389,7 @@ def evaluate_model(
         answers,
         canaries=canaries,
         pii_detector=pii_detector,
+        counted_pii=counted_pii,
     )
     return EvalReport(
         model=name,

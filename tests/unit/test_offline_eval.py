@@ -263,7 +263,18 @@ def test_a_scrubber_becomes_a_detector_of_entity_types() -> None:
         [("PERSON", 3, 8), ("EMAIL_ADDRESS", 0, 2)],
         [("EMAIL_ADDRESS", 0, 2)],
     ]
-    assert pii_detector_for(Scrubber(), {"PERSON"})(["hi Alice", "hi"]) == [[("PERSON", 3, 8)], []]
+
+
+def test_every_pii_type_is_masked_and_only_the_counted_ones_count() -> None:
+    def detector(texts: list[str]) -> list[list[tuple[str, int, int]]]:
+        return [[("PERSON", 5, 10), ("PHONE_NUMBER", 14, 22)] for _ in texts]
+
+    [sample] = check_generations(
+        ["q"], ["Call Alice on 555-0100 today"], pii_detector=detector,
+        counted_pii={"PHONE_NUMBER"},
+    )  # fmt: skip
+    assert sample.answer == "Call <PERSON> on <PHONE_NUMBER> today"
+    assert sample.pii_found == ("PHONE_NUMBER",)
 
 
 def test_masking_replaces_each_span_once_and_leaves_the_rest() -> None:
