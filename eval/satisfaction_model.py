@@ -28,8 +28,10 @@ import numpy as np
 import numpy.typing as npt
 
 Message = dict[str, str]
-# The rule of an example a satisfaction model labelled (feedback.examples.MODEL_RULE_PREFIX).
+# The rule of an example a satisfaction model labelled (feedback.examples.MODEL_RULE_PREFIX),
+# and of one reviewers' verdicts labelled (feedback.examples.REVIEW_RULE_PREFIX).
 MODEL_RULE_PREFIX = "model:"
+REVIEW_RULE_PREFIX = "review_"
 FEATURES = "mean of the answer tokens' last hidden states"
 
 
@@ -55,10 +57,13 @@ def _prompt(messages: Any) -> tuple[Message, ...]:
 def labelled_answers(rows_by_kind: Mapping[str, Sequence[dict[str, Any]]]) -> list[LabelledAnswer]:
     """The labelled answers in a dataset's rows (trl's conversational format), each distinct
     (prompt, answer) once; an answer labelled both ways is dropped, and so are the labels a
-    satisfaction model gave (the judge never learns from its own verdicts)."""
+    satisfaction model gave (the judge never learns from its own verdicts) and reviewers'
+    verdicts (the random sample that rectifies the judge's estimates online must not be
+    what it was fitted to)."""
     seen: dict[tuple[str, str], LabelledAnswer | None] = {}
+    unused = (MODEL_RULE_PREFIX, REVIEW_RULE_PREFIX)
     rows_by_kind = {
-        kind: [r for r in rows if not str(r.get("rule", "")).startswith(MODEL_RULE_PREFIX)]
+        kind: [r for r in rows if not str(r.get("rule", "")).startswith(unused)]
         for kind, rows in rows_by_kind.items()
     }
 

@@ -8,6 +8,10 @@
   lower rank ≻ higher rank among sibling answers.
 - KTO: thumbs on answers that ended up in no pair become unpaired labels;
   negatives are kept as ``label=False``.
+- Reviewers' verdicts: an answer its user said nothing about that reviewers passed
+  is an SFT target, and a passed or failed one a KTO label (``review_pass``,
+  ``review_fail``): a considered judgement on a random sample, where users' signals
+  are few. The user's own signal wins where there is one.
 
 Every example carries its lineage: the request ids and feedback event ids it
 came from, the adapter (model version) that produced the answers, the business
@@ -183,6 +187,36 @@ def verdict(record: FeedbackRecord) -> tuple[bool, str, float] | None:
     return None
 
 
+# Rules of the examples reviewers' verdicts labelled; the satisfaction model never learns
+# from them (eval.satisfaction_model.labelled_answers): they rectify its estimates online.
+REVIEW_RULE_PREFIX = "review_"
+# A verdict weighs what a thumb does: one person's considered judgement of one answer.
+REVIEW_WEIGHT = 1.0
+
+
+def review_verdict(record: FeedbackRecord) -> tuple[bool, str, float] | None:
+    """The reviewers' verdict on an answer, by majority (a tie, or none, gives no verdict):
+    (passed, rule, weight)."""
+    votes = Counter(
+        e.outcome for e in record.feedback if e.type == FeedbackType.REVIEW and e.outcome
+    )
+    passed, failed = votes.get("pass", 0), votes.get("fail", 0)
+    if passed == failed:
+        return None
+    verdict_passed = passed > failed
+    rule = f"{REVIEW_RULE_PREFIX}{'pass' if verdict_passed else 'fail'}"
+    return verdict_passed, rule, REVIEW_WEIGHT
+
+
+def _judged(record: FeedbackRecord) -> tuple[tuple[bool, str, float], tuple[str, ...]] | None:
+    """The user's verdict, else the reviewers', with the event types behind it."""
+    if (users := verdict(record)) is not None:
+        return users, _event_types(users[1])
+    if (reviewers := review_verdict(record)) is not None:
+        return reviewers, (FeedbackType.REVIEW.value,)
+    return None
+
+
 def _model_version(record: FeedbackRecord) -> str:
     return record.adapter_name or record.base_model or "unknown"
 
@@ -223,7 +257,7 @@ def build_examples(
     for record in records:
         by_prompt[record.prompt_hash].append(record)
         edit = record.edit
-        judged = verdict(record)
+        judged = _judged(record)
         if edit and edit.strip() and edit != record.response:
             lineage = _lineage([record], _events(record, *EDIT_TYPES))
             examples.sft.append(
@@ -240,9 +274,9 @@ def build_examples(
                 )
             )
             paired.add(record.request_id)
-        elif judged is not None and judged[0] and record.response:
-            _, signal, weight = judged
-            lineage = _lineage([record], _events(record, *_event_types(signal)))
+        elif judged is not None and judged[0][0] and record.response:
+            (_, signal, weight), kinds = judged
+            lineage = _lineage([record], _events(record, *kinds))
             examples.sft.append(
                 TrainingExample(
                     "sft",
@@ -259,10 +293,10 @@ def build_examples(
     for record in records:
         if record.request_id in paired or not record.response or record.edit:
             continue
-        judged = verdict(record)
+        judged = _judged(record)
         if judged is not None:
-            liked, signal, weight = judged
-            lineage = _lineage([record], _events(record, *_event_types(signal)))
+            (liked, signal, weight), kinds = judged
+            lineage = _lineage([record], _events(record, *kinds))
             examples.kto.append(
                 TrainingExample(
                     "kto",

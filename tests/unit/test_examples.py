@@ -373,3 +373,48 @@ def test_an_answer_that_invents_a_placeholder_gets_neutral_words_back() -> None:
     ]
     assert examples.restored == Counter({"sft": 2, "dpo": 1, "kto": 2})
     assert not any(key.startswith("placeholder") for key in examples.dropped)
+
+
+def _review(verdict: str, reviewer: str) -> dict[str, Any]:
+    return {"type": "review", "outcome": verdict, "user_id": reviewer}
+
+
+def test_reviewers_verdicts_label_the_answers_users_left_silent() -> None:
+    """Where users gave no signal, the reviewers' majority verdict labels the answer: a pass
+    is an SFT target and a KTO positive, a fail a KTO negative, each traced to the review
+    events; a tie labels nothing, and a user's own signal wins over the reviewers'."""
+    examples = build_examples(
+        [
+            record("passed", "Open Orders, choose Return.", _review("pass", "r1")),
+            record(
+                "failed",
+                "No.",
+                _review("fail", "r1"),
+                _review("fail", "r2"),
+                _review("pass", "r3"),
+                prompt_hash="p2",
+            ),
+            record(
+                "tied", "Maybe.", _review("pass", "r1"), _review("fail", "r2"), prompt_hash="p3"
+            ),
+            record(
+                "user-wins",
+                "Call us.",
+                {"type": "thumbs_down"},
+                _review("pass", "r1"),
+                prompt_hash="p4",
+            ),
+        ]
+    )
+
+    assert [(e.rule, e.completion, e.weight) for e in examples.sft] == [
+        ("review_pass", "Open Orders, choose Return.", 1.0)
+    ]
+    assert examples.sft[0].lineage.event_ids == (1000 * len("passed"),)
+    labels = {e.lineage.request_ids[0]: (e.label, e.rule) for e in examples.kto}
+    assert labels == {
+        "passed": (True, "review_pass"),
+        "failed": (False, "review_fail"),
+        "user-wins": (False, "thumbs_down"),
+    }
+    assert examples.dpo == []

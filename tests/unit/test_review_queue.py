@@ -213,8 +213,14 @@ def test_a_correction_becomes_an_edit_with_lineage_and_verdicts_feed_the_canary(
     assert sft.completion == dpo.chosen == "Parcel 0 arrives on Friday."
     assert dpo.rejected == records[corrected].response
     assert stored.id in sft.lineage.event_ids
-    # Only the corrected answer became an example: a verdict alone trains nothing.
-    assert {e.lineage.request_ids for e in examples.sft} == {(corrected,)}
+    # A verdict alone labels an answer its user left silent: passes are SFT targets, the
+    # canary's other failures KTO negatives, each traced to its review.
+    passed = {e.lineage.request_ids[0]: e.rule for e in examples.sft if e.rule != "edit"}
+    assert passed == {f"req-champion-{i}": "review_pass" for i in range(6)}
+    failed = {e.lineage.request_ids[0] for e in examples.kto if e.rule == "review_fail"}
+    assert len(failed) == 5
+    assert corrected not in failed
+    assert all(r.startswith("req-canary-") for r in failed)
 
     # Reviews are not user signals: the arms' edit rates are untouched.
     windows = adapter_windows(

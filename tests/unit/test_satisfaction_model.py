@@ -399,3 +399,23 @@ def test_predicted_satisfaction_covers_on_a_handful_of_prompts() -> None:
             assert compared is not None
             covered += compared.low <= 0.1 <= compared.high
         assert covered / 2_000 >= 0.94, (prompts, covered)
+
+
+def test_the_judge_never_learns_from_the_reviews_that_rectify_it() -> None:
+    """Reviewers' verdicts train adapters, not the satisfaction model: the canary's estimate
+    rectifies the model's scores with a random sample of reviews, which must not be what
+    the model was fitted to."""
+    prompt = [{"role": "user", "content": "q"}]
+    rows = {
+        "sft": [
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "A"}],
+             "rule": "review_pass"},
+        ],
+        "kto": [
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "B"}],
+             "label": False, "rule": "review_fail"},
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "C"}],
+             "label": True, "rule": "thumbs_up"},
+        ],
+    }  # fmt: skip
+    assert [a.answer for a in labelled_answers(rows)] == ["C"]
