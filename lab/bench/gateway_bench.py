@@ -1,6 +1,7 @@
 """What the gateway adds over calling vLLM directly, beside LiteLLM's proxy, in one run.
 
     .venv/bin/python lab/bench/gateway_bench.py [--seconds 15] [--rounds 2] [--no-litellm]
+        [--streams 1,16,64] [--baseline REV]
 
 Four ways to the same server, measured in interleaved rounds so machine noise
 hits them alike: **direct** (the client calls the server), **flywheel** (through
@@ -22,6 +23,10 @@ and an instant OpenAI-compatible stand-in (``tests/stub_vllm.py``). The
 stand-in's latency is near zero, so the proxy's own cost is not buried in
 vLLM's run-to-run noise; vLLM shows it under a real load. The split check (100,000
 users on a 5% canary) is printed too. Results go to ``lab/bench/results/``.
+
+``--baseline REV`` adds the gateway of an older commit (both paths, from ``git archive
+REV``, run with that tree first on the path) to the same interleaved rounds, so a change
+to the hot path is compared with what it replaced on the same machine at the same time.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,25 @@ CHAMPION_ADAPTER = f"{LINE}-v1"
 SHADOW_ADAPTER = f"{LINE}-v2"
 LIMITED = "flywheel+limits+shadow"
 
+# What _route does, run by an older commit's code on its own store (its schema may be older).
+ROUTE_SCRIPT = """
+import sys
+from pathlib import Path
+from feedback.store import FeedbackStore
+from flywheel.settings import Settings
+from registry.routes import RouteStore
+
+home, line, champion, shadow_adapter = Path(sys.argv[1]), *sys.argv[2:5]
+shadow = float(sys.argv[5])
+store = FeedbackStore.open(Settings(home=home, database_url=None))
+routes = RouteStore(store.engine)
+routes.change(line, lambda t: t.with_champion(champion), action="champion_set", actor="bench")
+if shadow:
+    routes.change(line, lambda t: t.with_shadow(shadow_adapter, shadow), action="shadow_set",
+                  actor="bench")
+store.close()
+"""
+
 
 @dataclass
 class Sample:
@@ -72,6 +96,7 @@ class Cell:
 
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
+    round_p50s: list[float] = field(default_factory=list)
 
     def ok(self) -> list[Sample]:
         return [s for s in self.samples if s.ok]
@@ -265,12 +290,17 @@ def _route(home: Path, shadow: float) -> None:
 
 @contextmanager
 def gateway(
-    upstream: str, work: Path, *, limits: bool = False, shadow: float = 0.0
+    upstream: str,
+    work: Path,
+    *,
+    limits: bool = False,
+    shadow: float = 0.0,
+    code: Path | None = None,
 ) -> Iterator[Gateway]:
     """flywheel's gateway (``flywheel serve gateway``, one process, SQLite store) in front of
     ``upstream``; with ``limits``, rate limits on its key and line, in Redis when one
     answers; with ``shadow``, that share of the requests answered again by a shadow
-    adapter."""
+    adapter; with ``code``, the gateway of that source tree (an older commit's)."""
     import uuid
 
     from gateway.keys import key_digest
@@ -283,7 +313,14 @@ def gateway(
         key["limits"] = {**NEVER_REACHED, "concurrent_streams": 10_000}
         keys["lines"] = {LINE: NEVER_REACHED}
     (home / "gateway-keys.yaml").write_text(json.dumps(keys), encoding="utf-8")
-    _route(home, shadow)
+    if code is None:
+        _route(home, shadow)
+    else:  # the store's schema is the older commit's: let its own code write the routes
+        import subprocess
+
+        argv = [sys.executable, "-c", ROUTE_SCRIPT, str(home), LINE, CHAMPION_ADAPTER]
+        argv += [SHADOW_ADAPTER, str(shadow)]
+        subprocess.run(argv, check=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
     port = free_port()
     env = {
         **os.environ,
@@ -295,12 +332,15 @@ def gateway(
     env.pop("FLYWHEEL_REDIS_URL", None)
     if limits and redis_answers():
         env["FLYWHEEL_REDIS_URL"] = REDIS_URL
-    flywheel = str(Path(sys.executable).parent / "flywheel")
-    argv = [flywheel, "serve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+    flywheel = [str(Path(sys.executable).parent / "flywheel")]
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+        flywheel = [sys.executable, "-c", "from cli.main import main; main()"]
+    argv = [*flywheel, "serve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
     ready = f"http://127.0.0.1:{port}/healthz"
     log = work / f"gateway-{port}.log"
     with service_process(
-        argv, name="the gateway", ready_url=ready, log_path=log, env=env, cwd=REPO
+        argv, name="the gateway", ready_url=ready, log_path=log, env=env, cwd=code or REPO
     ):
         yield Gateway(f"http://127.0.0.1:{port}", home)
 
@@ -331,14 +371,15 @@ def measure(
     seconds: float,
     rounds: int,
     tokens: int,
+    streams: tuple[int, ...] = CONCURRENCY,
 ) -> dict[int, dict[str, Cell]]:
     """Interleaved rounds: for each concurrency, each round visits every path in turn."""
     from flywheel.progress import progress_bar
 
-    cells = {c: {name: Cell() for name in targets} for c in CONCURRENCY}
-    total = len(CONCURRENCY) * rounds * len(targets)
+    cells = {c: {name: Cell() for name in targets} for c in streams}
+    total = len(streams) * rounds * len(targets)
     with progress_bar("measuring", total=total) as advance:
-        for concurrency in CONCURRENCY:
+        for concurrency in streams:
             for round_index in range(rounds):
                 order = list(targets) if round_index % 2 == 0 else list(reversed(targets))
                 for name in order:
@@ -348,10 +389,44 @@ def measure(
                     samples, elapsed = asyncio.run(
                         _load(url, model, headers, concurrency, seconds, tokens)
                     )
-                    cells[concurrency][name].samples += samples
-                    cells[concurrency][name].seconds += elapsed
+                    cell = cells[concurrency][name]
+                    cell.samples += samples
+                    cell.seconds += elapsed
+                    cell.round_p50s.append(Cell(samples).quantile(0.5))
                     advance(1)
     return cells
+
+
+def against_baseline(cells: dict[int, dict[str, Cell]], baseline: str) -> list[dict[str, Any]]:
+    """Each path against its ``@baseline`` twin, round by round (the rounds interleave, so
+    a round's two p50s met the same machine): the median and range of the per-round
+    differences, which say whether a change is larger than the rounds' own spread."""
+    rows = []
+    for concurrency, by_path in cells.items():
+        for name, cell in by_path.items():
+            old = by_path.get(f"{name}@{baseline}")
+            if old is None:
+                continue
+            steps = [
+                (new - was) * 1000 for new, was in zip(cell.round_p50s, old.round_p50s, strict=True)
+            ]
+            rows.append(
+                {
+                    "streams": concurrency,
+                    "path": name,
+                    "p50_change_ms": statistics.median(steps),
+                    "p50_change_low_ms": min(steps),
+                    "p50_change_high_ms": max(steps),
+                    "rounds": len(steps),
+                    "p50_change_share": statistics.median(steps) / 1000 / old.quantile(0.5),
+                }
+            )
+            print(
+                f"{name} against {baseline} at {concurrency} streams: p50 "
+                f"{statistics.median(steps):+.2f} ms a round (median of {len(steps)}; "
+                f"rounds {min(steps):+.2f} to {max(steps):+.2f} ms)"
+            )
+    return rows
 
 
 def report(server: str, cells: dict[int, dict[str, Cell]]) -> list[dict[str, Any]]:
@@ -436,14 +511,40 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 position = [x + (2 * index + offset) * width for x in xs]
                 axis.bar(position, [r[key] for r in mine], width, hatch=hatch,
                          label=f"{proxy} {key.split('_')[1]}")  # fmt: skip
-        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(CONCURRENCY))])
-        axis.set_xticklabels([f"{c} streams" for c in CONCURRENCY])
+        streams = sorted({r["streams"] for r in rows if r["server"] == server})
+        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(streams))])
+        axis.set_xticklabels([f"{c} streams" for c in streams])
         axis.set_ylabel("added latency over direct (ms)")
         axis.set_title(server)
         axis.axhline(0, color="black", linewidth=0.5)
         axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+
+
+def _streams(text: str) -> tuple[int, ...]:
+    try:
+        streams = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of stream counts: {text!r}") from None
+    if not streams or min(streams) < 1:
+        raise argparse.ArgumentTypeError(f"stream counts must be at least 1: {text!r}")
+    return streams
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """The source tree of commit ``rev``, unpacked under ``work`` (``git archive``)."""
+    import subprocess
+
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 def main() -> None:
@@ -461,6 +562,17 @@ def main() -> None:
     parser.add_argument(
         "--shadow", type=float, default=0.1, help="Share of requests the shadow answers again."
     )
+    parser.add_argument(
+        "--streams",
+        type=_streams,
+        default=CONCURRENCY,
+        help="Concurrent streams to measure, comma-separated (default 1,16,64).",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="Also measure the gateway of this commit (both paths) in the same rounds.",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
@@ -473,8 +585,11 @@ def main() -> None:
     servers = [] if args.no_stand_in else [("stand-in", stub_server)]
     servers += [] if args.no_vllm else [("vLLM CPU", vllm_server)]
     gateway_headers = {"Authorization": f"Bearer {API_KEY}", "x-user-id": "bench-user"}
-    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as scratch, ExitStack() as stack:
         work = Path(scratch)
+        old = baseline_tree(args.baseline, work) if args.baseline else None
+        if old is not None:
+            results["baseline"] = args.baseline
         for server_name, start in servers:
             with (
                 start(work) as (upstream, model),
@@ -486,22 +601,38 @@ def main() -> None:
                     "flywheel": (f"{plain.url}/v1/chat/completions", LINE, gateway_headers),
                     LIMITED: (f"{limited.url}/v1/chat/completions", LINE, gateway_headers),
                 }
+                if old is not None:
+                    for name, options in (("flywheel", {}), (LIMITED, {"limits": True})):
+                        was = stack.enter_context(
+                            gateway(upstream, work, shadow=args.shadow if options else 0.0,
+                                    code=old, **options)
+                        )  # fmt: skip
+                        url = f"{was.url}/v1/chat/completions"
+                        targets[f"{name}@{args.baseline}"] = (url, LINE, gateway_headers)
                 if args.no_litellm:
-                    cells = measure(targets, args.seconds, args.rounds, args.tokens)
+                    cells = measure(targets, args.seconds, args.rounds, args.tokens, args.streams)
                 else:
                     with litellm(upstream, model, work) as (litellm_url, litellm_headers):
                         targets["litellm"] = (
                             f"{litellm_url}/v1/chat/completions", LINE, litellm_headers,
                         )  # fmt: skip
-                        cells = measure(targets, args.seconds, args.rounds, args.tokens)
+                        cells = measure(
+                            targets, args.seconds, args.rounds, args.tokens, args.streams
+                        )
+                stack.close()
                 results["rows"] += report(server_name, cells)
+                if old is not None:
+                    results.setdefault("against_baseline", {})[server_name] = against_baseline(
+                        cells, args.baseline
+                    )
                 shadows, answered = limited.shadowed()
                 results.setdefault("shadowed", {})[server_name] = [shadows, answered]
                 print(f"{LIMITED} on {server_name}: {shadows:,} shadow answers stored for "
                       f"{answered:,} requests ({shadows / max(answered, 1):.1%})")  # fmt: skip
     (RESULTS / "gateway_bench.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     plot(results["rows"], RESULTS / "gateway_overhead.png")
-    for path in ("flywheel", LIMITED):
+    compared = [r["path"] for r in results["rows"] if r["server"] == "stand-in"]
+    for path in dict.fromkeys(p for p in compared if p.startswith("flywheel")):
         mine = [r for r in results["rows"] if r["path"] == path and r["server"] == "stand-in"]
         if mine:
             print(
