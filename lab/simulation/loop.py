@@ -278,11 +278,15 @@ class _Day:
         ids = [f"{tag}-user-{(k * 7919) % plan.pool()}" for k in range(plan.requests)]
         return seed, tag, user_requests(self.users, plan.business_line, ids, seed, f"{tag}-day")
 
-    def _look(self, line: str, decisions: list[dict[str, str]], reviewed: Counter[str]) -> bool:
-        """Reviews, then the canary flow's look; True when the canary is decided."""
+    def _review(self, line: str, reviewed: Counter[str]) -> None:
+        """A round of the reviewers' spot checks on the line's queue."""
         if self.reviewers is not None:
             round_reviews = self.reviewers.review(line, self.plan.reviews_per_round)
             reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
+
+    def _look(self, line: str, decisions: list[dict[str, str]], reviewed: Counter[str]) -> bool:
+        """Reviews, then the canary flow's look; True when the canary is decided."""
+        self._review(line, reviewed)
         outcome = self.services.canary(line)
         decisions.append({"action": outcome.action, "reason": outcome.reason})
         if outcome.action == "rollback":
@@ -292,7 +296,9 @@ class _Day:
     def share(self, night: int, nightly: NightlyResult | None) -> NightRecord:
         """The night's flows (none before the first day), then a day of users in
         ``canary_rounds`` parts, the canary flow looking after each part while a canary is
-        live: the canary sees its share of the day and nothing more."""
+        live: the canary sees its share of the day and nothing more. The reviewers check
+        their sample after every part, a canary or not (spot checks of the champion are
+        every day's work, and their verdicts are training labels)."""
         started = time.monotonic()
         line = self.plan.business_line
         seed, _tag, requests = self._requests(night)
@@ -308,6 +314,8 @@ class _Day:
             reports.append(self.traffic.run(line, chunk, seed=seed, on_request=advance))
             if self.services.routes(line).canary is not None:
                 self._look(line, decisions, reviewed)
+            else:
+                self._review(line, reviewed)
         status = nightly or NightlyResult("none", "the first day: no nightly has run yet")
         return self._record(night, started, deployed, status, reports, decisions, reviewed)
 

@@ -190,3 +190,25 @@ def test_without_reviewers_the_same_canary_is_promoted(world: Any) -> None:
     assert night.decision == "promoted", night.canary_decisions
     assert night.reviews == {}
     assert night.satisfied["canary"] == 0.0  # promoted though users are not served well
+
+
+def test_reviewers_check_the_champion_on_a_day_without_a_canary(world: Any) -> None:
+    """Spot checks are every day's work: on the first day (the base model alone, no
+    canary) the reviewers check their sample too: their verdicts are the night's labels."""
+    stub, _stage, services = world
+    stub.behaviour.answers.update({BASE_MODEL: HELPFUL, ADAPTER: UNHELPFUL})
+    users = LoadedUsers("test:IndifferentUsers", IndifferentUsers())
+    plan = LoopPlan(
+        LINE,
+        nights=1,
+        requests=20,
+        eval_prompts=10,
+        canary_rounds=2,
+        canary_traffic="share",
+        reviews_per_round=8,
+        review_noise=0.0,
+    )
+    result = run_loop(plan, users, services)
+    first_day = result.nights[0]
+    assert first_day.canary is None
+    assert first_day.reviews == {"passed": 16, "failed": 0}, first_day.reviews
