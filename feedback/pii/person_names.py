@@ -591,14 +591,24 @@ class PersonNameFinder:
 
         ``latin_script``: the text is written in Latin script only. Within Chinese text,
         Latin words in lower case are brands and links more often than names, so the
-        rule for a lower-case writer's rare words is left out.
+        rule for a lower-case writer's rare words is left out. Nothing in code, and no lone
+        acronym no name list knows (:meth:`from_entities` says why).
         """
-        return self._gazetteer_names(text, latin_script)
+        return [
+            result
+            for result in self._gazetteer_names(text, latin_script)
+            if not self._not_a_name(text, result.start, result.end)
+        ]
+
+    def _not_a_name(self, text: str, start: int, end: int) -> bool:
+        return in_code(text, start, end) or self._acronym(text[start:end])
 
     def from_entities(
         self, text: str, entities: Iterable[tuple[int, int, str]]
     ) -> list[RecognizerResult]:
-        """Names among spaCy's entities: persons, and organisations or works that look like one."""
+        """Names among spaCy's entities: persons, and organisations or works that look like one.
+        Not in code (an identifier is no name) and not a lone acronym no name list knows
+        ("HDR", "USB"): the small model takes both for persons."""
         results: list[RecognizerResult] = []
         for ent_start, ent_end, label in entities:
             trimmed = self._trim(text, ent_start, ent_end)
@@ -606,11 +616,24 @@ class PersonNameFinder:
                 continue
             start, end = trimmed
             span = text[start:end]
+            if self._not_a_name(text, start, end):
+                continue
             if label == "PERSON" and not self._thing_not_person(text, start, span):
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.85))
             elif label in _NER_TO_PERSON and self._looks_like_name(span):
                 results.append(RecognizerResult(self.ENTITY, start, end, 0.6))
         return results
+
+    def _acronym(self, span: str) -> bool:
+        """One word in capitals, three letters or more, that is no listed name: an acronym
+        ("HDR", "NASA"), not a name typed in capitals ("JOHN" is listed). Two capitals are
+        as often initials people go by ("AJ", "KK") as an acronym."""
+        return (
+            " " not in span
+            and len(span) >= 3
+            and span.isupper()
+            and not self.gazetteer.is_listed_name(span)
+        )
 
     def _thing_not_person(self, text: str, start: int, span: str) -> bool:
         """A one-word entity after "the", "on", "installed"... that no name list knows
@@ -1142,6 +1165,31 @@ class PersonNameFinder:
 
 
 _MISSPELLING_CACHE = 100_000
+# Code in a text: a fenced block (to its closing fence, or the end of a text cut inside one)
+# and inline code. spaCy reads identifiers there as names ("from nio import", "MATRIX_ROOM").
+_CODE_SPANS = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
+
+
+def in_code(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is code: inside a fenced block or inline code, or a call
+    or an attribute ("send(", "client.login", "room.display_name": a parenthesis right after
+    it, or a dot joining it to a lower-case identifier). A sentence's full stop, an initial
+    ("J.Smith") and a user name ("peter_novak") are no code."""
+    if text[end : end + 1] == "(":
+        return True
+    if text[start - 1 : start] == "." and _IDENTIFIER_BEFORE.search(text, 0, start - 1):
+        return True
+    if _IDENTIFIER_AFTER.match(text, end):
+        return True
+    if "`" not in text:
+        return False
+    return any(m.start() <= start and end <= m.end() for m in _CODE_SPANS.finditer(text))
+
+
+_IDENTIFIER_BEFORE = re.compile(r"(?<![\w.])[a-z_][a-z0-9_]+\Z")
+_IDENTIFIER_AFTER = re.compile(r"\.[a-z_][a-z0-9_]+\b")
+
+
 _HANDLE = re.compile(r"(?<![\w.@/])@([A-Za-z][A-Za-z0-9_]{1,29})(?![\w@])")
 _CALLED = re.compile(r"\(|\.[A-Za-z]")
 """After a handle, a call or an attribute make it code (``@app.get(``)."""
