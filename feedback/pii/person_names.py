@@ -601,7 +601,16 @@ class PersonNameFinder:
         ]
 
     def _not_a_name(self, text: str, start: int, end: int) -> bool:
-        return in_code(text, start, end) or self._acronym(text[start:end])
+        """An identifier in code (one word no name list knows: a name in a code comment or
+        string, "Peter Novak" or "Peter", is still a name), a span holding code's brackets
+        or operators ("logger.info(await client"), or a lone acronym."""
+        span = text[start:end]
+        identifier = " " not in span and not self.gazetteer.is_listed_name(span)
+        return (
+            (identifier and in_code(text, start, end))
+            or _CODE_CHARACTERS.search(span) is not None
+            or self._acronym(span)
+        )
 
     def from_entities(
         self, text: str, entities: Iterable[tuple[int, int, str]]
@@ -1165,9 +1174,9 @@ class PersonNameFinder:
 
 
 _MISSPELLING_CACHE = 100_000
-# Code in a text: a fenced block (to its closing fence, or the end of a text cut inside one)
+# Code in a text: a fenced block, closed (a stray fence must not exempt the rest of a text),
 # and inline code. spaCy reads identifiers there as names ("from nio import", "MATRIX_ROOM").
-_CODE_SPANS = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
+_CODE_SPANS = re.compile(r"```.*?```|`[^`\n]+`", re.DOTALL)
 
 
 def in_code(text: str, start: int, end: int) -> bool:
@@ -1188,6 +1197,8 @@ def in_code(text: str, start: int, end: int) -> bool:
 
 _IDENTIFIER_BEFORE = re.compile(r"(?<![\w.])[a-z_][a-z0-9_]+\Z")
 _IDENTIFIER_AFTER = re.compile(r"\.[a-z_][a-z0-9_]+\b")
+# No name holds a bracket or an operator.
+_CODE_CHARACTERS = re.compile(r"[(){}\[\]=;<>]")
 
 
 _HANDLE = re.compile(r"(?<![\w.@/])@([A-Za-z][A-Za-z0-9_]{1,29})(?![\w@])")

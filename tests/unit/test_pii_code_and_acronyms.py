@@ -26,7 +26,10 @@ CODE = (
 
 
 def test_identifiers_in_a_code_block_are_kept(scrubber: Scrubber) -> None:
-    assert scrubber.scrub_text(CODE).text == CODE
+    """Identifiers stay; a word a name list knows is still a name, even in a comment ("Add"
+    is a surname: replaced, the price of keeping "Peter" in a code string replaced too)."""
+    scrubbed = scrubber.scrub_text(CODE).text
+    assert scrubbed == CODE.replace("# Add a callback", "# <PERSON_1> a callback")
 
 
 @pytest.mark.parametrize(
@@ -35,6 +38,7 @@ def test_identifiers_in_a_code_block_are_kept(scrubber: Scrubber) -> None:
         "HDR (High Dynamic Range): look for a TV that supports HDR and HDMI 2.1.",
         "The USB port and the NASA photo are on the left.",
         "Use `Session.close()` when done.",
+        "Then call logger.info(await client.login(token)) and wait.",
     ],
 )
 def test_acronyms_and_inline_code_are_kept(scrubber: Scrubber, text: str) -> None:
@@ -47,16 +51,17 @@ def test_acronyms_and_inline_code_are_kept(scrubber: Scrubber, text: str) -> Non
         ("Please call JOHN SMITH at the front desk.", "JOHN SMITH"),
         ("I met Peter Novak. He was kind.", "Peter Novak"),
         ("Signed, J.Smith", "Smith"),
-        ("```\n# ask Peter Novak before merging\n```", None),
+        ("```\n# ask Peter Novak before merging\n```", "Peter Novak"),
+        ('```\ncustomer = {"name": "Peter", "tier": 2}\n```', "Peter"),
+        ("A stray ``` fence. Then I met Peter Novak.", "Peter Novak"),
     ],
 )
 def test_names_beside_code_rules_are_still_replaced(
-    scrubber: Scrubber, text: str, name: str | None
+    scrubber: Scrubber, text: str, name: str
 ) -> None:
     scrubbed = scrubber.scrub_text(text).text
-    if name is not None:
-        assert name not in scrubbed
-        assert "<PERSON_1>" in scrubbed
+    assert name not in scrubbed
+    assert "<PERSON_1>" in scrubbed
 
 
 @pytest.mark.parametrize(
@@ -70,7 +75,8 @@ def test_names_beside_code_rules_are_still_replaced(
         ("Dr.Smith said so", "Smith", False),
         ("user peter_novak wrote", "peter", False),
         ("a `Foo` here", "Foo", True),
-        ("```\nimport nio\n", "nio", True),
+        ("```\nimport nio\n```", "nio", True),
+        ("``` stray, then nio", "nio", False),
     ],
 )
 def test_what_counts_as_code(text: str, word: str, code: bool) -> None:
