@@ -27,11 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from feedback.examples import MODEL_RULE_PREFIX, REVIEW_RULE_PREFIX
+
 Message = dict[str, str]
-# The rule of an example a satisfaction model labelled (feedback.examples.MODEL_RULE_PREFIX),
-# and of one reviewers' verdicts labelled (feedback.examples.REVIEW_RULE_PREFIX).
-MODEL_RULE_PREFIX = "model:"
-REVIEW_RULE_PREFIX = "review_"
 FEATURES = "mean of the answer tokens' last hidden states"
 
 
