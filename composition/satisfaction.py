@@ -3,8 +3,9 @@
 - ``train_satisfaction_model``: the nightly stage that trains the line's model on its
   labelled answers, judges it (:mod:`eval.satisfaction_training`) and records it in
   MLflow; the night goes on whatever it decides.
-- ``arm_satisfaction``: each arm's answers scored by the line's accepted model, with the
-  reviews' verdicts (the canary's and the experiments' prediction-powered estimate).
+- ``arm_satisfaction``: each arm's answers scored by the line's accepted model and their
+  users' own signals, with the reviews' verdicts (the canary's and the experiments'
+  prediction-powered estimate).
 - ``silent_labelling``: the accepted model as a labeller of silent answers, with
   best-of-n sampling from what serves the line (``best_of_sampler``).
 """
@@ -25,7 +26,7 @@ from composition.clients import Clients
 from composition.recipes import recipe_for
 from feedback.contributions import LookBound
 from flywheel.settings import Settings
-from registry.ppi import SatisfactionSample
+from registry.ppi import SatisfactionSample, informed_scores, strongest_signal, user_signal_pull
 
 if TYPE_CHECKING:
     from eval.satisfaction import SatisfactionModelPolicy, SatisfactionModelVerdict
@@ -124,11 +125,12 @@ def arm_satisfaction(
 ) -> tuple[dict[str | None, SatisfactionSample], str]:
     """Each arm's satisfaction data over ``[since, until)``: the line's newest accepted
     satisfaction model's score on every answer a look counts (within ``bound``: each user's
-    first few, each key within its share; cached by request id), and the reviews'
-    verdicts. Without an accepted model every score is 0, so the estimate is the reviews'
-    alone (still valid, just wider). Returns the samples (by adapter; with ``arm_labels``,
-    one per adapter, by the arm label the gateway recorded, as an experiment's arms) and
-    which model scored them."""
+    first few, each key within its share; cached by request id), moved towards what the
+    answer's user said where they said something (:func:`registry.ppi.informed_scores`), and
+    the reviews' verdicts. Without an accepted model a silent answer's score is 0, so the
+    estimate rests on the users' signals and the reviews (still valid, just wider). Returns
+    the samples (by adapter; with ``arm_labels``, one per adapter, by the arm label the
+    gateway recorded, as an experiment's arms) and what scored them."""
     import numpy as np
 
     from eval.satisfaction_model import SatisfactionModel
@@ -138,7 +140,11 @@ def arm_satisfaction(
 
     found = clients.registry.satisfaction_model_path(line)
     model = SatisfactionModel.load(found[1]) if found is not None else None
-    scorer = f"{line} satisfaction model v{found[0]}" if found is not None else "reviews alone"
+    scorer = (
+        f"{line} satisfaction model v{found[0]} and the users' signals"
+        if found is not None
+        else "the users' signals (no accepted satisfaction model)"
+    )
     cache_path = settings.home / "satisfaction" / f"{line}-v{found[0] if found else 0}.json"
     cache: dict[str, float] = {}
     if model is not None and cache_path.is_file():
@@ -161,7 +167,15 @@ def arm_satisfaction(
                     reader.features([(prompt_of(a.messages), a.response) for a in missing])
                 )
                 cache.update({a.request_id: float(s) for a, s in zip(missing, scores, strict=True)})
-        score = {a.request_id: cache.get(a.request_id, 0.0) for a in answers}
+        # The model's score (cached: fixed per answer), then the user's own signal folded in
+        # at each look (a signal may come after the answer was first scored).
+        pulls = [user_signal_pull(strongest_signal(a.signals)) for a in answers]
+        informed = informed_scores(
+            [cache.get(a.request_id, 0.0) for a in answers],
+            [pull for pull, _ in pulls],
+            [towards for _, towards in pulls],
+        )
+        score = dict(zip((a.request_id for a in answers), informed.tolist(), strict=True))
         reviewed = [a for a in answers if a.passed is not None]
         samples[label if label is not None else adapter] = SatisfactionSample.of(
             np.array([score[a.request_id] for a in answers if a.passed is None]),

@@ -29,8 +29,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, and_, select
 
 from feedback.contributions import Answer, LookBound, counted_requests
-from feedback.events import ONLINE_SIGNALS, FeedbackType, ReviewVerdict, Signal
+from feedback.events import ONLINE_SIGNALS, SIGNAL_TYPES, FeedbackType, ReviewVerdict, Signal
 from feedback.schema import feedback_table, interactions_table
+from feedback.signals import signal_of
 from flywheel.quantiles import observed_quantile
 
 COUNTED_SIGNALS = tuple(
@@ -222,12 +223,14 @@ def adapter_windows(
 
 @dataclass(frozen=True, slots=True)
 class ArmAnswer:
-    """One answer an arm gave in a window, with its reviewers' last verdict (None: unreviewed)."""
+    """One answer an arm gave in a window, with its reviewers' last verdict (None: unreviewed)
+    and the signals its user gave (a review is none of them)."""
 
     request_id: str
     messages: list[dict[str, Any]]
     response: str
     passed: bool | None
+    signals: frozenset[Signal] = frozenset()
 
 
 def arm_answers(
@@ -276,7 +279,24 @@ def arm_answers(
             .order_by(feedback.c.id)
         ):
             verdicts[request_id] = outcome == ReviewVerdict.PASS.value
+        signals: defaultdict[str, set[Signal]] = defaultdict(set)
+        for request_id, kind, outcome in connection.execute(
+            select(feedback.c.request_id, feedback.c.type, feedback.c.outcome)
+            .select_from(
+                feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
+            )
+            .where(where, feedback.c.type.in_(SIGNAL_TYPES))
+        ):
+            signal = signal_of(kind, outcome)
+            if signal is not None:
+                signals[request_id].add(signal)
     return [
-        ArmAnswer(r.request_id, list(r.messages or []), r.response, verdicts.get(r.request_id))
+        ArmAnswer(
+            r.request_id,
+            list(r.messages or []),
+            r.response,
+            verdicts.get(r.request_id),
+            frozenset(signals.get(r.request_id, ())),
+        )
         for r in rows
     ]

@@ -25,15 +25,16 @@ _OUTCOMES = frozenset(outcome.value for outcome in TaskOutcome)
 
 def signals_of(feedback: Iterable[FeedbackNote]) -> set[Signal]:
     """The signals in a record's feedback events (task outcomes split by result)."""
-    found: set[Signal] = set()
-    for event in feedback:
-        kind = event.type
-        if kind == FeedbackType.TASK_OUTCOME:
-            if event.outcome in _OUTCOMES:
-                found.add(Signal(f"task_{event.outcome}"))
-        elif kind in _VALUES:
-            found.add(Signal(kind))
-    return found
+    found = (signal_of(event.type, event.outcome) for event in feedback)
+    return {signal for signal in found if signal is not None}
+
+
+def signal_of(kind: str, outcome: str | None) -> Signal | None:
+    """The signal one stored feedback event carries (a task outcome's by its result); None
+    for an event that carries none (a review, an unknown outcome)."""
+    if kind == FeedbackType.TASK_OUTCOME:
+        return Signal(f"task_{outcome}") if outcome in _OUTCOMES else None
+    return Signal(kind) if kind in _VALUES and kind != FeedbackType.REVIEW else None
 
 
 _VALUES = frozenset(s.value for s in Signal)

@@ -874,7 +874,7 @@ def satisfaction_check(
         f"canary satisfies {arms[1].mean:.2f} of {arms[1].answers} answers vs the champion's "
         f"{arms[0].mean:.2f} of {arms[0].answers} (reviews {arms[1].reviews}/{arms[0].reviews}; "
         f"difference {difference:+.2f}, this look's 95% interval {difference - spread:+.2f} to "
-        f"{difference + spread:+.2f}; the satisfaction model weighted {arms[1].weight:.2f}/"
+        f"{difference + spread:+.2f}; the scores weighted {arms[1].weight:.2f}/"
         f"{arms[0].weight:.2f})"
     )
     return MetricCheck(

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from feedback.events import ONLINE_SIGNALS
+from feedback.events import ONLINE_SIGNALS, Signal
 from lab.simulation.feedback_profiles import PROFILES, SIGNALS
 from registry.canary import (
     RATES,
@@ -59,7 +59,7 @@ from registry.canary import (
     satisfaction_evidence,
     sequential_evidence,
 )
-from registry.ppi import estimate_arrays
+from registry.ppi import estimate_arrays, informed_scores, user_signal_pull
 
 LOOKS = 50
 CANARY_USERS = np.unique(np.round(np.geomspace(100, 20_000, LOOKS)).astype(int))
@@ -70,6 +70,14 @@ NOISE = 0.1  # reviewers' wrong verdicts
 ERROR_RATE, REFUSAL_RATE = 0.002, 0.01
 NEGATIVE = tuple(signal.value for signal in ONLINE_SIGNALS)
 CHUNK = 400_000  # answers drawn at once (memory)
+# What scores an arm's answers for PPI: the model alone, the model with the user's own signal
+# folded in (registry.ppi.informed_scores, as the canary does), the users' signals alone (a
+# night without an accepted model).
+SCORERS = ("model", "model + signals", "signals")
+# Each drawn signal's pull and direction, indexed by SIGNALS' position; the last entry (index
+# -1) is silence.
+PULL = np.array([*(user_signal_pull(Signal(name))[0] for name in SIGNALS), 0.0])
+TOWARDS = np.array([*(user_signal_pull(Signal(name))[1] for name in SIGNALS), 0.0])
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class World:
     canary_review_share: float = 0.2
     champion_review_share: float = 0.02
     canary_score_bias: float = 0.0  # added to the model's log-odds on canary answers
+    profile: str = "realistic"  # the users' feedback profile (lab.simulation.feedback_profiles)
 
 
 @dataclass
@@ -90,22 +99,24 @@ class ArmSums:
 
     n: np.ndarray
     rates: np.ndarray  # (runs, len(RATES))
-    ppi: np.ndarray  # (runs, 8): registry.ppi.estimate_arrays' sums, in order
+    # Per scorer, (runs, 8): registry.ppi.estimate_arrays' sums, in order.
+    ppi: dict[str, np.ndarray]
 
     @classmethod
     def empty(cls, runs: int) -> ArmSums:
-        return cls(np.zeros(runs), np.zeros((runs, len(RATES))), np.zeros((runs, 8)))
+        ppi = {scorer: np.zeros((runs, 8)) for scorer in SCORERS}
+        return cls(np.zeros(runs), np.zeros((runs, len(RATES))), ppi)
 
 
 def _draw(
     rng: np.random.Generator, runs: int, count: int, satisfaction: float, review_share: float,
-    auc: float, bias: float,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    auc: float, bias: float, profile_name: str,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
     """``count`` new answers per run: (rate counts, PPI sums), each summed over the answers."""
-    profile = PROFILES["realistic"]
+    profile = PROFILES[profile_name]
     shift = math.sqrt(2) * NormalDist().inv_cdf(auc)
     rates = np.zeros((runs, len(RATES)))
-    sums = np.zeros((runs, 8))
+    sums = {scorer: np.zeros((runs, 8)) for scorer in SCORERS}
     per_chunk = max(1, CHUNK // runs)
     left = count
     while left > 0:
@@ -132,21 +143,32 @@ def _draw(
         score = 1 / (1 + np.exp(-(shift * latent - shift**2 / 2 + bias)))
         reviewed = rng.random((runs, k)) < review_share
         verdict = np.where(rng.random((runs, k)) < NOISE, ~satisfied, satisfied).astype(float)
-        unreviewed = ~reviewed
-        sums += np.stack(
-            [
-                unreviewed.sum(axis=1),
-                (score * unreviewed).sum(axis=1),
-                (score**2 * unreviewed).sum(axis=1),
-                reviewed.sum(axis=1),
-                (verdict * reviewed).sum(axis=1),
-                (score * reviewed).sum(axis=1),
-                (score**2 * reviewed).sum(axis=1),
-                (verdict * score * reviewed).sum(axis=1),
-            ],
-            axis=1,
-        )
+        pull, towards = PULL[signal], TOWARDS[signal]
+        for scorer, values in (
+            ("model", score),
+            ("model + signals", informed_scores(score, pull, towards)),
+            ("signals", informed_scores(np.zeros_like(score), pull, towards)),
+        ):
+            sums[scorer] += _ppi_sums(values, verdict, reviewed)
     return rates, sums
+
+
+def _ppi_sums(score: np.ndarray, verdict: np.ndarray, reviewed: np.ndarray) -> np.ndarray:
+    """registry.ppi.estimate_arrays' eight sums of one chunk, per run."""
+    unreviewed = ~reviewed
+    return np.stack(
+        [
+            unreviewed.sum(axis=1),
+            (score * unreviewed).sum(axis=1),
+            (score**2 * unreviewed).sum(axis=1),
+            reviewed.sum(axis=1),
+            (verdict * reviewed).sum(axis=1),
+            (score * reviewed).sum(axis=1),
+            (score**2 * reviewed).sum(axis=1),
+            (verdict * score * reviewed).sum(axis=1),
+        ],
+        axis=1,
+    )
 
 
 def simulate(world: World, runs: int, rng: np.random.Generator) -> list[tuple[ArmSums, ArmSums]]:
@@ -161,10 +183,12 @@ def simulate(world: World, runs: int, rng: np.random.Generator) -> list[tuple[Ar
             (canary, world.canary, 1, world.canary_review_share, world.canary_score_bias),
             (champion, world.champion, CHAMPION_RATIO, world.champion_review_share, 0.0),
         ):
-            rates, sums = _draw(rng, runs, new * ratio, satisfaction, share, world.auc, bias)
+            rates, sums = _draw(
+                rng, runs, new * ratio, satisfaction, share, world.auc, bias, world.profile
+            )
             arm.n = arm.n + new * ratio
             arm.rates = arm.rates + rates
-            arm.ppi = arm.ppi + sums
+            arm.ppi = {scorer: arm.ppi[scorer] + sums[scorer] for scorer in SCORERS}
         looks.append((replace(champion), replace(canary)))
     return looks
 
@@ -187,7 +211,7 @@ def feedback_actions(looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy)
 
 
 def ppi_actions(
-    looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy, *, model: bool = True
+    looks: list[tuple[ArmSums, ArmSums]], policy: CanaryPolicy, *, scorer: str | None = "model"
 ) -> np.ndarray:
     """The PPI rule at every look: satisfaction decides, the rates roll back as guardrails."""
     test = policy.satisfaction
@@ -201,8 +225,8 @@ def ppi_actions(
         )  # fmt: skip
         arms = []
         for arm in (champion, canary):
-            sums = arm.ppi.T.copy()
-            if not model:  # reviews only: every answer's score is 0, so the model weighs 0
+            sums = arm.ppi[scorer or "model"].T.copy()
+            if scorer is None:  # reviews only: every answer's score is 0, so the model weighs 0
                 sums[[1, 2, 5, 6, 7]] = 0.0
             arms.append(estimate_arrays(*sums, power_tuned=test.power_tuned))
         difference = arms[1][0] - arms[0][0]
@@ -212,7 +236,8 @@ def ppi_actions(
             worse_alpha=policy.satisfaction_worse_alpha,
             non_inferior_alpha=policy.non_inferior_alpha,
         )  # fmt: skip
-        enough = np.minimum(champion.ppi[:, 3], canary.ppi[:, 3]) >= test.min_reviews
+        reviews = (champion.ppi["model"][:, 3], canary.ppi["model"][:, 3])
+        enough = np.minimum(*reviews) >= test.min_reviews
         sat_worse = np.where(enough, sat_worse, 1.0)
         sat_ok = np.where(enough, sat_ok, 0.0)
         rollback = rollback_evidence(policy, worse_e, sat_worse) >= 1 / policy.alpha
@@ -293,6 +318,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="Write the curves here (PNG).")
+    parser.add_argument(
+        "--feedback", choices=sorted(PROFILES), default="realistic", help="The users' profile."
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     feedback_policy = CanaryPolicy()
@@ -306,25 +334,27 @@ def main() -> None:
     # The reviewers' pass rate is 0.1 + 0.8 * satisfaction: a drop of the margin on their
     # scale is margin / 0.8 of satisfaction.
     at_margin = margin / (1 - 2 * NOISE)
+    profile = args.feedback
     scenarios = {
-        "equal (0.50 vs 0.50)": (World(0.5, 0.5), 1),
-        "worse by the margin": (World(0.5, 0.5 - at_margin), -1),
-        "worse by 0.15 (0.50 -> 0.35)": (World(0.5, 0.35), -1),
-        "inverted (0.48 -> 0.12)": (World(0.48, 0.12), -1),
-        "better by 0.15 (0.35 -> 0.50)": (World(0.35, 0.5), 1),
+        "equal (0.50 vs 0.50)": (World(0.5, 0.5, profile=profile), 1),
+        "worse by the margin": (World(0.5, 0.5 - at_margin, profile=profile), -1),
+        "worse by 0.15 (0.50 -> 0.35)": (World(0.5, 0.35, profile=profile), -1),
+        "inverted (0.48 -> 0.12)": (World(0.48, 0.12, profile=profile), -1),
+        "better by 0.15 (0.35 -> 0.50)": (World(0.35, 0.5, profile=profile), 1),
         "worse by 0.15, model fooled (+1 log-odds on canary)": (
-            World(0.5, 0.35, canary_score_bias=1.0), -1,
+            World(0.5, 0.35, canary_score_bias=1.0, profile=profile), -1,
         ),
     }  # fmt: skip
     started = time.monotonic()
     print(
         f"{args.runs} runs per scenario; {len(CANARY_USERS)} looks at {CANARY_USERS[0]}..."
-        f"{CANARY_USERS[-1]} canary users (5% share: the champion x{CHAMPION_RATIO}); realistic "
+        f"{CANARY_USERS[-1]} canary users (5% share: the champion x{CHAMPION_RATIO}); {profile} "
         f"feedback; reviews 20% canary / 2% champion, {NOISE:.0%} wrong; model AUC 0.85"
     )
     results: dict[str, Any] = {"runs": args.runs, "looks": CANARY_USERS.tolist(), "scenarios": {}}
+    results["feedback"] = profile
     header = (
-        f"{'scenario':52} {'rule':14} {'promote':>8} {'rollback':>8} {'undecided':>9} "
+        f"{'scenario':52} {'rule':17} {'promote':>8} {'rollback':>8} {'undecided':>9} "
         f"{'users*':>8} {'users90':>8}"
     )
     print(header)
@@ -333,15 +363,19 @@ def main() -> None:
         block = {
             "feedback only": outcome(feedback_actions(looks, feedback_policy), correct),
             "PPI": outcome(ppi_actions(looks, ppi_policy), correct),
+            "PPI + signals": outcome(
+                ppi_actions(looks, ppi_policy, scorer="model + signals"), correct
+            ),
+            "signals + reviews": outcome(ppi_actions(looks, ppi_policy, scorer="signals"), correct),
             "PPI, 1/10 share": outcome(ppi_actions(looks, equal_share), correct),
-            "reviews only": outcome(ppi_actions(looks, ppi_policy, model=False), correct),
+            "reviews only": outcome(ppi_actions(looks, ppi_policy, scorer=None), correct),
         }
         results["scenarios"][name] = block
         for rule, res in block.items():
             users = f"{res['median_users']:.0f}" if res["median_users"] is not None else "-"
             users_90 = str(res["users_90"]) if res["users_90"] is not None else "never"
             print(
-                f"{name[:52]:52} {rule:14} {res['promoted']:8.3f} {res['rolled_back']:8.3f} "
+                f"{name[:52]:52} {rule:17} {res['promoted']:8.3f} {res['rolled_back']:8.3f} "
                 f"{res['undecided']:9.3f} {users:>8} {users_90:>8}"
             )
     worse = results["scenarios"]["worse by 0.15 (0.50 -> 0.35)"]
@@ -368,6 +402,14 @@ def main() -> None:
                 f"after {half} canary users, a tenth of it after {tenth} ({half / tenth:.2f}x)"
             )
             results.setdefault("share_ratio", {})[name] = half / tenth
+    for name, block in results["scenarios"].items():
+        model, informed = block["PPI"]["users_90"], block["PPI + signals"]["users_90"]
+        if model and informed:
+            print(
+                f"{name}: 90% correct after {model} canary users with the model's scores, "
+                f"{informed} with the users' signals folded in ({model / informed:.2f}x)"
+            )
+            results.setdefault("signals_ratio", {})[name] = model / informed
     equal = results["scenarios"]["equal (0.50 vs 0.50)"]
     at = results["scenarios"]["worse by the margin"]
     print(
@@ -375,22 +417,31 @@ def main() -> None:
         f"rolled back PPI {equal['PPI']['ever_rolled_back']:.3f} (1/10 share "
         f"{equal['PPI, 1/10 share']['ever_rolled_back']:.3f}), feedback "
         f"{equal['feedback only']['ever_rolled_back']:.3f}; "
-        f"worse by the margin ever promoted PPI {at['PPI']['ever_promoted']:.3f}, reviews only "
-        f"{at['reviews only']['ever_promoted']:.3f}"
+        f"worse by the margin ever promoted PPI {at['PPI']['ever_promoted']:.3f}, with signals "
+        f"{at['PPI + signals']['ever_promoted']:.3f}, reviews only "
+        f"{at['reviews only']['ever_promoted']:.3f}; equal arms ever rolled back with signals "
+        f"{equal['PPI + signals']['ever_rolled_back']:.3f}"
     )
     print("\nPPI on a canary worse by 0.15, by the model's AUC and the canary's review share:")
     sweep: dict[str, Any] = {}
-    print(f"{'AUC':>5} {'review share':>12} {'correct':>8} {'users90':>8} {'reviews only':>13}")
+    print(
+        f"{'AUC':>5} {'review share':>12} {'correct':>8} {'users90':>8} {'+ signals':>10} "
+        f"{'reviews only':>13}"
+    )
     for auc in (0.6, 0.75, 0.9):
         for share in (0.05, 0.1, 0.2):
-            world = World(0.5, 0.35, auc=auc, canary_review_share=share)
+            world = World(0.5, 0.35, auc=auc, canary_review_share=share, profile=profile)
             looks = simulate(world, max(args.runs // 2, 50), rng)
             res = outcome(ppi_actions(looks, ppi_policy), -1)
-            ref = outcome(ppi_actions(looks, ppi_policy, model=False), -1)
-            sweep[f"auc={auc},share={share}"] = {"PPI": res, "reviews only": ref}
+            informed = outcome(ppi_actions(looks, ppi_policy, scorer="model + signals"), -1)
+            ref = outcome(ppi_actions(looks, ppi_policy, scorer=None), -1)
+            sweep[f"auc={auc},share={share}"] = {
+                "PPI": res, "PPI + signals": informed, "reviews only": ref,
+            }  # fmt: skip
             print(
                 f"{auc:5.2f} {share:12.2f} {res['correct']:8.3f} "
-                f"{res['users_90'] or 'never':>8} {ref['users_90'] or 'never':>13}"
+                f"{res['users_90'] or 'never':>8} {informed['users_90'] or 'never':>10} "
+                f"{ref['users_90'] or 'never':>13}"
             )
     results["sweep"] = sweep
     results["design_effect"] = WORSE_DESIGN_EFFECT

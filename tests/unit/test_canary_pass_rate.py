@@ -210,3 +210,50 @@ def test_the_decision_read_from_the_store_follows_the_pass_rates(tmp_path: Path)
     assert same.action is CanaryAction.PROMOTE, same.reasons
     assert worse.action is CanaryAction.ROLLBACK, worse.reasons
     assert [c.metric for c in worse.checks if c.verdict == "WORSE"] == [PASS_RATE]
+
+
+def test_each_answer_carries_its_users_signals_and_a_review_is_not_one(tmp_path: Path) -> None:
+    """What the canary's satisfaction estimate folds into each answer's score: the user's
+    own signals (a task outcome by its result), never a reviewer's verdict or correction."""
+    from feedback.events import Signal
+    from feedback.online import arm_answers
+
+    settings = load_settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'f.db'}")
+    store = FeedbackStore.open(settings)
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    events: dict[str, list[dict[str, object]]] = {
+        "r-0": [{"type": "thumbs_down"}, {"type": "regenerate"}],
+        "r-1": [{"type": "task_outcome", "outcome": "success"}],
+        "r-2": [
+            {
+                "type": "review",
+                "outcome": "fail",
+                "edited_text": "a better answer",
+                "metadata": {"reason": "wrong fix", "reviewer": "r1"},
+            }
+        ],
+        "r-3": [],
+    }
+    records: list[dict[str, object]] = []
+    for n, (request_id, feedback) in enumerate(events.items()):
+        when = (start + timedelta(seconds=n)).isoformat()
+        records.append(
+            {
+                "type": "interaction", "request_id": request_id, "business_line": "medical",
+                "adapter_name": "line-v1", "base_model": "tiny", "created_at": when,
+                "messages": [{"role": "user", "content": f"question {n}"}],
+                "response": f"answer {n}",
+            }
+        )  # fmt: skip
+        records.extend({**e, "request_id": request_id, "created_at": when} for e in feedback)
+    report = store.ingest(records, source="test")
+    assert report.quarantined == 0, report.rejections
+    answers = arm_answers(store.engine, "medical", "line-v1", start, start + timedelta(hours=1))
+    store.close()
+    found = {a.request_id: (a.signals, a.passed) for a in answers}
+    assert found == {
+        "r-0": (frozenset({Signal.THUMBS_DOWN, Signal.REGENERATE}), None),
+        "r-1": (frozenset({Signal.TASK_SUCCESS}), None),
+        "r-2": (frozenset(), False),
+        "r-3": (frozenset(), None),
+    }

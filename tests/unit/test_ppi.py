@@ -269,3 +269,59 @@ def test_the_rollback_evidence_weighs_satisfaction_by_its_share_and_counts_the_m
     )
     with pytest.raises(ValueError, match="guardrail e-values"):
         rollback_evidence(POLICY, [1.0] * 10)
+
+
+def test_a_users_signal_moves_the_score_by_its_strength_and_a_review_is_no_signal() -> None:
+    from feedback.events import Signal
+    from registry.ppi import informed_scores, strongest_signal, user_signal_pull
+
+    assert user_signal_pull(Signal.THUMBS_UP) == (1.0, 1.0)
+    assert user_signal_pull(Signal.EDIT) == (1.0, 0.0)
+    assert user_signal_pull(Signal.REGENERATE) == (0.5, 0.0)
+    assert user_signal_pull(Signal.ABANDON) == (0.25, 0.0)
+    # A labeller's rank is not the answer's user speaking, nor is silence.
+    for nothing in (Signal.RANK, Signal.NONE, None):
+        assert user_signal_pull(nothing) == (0.0, 0.0)
+    # The strongest signal wins (a thumbs-down over the regenerate that came with it).
+    assert strongest_signal([Signal.REGENERATE, Signal.THUMBS_DOWN]) is Signal.THUMBS_DOWN
+    assert strongest_signal([Signal.RANK]) is None
+    scores = informed_scores([0.6, 0.6, 0.6, 0.6], [0.0, 1.0, 0.5, 0.25], [0.0, 1.0, 0.0, 0.0])
+    assert scores.tolist() == pytest.approx([0.6, 1.0, 0.3, 0.45])
+
+
+def _quiet_arm(
+    rng: np.random.Generator, answers: int, satisfaction: float, *, informed: bool
+) -> SatisfactionSample:
+    """An arm of quiet users (realistic rates: unhappy users speak six times as often), a
+    model of AUC ~0.76 and 5% of answers reviewed with 10% of verdicts wrong."""
+    from registry.ppi import informed_scores
+
+    satisfied = rng.random(answers) < satisfaction
+    score = 1 / (1 + np.exp(-(rng.standard_normal(answers) + 1.0 * satisfied - 0.5)))
+    speaks = rng.random(answers) < np.where(satisfied, 0.04, 0.25)
+    pull = np.where(speaks, 1.0, 0.0)
+    towards = np.where(rng.random(answers) < 0.9, satisfied, ~satisfied).astype(float)
+    if informed:
+        score = informed_scores(score, pull, towards)
+    reviewed = rng.random(answers) < 0.05
+    verdict = np.where(rng.random(answers) < 0.1, ~satisfied, satisfied).astype(float)
+    return SatisfactionSample.of(score[~reviewed], score[reviewed], verdict[reviewed])
+
+
+def test_scores_with_the_users_signals_stay_unbiased_though_signals_are_not_random() -> None:
+    """The users' signals are far from missing at random (the unhappy speak more), yet PPI on
+    scores that fold them in still covers the reviewers' pass rate at least 94% of the time
+    (1,500 arms), and its interval is narrower than the model's alone on the same answers."""
+    truth = 0.1 + 0.8 * 0.3  # what reviewers with 10% wrong verdicts pass
+    covered, runs = 0, 1500
+    narrower = []
+    for seed in range(runs):
+        arms = [
+            estimate(_quiet_arm(np.random.default_rng(seed), 3000, 0.3, informed=informed))
+            for informed in (False, True)
+        ]
+        covered += abs(arms[1].mean - truth) <= Z_95 * arms[1].standard_error
+        narrower.append(arms[1].variance / arms[0].variance)
+    assert covered / runs >= 0.94
+    # About 3% narrower here (a fifth of the answers draw a signal): small, never wider.
+    assert float(np.median(narrower)) < 0.99

@@ -461,8 +461,8 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     """With canary.satisfaction set and no accepted satisfaction model, the canary's
     satisfaction is the reviews' alone: reviewers failing most canary answers roll it back,
     though the users' quiet signals could not tell the arms apart. With an accepted model in
-    the registry, every answer is scored by it (cached for the window only) and the reviews
-    still decide: a model that cannot tell the answers apart gets no weight."""
+    the registry, every answer is scored by it (cached for the window only), the users'
+    signals folded in, and the reviews still decide."""
     folder = world.root / "ppi-recipes"
     shutil.copytree(Path(world.settings.recipes_dir or ""), folder)
     path = folder / f"{LINE}.yaml"
@@ -507,12 +507,17 @@ def test_satisfaction_decides_the_canary_on_reviews_when_no_model_is_accepted(
     assert outcome.action == "rollback", outcome.reason
     assert "shown less satisfying" in outcome.reason
     if with_model:
-        assert outcome.numbers["satisfaction_scored_by"] == f"{LINE} satisfaction model v1"
+        assert outcome.numbers["satisfaction_scored_by"] == (
+            f"{LINE} satisfaction model v1 and the users' signals"
+        )
         cached = json.loads((settings.home / "satisfaction" / f"{LINE}-v1.json").read_text())
         assert len(cached) == 260  # this window's answers, each scored once
-        assert "the satisfaction model weighted 0.00/" in outcome.reason
+        # The model's constant score tells nothing; the weight is the users' signals'.
+        assert "the scores weighted" in outcome.reason
     else:
-        assert outcome.numbers["satisfaction_scored_by"] == "reviews alone"
+        assert outcome.numbers["satisfaction_scored_by"] == (
+            "the users' signals (no accepted satisfaction model)"
+        )
     assert outcome.decision is not None
     check = next(c for c in outcome.decision.checks if c.metric == "satisfaction")
     assert check.counts == (40, 40)
