@@ -63,6 +63,9 @@ RESOLVER_PACKAGE = "flywheel_vllm_resolver"
 # Its entry point's name (what VLLM_PLUGINS lists) and the variables it reads; the plugin
 # cannot import flywheel, so they are spelled twice (a unit test holds them equal).
 RESOLVER_PLUGIN = "flywheel_lora_resolver"
+# The same package's CPU LoRA ops (grouped by adapter: a 5% canary made a day 2.3x slower with
+# vLLM's own); it does nothing off the CPU.
+CPU_LORA_PLUGIN = "flywheel_cpu_lora"
 RESOLVER_FETCH_ENV = "FLYWHEEL_ADAPTER_FETCH"
 RESOLVER_CACHE_ENV = "FLYWHEEL_ADAPTER_CACHE"
 RESOLVER_SERVED_BASE_ENV = "FLYWHEEL_ADAPTER_SERVED_BASE"
@@ -480,11 +483,12 @@ def resolver_environment(
     fetch_command: Sequence[str], cache_dir: Path, served_base: Path
 ) -> dict[str, str]:
     """The variables that switch flywheel's LoRA resolver on in a vLLM server: vLLM loads
-    only that general plugin, may load adapters at run time, and the resolver runs
+    only flywheel's general plugins (the resolver and the CPU LoRA ops), may load adapters
+    at run time, and the resolver runs
     ``fetch_command NAME --cache cache_dir --served-base served_base`` for a name it lacks
     (the plugin's :mod:`flywheel_vllm_resolver.fetch` reads the same names)."""
     return {
-        "VLLM_PLUGINS": RESOLVER_PLUGIN,
+        "VLLM_PLUGINS": f"{RESOLVER_PLUGIN},{CPU_LORA_PLUGIN}",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         RESOLVER_FETCH_ENV: json.dumps([str(part) for part in fetch_command]),
         RESOLVER_CACHE_ENV: str(cache_dir),

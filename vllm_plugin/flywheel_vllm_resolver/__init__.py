@@ -5,11 +5,17 @@ the cache and the served base model in the environment (see :mod:`.fetch`);
 vLLM then asks it for any adapter name it does not serve, on that name's first
 request. Without that environment, :func:`register` does nothing, so installing
 the plugin changes nothing for a vLLM started otherwise.
+
+A second entry point, ``flywheel_cpu_lora``, puts :mod:`.cpu_lora`'s LoRA ops in
+place of vLLM's on the CPU backend (the same result, one matrix product per
+adapter instead of one per token); on any other platform it does nothing.
 """
 
 from __future__ import annotations
 
 PLUGIN_NAME = "flywheel_lora_resolver"
+# The second plugin: vLLM's CPU LoRA ops, grouped by adapter (:mod:`.cpu_lora`).
+CPU_LORA_PLUGIN_NAME = "flywheel_cpu_lora"
 # Under vLLM's own logger, so its handler and format (and level) apply to these lines.
 LOGGER_NAME = "vllm.plugins.flywheel_lora_resolver"
 
@@ -34,3 +40,21 @@ def register() -> None:
         return
     LoRAResolverRegistry.register_resolver("flywheel", FlywheelResolver(settings))
     logger.info("flywheel's LoRA resolver registered: adapters fetched into %s", settings.cache_dir)
+
+
+def register_cpu_lora() -> None:
+    """vLLM's plugin hook: on the CPU backend, LoRA ops grouped by adapter (:mod:`.cpu_lora`)."""
+    from vllm.logger import init_logger
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import vllm.lora.ops.torch_ops.lora_ops as torch_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from flywheel_vllm_resolver.cpu_lora import install
+
+    replaced = install(torch_ops, punica_cpu)
+    init_logger(f"vllm.plugins.{CPU_LORA_PLUGIN_NAME}").info(
+        "flywheel's CPU LoRA ops in place of %s", ", ".join(replaced)
+    )

@@ -1,0 +1,80 @@
+"""flywheel's CPU LoRA ops for vLLM: the same results as vLLM's per-token ops, whatever the
+mix of adapters in a batch, installed in place of vLLM's by name."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+# The plugin is installed into vLLM's own virtualenv, not this one: imported from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vllm_plugin"))
+
+from flywheel_vllm_resolver import cpu_lora
+
+
+def _reference(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """vLLM's own computation (vllm.lora.ops.torch_ops): each token's slot weights gathered,
+    then one einsum."""
+    selected = weights[indices]
+    if selected.dim() == 4:
+        selected = selected.squeeze(1)
+    return torch.einsum("bi, boi -> bo", inputs, selected)
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 5, 16, 64, 65, 300])
+@pytest.mark.parametrize("mix", ["one adapter", "none", "mixed"])
+def test_the_ops_compute_what_vllms_do(tokens: int, mix: str) -> None:
+    generator = torch.Generator().manual_seed(tokens)
+    slots, rank, hidden = 4, 8, 48
+    # -1 is a token without an adapter: vLLM's indexing picks the last slot, and so must we.
+    low, high = {"one adapter": (1, 2), "none": (-1, 0), "mixed": (-1, 3)}[mix]
+    indices = torch.randint(low, high, (tokens,), generator=generator)
+    x = torch.randn(tokens, hidden, generator=generator)
+    a = torch.randn(slots, 1, rank, hidden, generator=generator)
+    b = torch.randn(slots, 1, 3 * hidden, rank, generator=generator)
+    h = torch.randn(tokens, rank, generator=generator)
+
+    shrunk = torch.zeros(tokens, rank)
+    cpu_lora.bgmv_shrink(x, a, shrunk, indices, 0.5)
+    torch.testing.assert_close(shrunk, 0.5 * _reference(x, a, indices))
+
+    start = torch.randn(tokens, 3 * hidden, generator=generator)
+    added = start.clone()
+    cpu_lora.bgmv_expand(h, b, added, indices, add_inputs=True)
+    torch.testing.assert_close(added, start + _reference(h, b, indices))
+
+    sliced = start.clone()
+    b_slice = b[:, :, :hidden, :]
+    cpu_lora.bgmv_expand_slice(h, b_slice, sliced, indices, hidden, hidden, add_inputs=False)
+    expected = start.clone()
+    expected[:, hidden : 2 * hidden] = _reference(h, b_slice, indices)
+    torch.testing.assert_close(sliced, expected)
+
+
+def test_an_adapter_padded_wider_than_the_output_is_cut_to_it() -> None:
+    indices = torch.zeros(3, dtype=torch.long)
+    h = torch.randn(3, 4)
+    b = torch.randn(2, 1, 10, 4)
+    out = torch.zeros(3, 8)
+    cpu_lora.bgmv_expand(h, b, out, indices, add_inputs=False)
+    torch.testing.assert_close(out, _reference(h, b, indices)[:, :8])
+
+
+def test_install_replaces_the_ops_by_name_where_they_are() -> None:
+    ops = types.ModuleType("fake_vllm_ops")
+    wrapper = types.ModuleType("fake_punica_cpu")
+    for name in cpu_lora.OPS:
+        setattr(ops, name, object())
+    wrapper.bgmv_shrink = object()  # type: ignore[attr-defined]
+    replaced = cpu_lora.install(ops, wrapper)
+    assert replaced == [
+        *(f"fake_vllm_ops.{n}" for n in cpu_lora.OPS),
+        "fake_punica_cpu.bgmv_shrink",
+    ]
+    assert ops.bgmv_expand is cpu_lora.bgmv_expand  # type: ignore[attr-defined]
+    assert wrapper.bgmv_shrink is cpu_lora.bgmv_shrink  # type: ignore[attr-defined]
+    assert not hasattr(wrapper, "bgmv_expand")
