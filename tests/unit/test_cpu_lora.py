@@ -78,3 +78,16 @@ def test_install_replaces_the_ops_by_name_where_they_are() -> None:
     assert ops.bgmv_expand is cpu_lora.bgmv_expand  # type: ignore[attr-defined]
     assert wrapper.bgmv_shrink is cpu_lora.bgmv_shrink  # type: ignore[attr-defined]
     assert not hasattr(wrapper, "bgmv_expand")
+
+
+def test_the_setting_switches_flywheels_cpu_ops_off_and_keeps_the_resolver(tmp_path: Path) -> None:
+    from registry.vllm_server import VllmServerSettings, resolver_environment
+
+    on = VllmServerSettings(model=tmp_path)
+    off = VllmServerSettings(model=tmp_path, cpu_lora_ops=False)
+    resolver = resolver_environment(["flywheel", "adapters", "fetch"], tmp_path, tmp_path)
+    assert on.environment(resolver)["VLLM_PLUGINS"] == "flywheel_lora_resolver,flywheel_cpu_lora"
+    assert off.environment(resolver)["VLLM_PLUGINS"] == "flywheel_lora_resolver"
+    # Without a list vLLM would load every plugin installed: off names the resolver alone.
+    assert "VLLM_PLUGINS" not in on.environment({"PATH": "/bin"})
+    assert off.environment({"PATH": "/bin"})["VLLM_PLUGINS"] == "flywheel_lora_resolver"
