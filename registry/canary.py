@@ -99,16 +99,16 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from feedback.contributions import DEFAULT_ANSWERS_PER_USER, DEFAULT_KEY_SHARE, LookBound
+from feedback.events import ONLINE_SIGNALS
 from flywheel.quantiles import observed_quantile
 from flywheel.wording import sure
 from registry.ppi import SatisfactionSample, estimate
 
-# The online signals (feedback.signals.ONLINE_SIGNALS), errors, requests with any of
-# those signals (feedback.online.DISSATISFIED), and answers that refused
-# (feedback.answers.is_refusal); a test keeps them equal.
-RATES = (
-    "thumbs_down", "regenerate", "edit", "error", "abandon", "task_failure", "dissatisfied",
-    "refusal",
+# Per request on each arm: every user signal that says an answer fell short
+# (feedback.events.ONLINE_SIGNALS), then errors, requests with any of those signals
+# (feedback.online.DISSATISFIED) and answers that refused (feedback.answers.is_refusal).
+RATES: tuple[str, ...] = (
+    *(signal.value for signal in ONLINE_SIGNALS), "error", "dissatisfied", "refusal",
 )  # fmt: skip
 # Tests that can roll a canary back on their own: each rate's, and the output length's.
 WORSE_TESTS = len(RATES) + 1

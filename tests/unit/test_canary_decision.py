@@ -45,7 +45,13 @@ from registry.ppi import SatisfactionSample
 
 POLICY = CanaryPolicy(min_requests=200, alpha=0.05, max_looks=10)
 DEMO_RECIPES = sorted((packaged_recipes_dir() / "demo").glob("*.yaml"))
-BASE_RATES = np.array([0.10, 0.05, 0.03, 0.01, 0.05, 0.03, 0.20, 0.02])  # as RATES
+BASE_RATES = np.array(
+    [
+        {"thumbs_down": 0.10, "regenerate": 0.05, "edit": 0.03, "error": 0.01, "abandon": 0.05,
+         "task_failure": 0.03, "dissatisfied": 0.20, "refusal": 0.02}[name]
+        for name in RATES
+    ]
+)  # fmt: skip
 LOOKS = 50
 
 
