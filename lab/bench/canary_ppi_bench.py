@@ -279,6 +279,19 @@ def outcome(action: np.ndarray, correct: int) -> dict[str, Any]:
     }
 
 
+def _compare(
+    results: dict[str, Any], names: tuple[str, ...], rules: tuple[str, str], key: str, says: str
+) -> None:
+    """Print and keep, per scenario, the canary users to 90% correct of one rule over
+    another's (``says`` words it with ``{a}`` and ``{b}``)."""
+    for name in names:
+        block = results["scenarios"][name]
+        a, b = (block[rule]["users_90"] for rule in rules)
+        if a and b:
+            print(f"{name}: {says.format(a=a, b=b)} ({a / b:.2f}x)")
+            results.setdefault(key, {})[name] = a / b
+
+
 def plot(results: dict[str, Any], path: Path) -> Path:
     """Share of runs decided correctly by canary users, per rule, for four scenarios."""
     import matplotlib
@@ -393,23 +406,17 @@ def main() -> None:
             f"feedback alone {feedback_90 or 'never'} (it promoted "
             f"{worse['feedback only']['promoted']:.0%} of these canaries)"
         )
-    for name in ("worse by 0.15 (0.50 -> 0.35)", "inverted (0.48 -> 0.12)"):
-        block = results["scenarios"][name]
-        half, tenth = block["PPI"]["users_90"], block["PPI, 1/10 share"]["users_90"]
-        if half and tenth:
-            print(
-                f"{name}: satisfaction holding half the rollback budget decides 90% correctly "
-                f"after {half} canary users, a tenth of it after {tenth} ({half / tenth:.2f}x)"
-            )
-            results.setdefault("share_ratio", {})[name] = half / tenth
-    for name, block in results["scenarios"].items():
-        model, informed = block["PPI"]["users_90"], block["PPI + signals"]["users_90"]
-        if model and informed:
-            print(
-                f"{name}: 90% correct after {model} canary users with the model's scores, "
-                f"{informed} with the users' signals folded in ({model / informed:.2f}x)"
-            )
-            results.setdefault("signals_ratio", {})[name] = model / informed
+    _compare(
+        results, ("worse by 0.15 (0.50 -> 0.35)", "inverted (0.48 -> 0.12)"),
+        ("PPI", "PPI, 1/10 share"), "share_ratio",
+        "satisfaction holding half the rollback budget decides 90% correctly after {a} canary "
+        "users, a tenth of it after {b}",
+    )  # fmt: skip
+    _compare(
+        results, tuple(results["scenarios"]), ("PPI", "PPI + signals"), "signals_ratio",
+        "90% correct after {a} canary users with the model's scores, {b} with the users' "
+        "signals folded in",
+    )  # fmt: skip
     equal = results["scenarios"]["equal (0.50 vs 0.50)"]
     at = results["scenarios"]["worse by the margin"]
     print(
