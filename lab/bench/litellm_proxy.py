@@ -67,13 +67,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
 
 import httpx
 import yaml
 
-from flywheel.processes import stop_process_group
+from flywheel.processes import ServerProcess
 
 LITELLM_VERSION = "1.108.7"
 REPO = Path(__file__).resolve().parents[2]
@@ -249,7 +248,7 @@ def _port_in_use(host: str, port: int) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
-class LitellmProxy:
+class LitellmProxy(ServerProcess):
     """One LiteLLM proxy process serving one upstream model; a context manager.
 
     ``upstream_base_url`` is the OpenAI-compatible server's root (``/v1`` is added when
@@ -257,6 +256,9 @@ class LitellmProxy:
     name clients ask for. The config is written beside ``log_path`` (``<stem>.yaml``);
     the master key travels in the environment, not in that file.
     """
+
+    process_name = "LiteLLM"
+    stop_grace_s = 15.0
 
     def __init__(
         self,
@@ -292,9 +294,7 @@ class LitellmProxy:
         self.forward_client_headers = forward_client_headers
         self.start_timeout_s = start_timeout_s
         self.startup_s: float | None = None
-        self._report = report or logger.info
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        super().__init__(report or logger.info)
 
     @property
     def base_url(self) -> str:
@@ -440,24 +440,3 @@ class LitellmProxy:
                     streamed.raise_for_status()
                     for _line in streamed.iter_lines():
                         pass
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``grace_s``."""
-        process, self._process = self._process, None
-        if process is not None:
-            stop_process_group(process, grace_s=grace_s, name="LiteLLM", report=self._report)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
