@@ -117,6 +117,10 @@ class LoopServices:
     # The feedback page and keys with the reviewer role on the line, for simulated reviewers.
     review_url: str | None = None
     reviewer_keys: tuple[str, ...] = ()
+    # Waits until the gateway's records of the traffic so far are in the store, so reviewers
+    # see every answer (an in-process gateway's recorder flush); None: answers still in the
+    # gateway's batch are reviewed in the next round.
+    stored: Callable[[], object] | None = None
 
 
 @dataclass(slots=True)
@@ -281,6 +285,8 @@ class _Day:
     def _review(self, line: str, reviewed: Counter[str]) -> None:
         """A round of the reviewers' spot checks on the line's queue."""
         if self.reviewers is not None:
+            if self.services.stored is not None:
+                self.services.stored()
             round_reviews = self.reviewers.review(line, self.plan.reviews_per_round)
             reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
 

@@ -144,6 +144,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Any, Stage, LoopServices]]:
                 routes=stage.routes.table,
                 review_url=page_url,
                 reviewer_keys=reviewers,
+                stored=lambda: app.state.gateway.recorder.flush(10),
             )
             yield stub, stage, services
     store.close()
