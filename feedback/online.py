@@ -269,26 +269,21 @@ def arm_answers(
             ).where(where)
         ).all()
         rows = _bounded(list(rows), bound)
+        # One pass over the window's feedback: each answer's last review verdict and its
+        # user's signals.
         verdicts: dict[str, bool] = {}
-        for request_id, outcome in connection.execute(
-            select(feedback.c.request_id, feedback.c.outcome)
-            .select_from(
-                feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
-            )
-            .where(where, feedback.c.type == REVIEW)
-            .order_by(feedback.c.id)
-        ):
-            verdicts[request_id] = outcome == ReviewVerdict.PASS.value
         signals: defaultdict[str, set[Signal]] = defaultdict(set)
         for request_id, kind, outcome in connection.execute(
             select(feedback.c.request_id, feedback.c.type, feedback.c.outcome)
             .select_from(
                 feedback.join(interactions, interactions.c.request_id == feedback.c.request_id)
             )
-            .where(where, feedback.c.type.in_(SIGNAL_TYPES))
+            .where(where, feedback.c.type.in_((REVIEW, *SIGNAL_TYPES)))
+            .order_by(feedback.c.id)
         ):
-            signal = signal_of(kind, outcome)
-            if signal is not None:
+            if kind == REVIEW:
+                verdicts[request_id] = outcome == ReviewVerdict.PASS.value
+            elif (signal := signal_of(kind, outcome)) is not None:
                 signals[request_id].add(signal)
     return [
         ArmAnswer(
