@@ -45,10 +45,10 @@ from feedback.dedup.signature import exact_text_hash
 from feedback.events import InteractionStatus
 from feedback.examples import (
     ExampleKind,
+    ModelShare,
     TrainingExample,
     best_of_n_examples,
     build_examples,
-    model_cap,
     model_labelled_examples,
     restore_placeholder_targets,
     silent_records,
@@ -355,24 +355,30 @@ def add_model_labelled(
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]],
     labelling: SilentLabelling,
     funnel: Funnel,
+    scrub: ScrubBatch | None = None,
 ) -> None:
-    """Confident model labels of the silent answers, into the training split (capped)."""
+    """Confident model labels of the silent answers, into the training split (each kind
+    capped at ``labelling.max_share`` of its set); best-of-n's sampled answers are scrubbed
+    with ``scrub`` before the model reads them (none leaves the stage unscrubbed)."""
     silent = silent_records(unique, _used_request_ids(splits))
-    human = sum(len(examples) for by_split in splits.values() for examples in by_split.values())
+    human: dict[str, int] = {
+        kind: sum(len(examples) for examples in by_split.values())
+        for kind, by_split in splits.items()
+    }
     funnel.examples["silent_answers"] = len(silent)
-    if not silent or not human:
+    if not silent or not sum(human.values()):
         return
+    share = ModelShare.of(human, labelling.max_share)
     extra = model_labelled_examples(
         silent,
         list(labelling.score(silent)),
         model=labelling.model,
-        human_examples=human,
+        share=share,
         confidence=labelling.confidence,
-        max_share=labelling.max_share,
         weight=labelling.weight,
         positives=labelling.positives,
     )
-    extra += _best_of_n(silent, labelling, cap=model_cap(human, labelling.max_share) - len(extra))
+    extra += _best_of_n(silent, labelling, share, scrub)
     extra, restored = restore_placeholder_targets(extra)
     funnel.restored.update(restored)
     for example in extra:
@@ -384,26 +390,41 @@ def add_model_labelled(
 
 
 def _best_of_n(
-    silent: list[FeedbackRecord], labelling: SilentLabelling, *, cap: int
+    silent: list[FeedbackRecord],
+    labelling: SilentLabelling,
+    share: ModelShare,
+    scrub: ScrubBatch | None,
 ) -> list[TrainingExample]:
     """Best-of-n examples for up to ``best_of_prompts`` silent prompts (an even spread over
-    the window, the same for the same records), within what the cap leaves."""
-    if labelling.sample is None or labelling.best_of_prompts <= 0 or cap <= 0:
+    the window, the same for the same records), within what ``share`` leaves."""
+    if labelling.sample is None or labelling.best_of_prompts <= 0:
+        return []
+    if share.left.get("sft", 0) <= 0 and share.left.get("dpo", 0) <= 0:
         return []
     step = max(1, len(silent) // labelling.best_of_prompts)
     chosen = sorted(silent, key=lambda r: r.request_id)[::step][: labelling.best_of_prompts]
     sampled = labelling.sample(chosen)
+    flat = [
+        record.with_response(str(answer))
+        for record, more in zip(chosen, sampled, strict=True)
+        for answer in more
+    ]
+    # A sampled answer may say what no user wrote (a phone number, a name): scrubbed like
+    # every answer before anything reads or keeps it.
+    if scrub is not None and flat:
+        flat = scrub(flat)
+    answers = iter(r.response for r in flat)
     candidates = [
-        list(dict.fromkeys([record.response, *map(str, more)]))
+        list(dict.fromkeys([record.response, *(next(answers) for _ in more)]))
         for record, more in zip(chosen, sampled, strict=True)
     ]
-    flat = [
+    rows = [
         record.with_response(answer)
-        for record, answers in zip(chosen, candidates, strict=True)
-        for answer in answers
+        for record, answers_of in zip(chosen, candidates, strict=True)
+        for answer in answers_of
     ]
-    scores = iter(labelling.score(flat) if flat else [])
-    read = [[float(next(scores)) for _ in answers] for answers in candidates]
+    scores = iter(labelling.score(rows) if rows else [])
+    read = [[float(next(scores)) for _ in answers_of] for answers_of in candidates]
     return best_of_n_examples(
         chosen,
         candidates,
@@ -412,7 +433,7 @@ def _best_of_n(
         confidence=labelling.confidence,
         min_gap=labelling.min_gap,
         weight=labelling.weight,
-        limit=cap,
+        share=share,
     )
 
 
@@ -463,7 +484,7 @@ def clean_records(
     funnel.dropped.update(outcome.dropped)
     return finish_dataset(
         outcome.kept, business_line, funnel, settings, dataset_root, source, outcome.signed,
-        labelling,
+        labelling, scrub,
     )  # fmt: skip
 
 
@@ -476,9 +497,11 @@ def finish_dataset(
     source: dict[str, Any],
     signed: SignedRecords | None = None,
     labelling: SilentLabelling | None = None,
+    scrub: ScrubBatch | None = None,
 ) -> CleaningResult:
     """From deduplicated records to the written dataset (none when no example is left);
-    with ``labelling``, the silent answers it is confident about join the training split.
+    with ``labelling``, the silent answers it is confident about join the training split
+    (best-of-n's sampled answers scrubbed with ``scrub``).
 
     ``signed`` holds the same records signed, in order; the result's ``trained`` keeps
     those that went into an example.
@@ -486,7 +509,7 @@ def finish_dataset(
     funnel.count("deduplicated", unique)
     splits = build_splits(unique, settings.datasets, funnel)
     if labelling is not None:
-        add_model_labelled(unique, splits, labelling, funnel)
+        add_model_labelled(unique, splits, labelling, funnel, scrub)
     if not any(split for by_split in splits.values() for split in by_split.values()):
         return CleaningResult(business_line, funnel, None)
     used = _used_request_ids(splits)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Any, Literal
@@ -323,16 +323,18 @@ def best_of_n_examples(
     confidence: float,
     min_gap: float,
     weight: float,
-    limit: int,
+    share: ModelShare,
 ) -> list[TrainingExample]:
-    """Best-of-n examples (pure): for each silent answer's prompt, ``candidates`` are answers
-    sampled offline (the served answer may be among them) and ``scores`` the satisfaction
-    model's reading of each. The best one scored at least ``confidence`` becomes an SFT target;
-    the best and the worst, when their scores differ by at least ``min_gap``, a DPO pair.
+    """Best-of-n examples (pure but for ``share``): for each silent answer's prompt,
+    ``candidates`` are answers sampled offline (the served answer may be among them) and
+    ``scores`` the satisfaction model's reading of each. The best one scored at least
+    ``confidence`` becomes an SFT target; the best and the worst, when their scores differ by
+    at least ``min_gap``, a DPO pair.
     Each weighs ``weight`` times the model's margin (the SFT target ``2 score - 1``, the pair
     the gap), names the model in its rule (``model:<model>/best-of-<n>``) and traces to the
-    silent answer's request. The clearest come first, at most ``limit`` in all. Answers are
-    as sampled: :func:`restore_placeholder_targets` gives invented placeholders neutral words."""
+    silent answer's request. The clearest come first, each kind only while ``share`` leaves
+    room. Answers are as given (scrub them first): :func:`restore_placeholder_targets` gives
+    invented placeholders neutral words."""
     if not len(silent) == len(candidates) == len(scores):
         raise ValueError(
             f"{len(silent)} prompts, {len(candidates)} candidate lists, {len(scores)} score lists"
@@ -360,7 +362,7 @@ def best_of_n_examples(
                 weight=weight * gap,
             )))  # fmt: skip
     ranked.sort(key=lambda item: -item[0])
-    return [example for _, example in ranked[: max(0, limit)]]
+    return [example for _, example in ranked if share.take(example.kind)]
 
 
 def invented_placeholders(prompt: Sequence[dict[str, str]], target: str) -> set[str]:
@@ -493,34 +495,53 @@ def model_cap(human_examples: int, max_share: float) -> int:
     return int(max_share / (1 - max_share) * human_examples)
 
 
+@dataclass(slots=True)
+class ModelShare:
+    """How many more model-labelled examples each kind takes: at most ``max_share`` of that
+    kind's set. Per kind, because an adapter trains on one kind (an SFT night on SFT
+    examples): negative KTO labels must not use up what the SFT targets are allowed."""
+
+    left: dict[str, int]
+
+    @classmethod
+    def of(cls, human: Mapping[str, int], max_share: float) -> ModelShare:
+        """The share left beside ``human`` users' examples by kind."""
+        if not 0 <= max_share < 1:
+            raise ValueError(f"max_share must be in [0, 1), got {max_share}")
+        return cls({kind: model_cap(count, max_share) for kind, count in human.items()})
+
+    def take(self, kind: str) -> bool:
+        """Whether one more ``kind`` example fits (and count it when it does)."""
+        if self.left.get(kind, 0) <= 0:
+            return False
+        self.left[kind] -= 1
+        return True
+
+
 def model_labelled_examples(
     silent: Sequence[FeedbackRecord],
     scores: Sequence[float],
     *,
     model: str,
-    human_examples: int,
+    share: ModelShare,
     confidence: float,
-    max_share: float,
     weight: float,
     positives: bool = True,
 ) -> list[TrainingExample]:
-    """Examples from silent answers a satisfaction model is confident about (pure); with
-    ``positives`` False, only the answers it is sure failed (negative KTO labels).
+    """Examples from silent answers a satisfaction model is confident about (pure but for
+    ``share``, which counts what they take); with ``positives`` False, only the answers it
+    is sure failed (negative KTO labels).
 
     A score of at least ``confidence`` makes the answer an SFT target and a positive KTO
     label, one of at most ``1 - confidence`` a negative KTO label; each weighs ``weight``
     times how sure the model is (``|2 score - 1|``) and names the model in its rule
     (``model:<model>``), so lineage says who labelled it. The most confident come first,
-    and there are never more than ``max_share`` of all the examples (human-labelled
-    ``human_examples`` included): an adapter is never trained mostly on its own judge.
-    Answers are as scrubbed: :func:`restore_placeholder_targets` gives the placeholders
-    they invent neutral words.
+    each kind only while ``share`` leaves room: an adapter is never trained mostly on its
+    own judge. Answers are as scrubbed: :func:`restore_placeholder_targets` gives the
+    placeholders they invent neutral words.
     """
     if len(silent) != len(scores):
         raise ValueError(f"{len(scores)} scores for {len(silent)} silent answers")
-    if not 0 <= max_share < 1:
-        raise ValueError(f"max_share must be in [0, 1), got {max_share}")
-    cap = model_cap(human_examples, max_share)
     ranked = sorted(
         (
             (abs(2 * s - 1), s, r)
@@ -532,19 +553,17 @@ def model_labelled_examples(
     rule = f"{MODEL_RULE_PREFIX}{model}"
     out: list[TrainingExample] = []
     for sureness, score, record in ranked:
-        kto_and_sft = 2 if score >= confidence else 1
-        if len(out) + kto_and_sft > cap:
-            break
         lineage = _lineage([record])
         strength = weight * sureness
         liked = score >= confidence
-        if liked:
+        if liked and share.take("sft"):
             out.append(
                 TrainingExample("sft", _prompt(record), lineage, completion=record.response,
                                 rule=rule, weight=strength)
             )  # fmt: skip
-        out.append(
-            TrainingExample("kto", _prompt(record), lineage, completion=record.response,
-                            label=liked, rule=rule, weight=strength)
-        )  # fmt: skip
+        if share.take("kto"):
+            out.append(
+                TrainingExample("kto", _prompt(record), lineage, completion=record.response,
+                                label=liked, rule=rule, weight=strength)
+            )  # fmt: skip
     return out

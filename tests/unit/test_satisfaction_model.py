@@ -3,6 +3,7 @@ logistic head, held-out AUC and calibration, and the verdict that refuses a coin
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +27,12 @@ from eval.satisfaction_model import (
 )
 from feedback.datasets import split_by_time, write_dataset
 from feedback.events import Signal
-from feedback.examples import build_examples, model_labelled_examples, silent_records
+from feedback.examples import (
+    ModelShare,
+    build_examples,
+    model_labelled_examples,
+    silent_records,
+)
 from feedback.records import FeedbackRecord
 from flywheel.settings.cleaning import DatasetSettings
 from tests.unit.test_examples import record
@@ -147,8 +153,8 @@ def test_model_labels_are_confident_capped_weighted_and_traced() -> None:
     silent = _silent(10)
     scores = [0.99, 0.95, 0.9, 0.6, 0.5, 0.4, 0.1, 0.05, 0.02, 0.88]
     examples = model_labelled_examples(
-        silent, scores, model="customer_service-satisfaction-v3", human_examples=100,
-        confidence=0.85, max_share=0.5, weight=0.5,
+        silent, scores, model="customer_service-satisfaction-v3",
+        share=ModelShare.of({"sft": 100, "kto": 100}, 0.5), confidence=0.85, weight=0.5,
     )  # fmt: skip
     labelled = {(e.kind, e.completion, e.label) for e in examples}
     # Unsure answers (0.4-0.6) are left out; sure ones become SFT targets and KTO labels.
@@ -160,30 +166,33 @@ def test_model_labels_are_confident_capped_weighted_and_traced() -> None:
     assert all(e.lineage.request_ids for e in examples)
     strongest = next(e for e in examples if e.completion == "answer 0")
     assert strongest.weight == pytest.approx(0.5 * 0.98)
-    # Never more than max_share of the whole set: 4 human examples allow 4 model ones at 0.5.
+    # Never more than max_share of each kind's set: 4 human KTO examples allow 4 model ones
+    # at 0.5, and the SFT targets count against the SFT set alone (2 human, 2 model).
+    share = ModelShare.of({"sft": 2, "kto": 4}, 0.5)
     capped = model_labelled_examples(
-        silent, scores, model="m", human_examples=4, confidence=0.85, max_share=0.5, weight=1.0
+        silent, scores, model="m", share=share, confidence=0.85, weight=1.0
     )
-    assert 0 < len(capped) <= 4
-    assert (
-        model_labelled_examples(
-            silent,
-            scores,
-            model="m",
-            human_examples=100,
-            confidence=0.85,
-            max_share=0.0,
-            weight=1.0,
-        )
-        == []
-    )
+    assert Counter(e.kind for e in capped) == {"kto": 4, "sft": 2}
+    assert share.left == {"sft": 0, "kto": 0}
+    # One kind's room is not another's: the single KTO place goes to the surest answer, and
+    # the SFT targets still get their three places.
+    share = ModelShare.of({"sft": 3, "kto": 1}, 0.5)
+    mixed = model_labelled_examples(silent, scores, model="m", share=share, confidence=0.85,
+                                    weight=1.0)  # fmt: skip
+    assert [e.completion for e in mixed if e.kind == "sft"] == ["answer 0", "answer 1", "answer 2"]
+    assert [(e.completion, e.label) for e in mixed if e.kind == "kto"] == [("answer 0", True)]
+    none = ModelShare.of({"sft": 100, "kto": 100}, 0.0)
+    assert model_labelled_examples(silent, scores, model="m", share=none, confidence=0.85,
+                                   weight=1.0) == []  # fmt: skip
+    with pytest.raises(ValueError, match="max_share"):
+        ModelShare.of({"sft": 1}, 1.0)
     with pytest.raises(ValueError, match="scores for"):
-        model_labelled_examples(silent, [0.9], model="m", human_examples=1, confidence=0.85,
-                                max_share=0.5, weight=1.0)  # fmt: skip
+        model_labelled_examples(silent, [0.9], model="m", share=share, confidence=0.85,
+                                weight=1.0)  # fmt: skip
     # Negatives only: no SFT target, no positive label.
     negatives = model_labelled_examples(
-        silent, scores, model="m", human_examples=100, confidence=0.85, max_share=0.5,
-        weight=1.0, positives=False,
+        silent, scores, model="m", share=ModelShare.of({"sft": 100, "kto": 100}, 0.5),
+        confidence=0.85, weight=1.0, positives=False,
     )  # fmt: skip
     assert negatives
     assert {(e.kind, e.label) for e in negatives} == {("kto", False)}
@@ -280,7 +289,7 @@ def test_best_of_n_picks_the_model_s_best_and_worst_answers() -> None:
     scores = [[0.5, 0.95, 0.1], [0.6, 0.62], [0.2, 0.99, 0.3]]
     examples = best_of_n_examples(
         silent, candidates, scores, model="customer_service-satisfaction-v2",
-        confidence=0.85, min_gap=0.3, weight=0.5, limit=10,
+        confidence=0.85, min_gap=0.3, weight=0.5, share=ModelShare({"sft": 10, "dpo": 10}),
     )  # fmt: skip
     assert {(e.kind, e.completion, e.chosen, e.rejected) for e in examples} == {
         ("dpo", None, "sampled good", "sampled bad"),
@@ -299,41 +308,55 @@ def test_best_of_n_picks_the_model_s_best_and_worst_answers() -> None:
     assert all(e.lineage.request_ids in {("s0",), ("s2",)} for e in examples)
     pair = next(e for e in examples if e.kind == "dpo" and e.chosen == "sampled good")
     assert pair.weight == pytest.approx(0.5 * 0.85)
-    # The clearest first, never more than the limit leaves.
+    # The clearest first, each kind never more than the share leaves.
     assert [e.kind for e in examples] == ["sft", "sft", "dpo", "dpo"]
-    assert len(best_of_n_examples(silent, candidates, scores, model="m", confidence=0.85,
-                                  min_gap=0.3, weight=1.0, limit=1)) == 1  # fmt: skip
+    one_each = best_of_n_examples(
+        silent, candidates, scores, model="m", confidence=0.85, min_gap=0.3, weight=1.0,
+        share=ModelShare({"sft": 1, "dpo": 1}),
+    )  # fmt: skip
+    assert [e.kind for e in one_each] == ["sft", "dpo"]
     # Not sure of the best: the pair stays, the SFT target does not.
     unsure = best_of_n_examples(
         silent[:1], candidates[:1], [[0.5, 0.7, 0.1]], model="m", confidence=0.85,
-        min_gap=0.3, weight=1.0, limit=10,
+        min_gap=0.3, weight=1.0, share=ModelShare({"sft": 10, "dpo": 10}),
     )  # fmt: skip
     assert [e.kind for e in unsure] == ["dpo"]
     with pytest.raises(ValueError, match="candidate lists"):
         best_of_n_examples(silent, candidates[:1], scores, model="m", confidence=0.85,
-                           min_gap=0.3, weight=1.0, limit=10)  # fmt: skip
+                           min_gap=0.3, weight=1.0, share=ModelShare({}))  # fmt: skip
 
 
 def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path) -> None:
-    """Sampled answers scored by the model become SFT targets and DPO pairs in training only,
-    traced to the silent request, and model labels of both kinds stay within max_share; a
-    prompt whose sampling failed adds nothing."""
+    """Sampled answers, scrubbed, then scored by the model, become SFT targets and DPO pairs
+    in training only, traced to the silent request; each kind's model labels stay within
+    max_share of that kind's set; a prompt whose sampling failed adds nothing."""
+    import pyarrow.parquet as pq
+
     from feedback.cleaning import Funnel, SilentLabelling, finish_dataset
     from flywheel.settings.cleaning import CleaningSettings
 
     records = [
         *(record(f"h{i}", f"liked {i}", {"type": "thumbs_up"}, prompt_hash=f"h{i}",
                  user_id=f"hu{i}", signal="thumbs_up") for i in range(6)),
+        *(record(f"e{i}", f"clumsy {i}", {"type": "edit"}, edit=f"better {i}", prompt_hash=f"e{i}",
+                 user_id=f"eu{i}", signal="edit") for i in range(4)),
         *(replace(r, signal=Signal.NONE) for r in _silent(6)),
     ]  # fmt: skip
     asked: list[list[str]] = []
 
     def sample(silent: list[FeedbackRecord]) -> list[list[str]]:
         asked.append([r.request_id for r in silent])
-        return [[] if r.request_id == "s0" else ["GOOD", "BAD"] for r in silent]
+        return [[] if r.request_id == "s0" else ["GOOD, call 555-0100", "BAD"] for r in silent]
+
+    def scrub(rows: list[FeedbackRecord]) -> list[FeedbackRecord]:
+        return [r.with_response(r.response.replace("555-0100", "<PHONE_NUMBER_1>")) for r in rows]
+
+    read: list[str] = []
 
     def score(rows: list[FeedbackRecord]) -> list[float]:
-        return [{"GOOD": 0.97, "BAD": 0.03}.get(r.response, 0.5) for r in rows]
+        read.extend(r.response for r in rows)
+        return [0.97 if "GOOD" in r.response else 0.03 if r.response == "BAD" else 0.5
+                for r in rows]  # fmt: skip
 
     labelling = SilentLabelling(
         model="customer_service-satisfaction-v1", score=score, confidence=0.85, max_share=0.5,
@@ -342,20 +365,28 @@ def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path
     funnel = Funnel()
     result = finish_dataset(
         records, "customer_service", funnel, CleaningSettings(), tmp_path, {},
-        labelling=labelling,
+        labelling=labelling, scrub=scrub,
     )  # fmt: skip
     assert result.dataset is not None
     assert len(asked) == 1
     assert len(asked[0]) <= 4
+    # The model never read, and the dataset never holds, the sampled number.
+    assert "GOOD, call <PHONE_NUMBER_1>" in read
+    assert not any("555-0100" in text for text in read)
+    written = str([pq.read_table(p).to_pylist() for p in result.dataset.path.rglob("*.parquet")])
+    assert "GOOD, call" in written  # the invented placeholder given a neutral word
+    assert "555-0100" not in written
     items = result.dataset.manifest["examples"]
     best_of = [i for i in items if "/best-of-3" in i["rule"]]
-    assert best_of
     assert {i["kind"] for i in best_of} == {"sft", "dpo"}
     assert {i["split"] for i in best_of} == {"train"}
     assert funnel.examples["best_of_n"] == len(best_of)
     model_made = [i for i in items if i["rule"].startswith("model:")]
-    assert len(model_made) <= len(items) - len(model_made)  # at most half the set
     assert funnel.examples["model_labelled"] == len(model_made)
+    for kind in ("sft", "dpo", "kto"):
+        ours = sum(1 for i in items if i["kind"] == kind and i["rule"].startswith("model:"))
+        users = sum(1 for i in items if i["kind"] == kind and not i["rule"].startswith("model:"))
+        assert ours <= users, kind  # at most half of each kind's set
 
 
 def test_usable_signal_weighs_users_and_model_labels_apart() -> None:
