@@ -603,13 +603,33 @@ class PersonNameFinder:
     def _not_a_name(self, text: str, start: int, end: int) -> bool:
         """An identifier in code (one word no name list knows: a name in a code comment or
         string, "Peter Novak" or "Peter", is still a name), a span holding code's brackets
-        or operators ("logger.info(await client"), or a lone acronym."""
+        or operators ("logger.info(await client"), a lone acronym, or a thing's name."""
         span = text[start:end]
         identifier = " " not in span and not self.gazetteer.is_listed_name(span)
         return (
             (identifier and in_code(text, start, end))
             or _CODE_CHARACTERS.search(span) is not None
             or self._acronym(span)
+            or self._thing_phrase(span)
+        )
+
+    def _thing_phrase(self, span: str) -> bool:
+        """Capitalised words, the first no listed name, ending in an English word that no
+        name list knows and the corpus never uses like a name: a button, a plan or a
+        product ("Reset Password", "Premium Plan"), not a person, whose last word is a name
+        ("Rose Baker": a listed surname; "Donald Trump": used like a name). A phrase that
+        starts with a given name stays a person ("Jack Sparrow", and so "Aurora Backpack"):
+        a name let through costs more than a product scrubbed."""
+        words = _NAME_TOKEN.findall(span)
+        if len(words) < 2 or not all(word[0].isupper() for word in words):
+            return False
+        first, last = words[0], words[-1]
+        return (
+            not self.gazetteer.is_listed_name(first)
+            and self.gazetteer.is_english_word(last)
+            and not self.gazetteer.is_listed_name(last)
+            and not self.gazetteer.is_proper_noun(last)
+            and not self.gazetteer.is_name_like(last)
         )
 
     def from_entities(
