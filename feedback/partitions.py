@@ -32,6 +32,7 @@ from feedback.cleaning import (
     CleaningResult,
     Funnel,
     ScrubBatch,
+    SilentLabelling,
     finish_dataset,
     scrub_and_filter_records,
     sign_feedback_records,
@@ -181,8 +182,12 @@ def finish_partitions(
     since: datetime | None,
     until: datetime | None,
     history: TrainingHistory | None = None,
+    labelling: SilentLabelling | None = None,
+    scrub: ScrubBatch | None = None,
 ) -> CleaningResult:
-    """Join the shards' edges, keep each cluster's survivors and write the dataset.
+    """Join the shards' edges, keep each cluster's survivors and write the dataset; with
+    ``labelling``, the silent answers it is confident about join the training split, as in
+    the one-process stage (:func:`feedback.cleaning.finish_dataset`).
 
     ``history`` must be the one staged by :func:`stage_history`, if any.
     """
@@ -223,6 +228,8 @@ def finish_partitions(
         dataset_root,
         window_source(since, until, pulled),
         signed,
+        labelling,
+        scrub,
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from prefect import flow, task
 
 from composition.clients import Clients, build_clients, open_clients
-from feedback.cleaning import CleaningResult, ScrubBatch
+from feedback.cleaning import CleaningResult, ScrubBatch, SilentLabelling
 from feedback.dedup.history import TrainedKeys, TrainingHistory
 from feedback.partitions import PartitionSummary, staging_folder
 from feedback.store import FeedbackStore
@@ -140,8 +140,14 @@ def clean_line_partitioned(
     """
     # Never a parameter: Prefect stores a flow run's parameters in its database and shows
     # them in its UI, and the settings hold the store's URL with its password.
+    from composition.satisfaction import silent_labelling
+    from feedback.cleaning import scrub_with
+
     settings = current_settings()
     with open_clients(settings) as clients:
+        # The nightly's window learns from silence here as in one process (model labels,
+        # best-of-n); the join runs in this process, where the model can load.
+        labelling = silent_labelling(settings, clients, line) if across_windows else None
         return _clean_partitioned(
             settings,
             clients.store,
@@ -151,6 +157,8 @@ def clean_line_partitioned(
             workers,
             cleaning or settings.cleaning,
             across_windows=across_windows,
+            labelling=labelling,
+            scrub=scrub_with(clients.scrubber) if labelling is not None else None,
         )
 
 
@@ -164,8 +172,11 @@ def _clean_partitioned(
     cleaning: CleaningSettings,
     *,
     across_windows: bool,
+    labelling: SilentLabelling | None = None,
+    scrub: ScrubBatch | None = None,
 ) -> PartitionedCleaning:
-    """The partitioned flow's stages (:func:`clean_line_partitioned`) on ``store``."""
+    """The partitioned flow's stages (:func:`clean_line_partitioned`) on ``store``;
+    ``labelling`` and ``scrub`` as :func:`feedback.partitions.finish_partitions` takes them."""
     from feedback.partitions import finish_partitions
     from feedback.signals import id_partitions
 
@@ -195,6 +206,8 @@ def _clean_partitioned(
             since=since,
             until=until,
             history=history if staged else None,
+            labelling=labelling,
+            scrub=scrub,
         )
         seconds["join_build_write"] = round(time.monotonic() - started, 2)
     if across_windows and until is not None:

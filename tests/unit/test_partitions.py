@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from feedback.cleaning import clean_line
+from feedback.cleaning import SilentLabelling, clean_line
 from feedback.dedup.shuffle import bucket_shard
 from feedback.partitions import clean_partition, finish_partitions, partition_offsets
 from feedback.records import FeedbackRecord
@@ -33,10 +34,34 @@ def store(settings: Settings) -> FeedbackStore:
     return opened
 
 
-@pytest.mark.parametrize(("parts", "shards"), [(1, 1), (3, 2), (7, 3)])
+def _score(records: list[FeedbackRecord]) -> list[float]:
+    """A stand-in satisfaction model: a fixed score per answer text."""
+    return [int(hashlib.sha256(r.response.encode()).hexdigest()[:4], 16) / 65535 for r in records]
+
+
+def _sample(records: list[FeedbackRecord]) -> list[list[str]]:
+    return [[f"{r.response} (take {i})" for i in range(3)] for r in records]
+
+
+LABELLING = SilentLabelling(
+    model="legal-satisfaction-v1", score=_score, confidence=0.8, max_share=0.5, weight=0.5,
+    positives=True, sample=_sample, best_of_prompts=20, min_gap=0.3,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("parts", "shards", "labelling"),
+    [(1, 1, None), (3, 2, None), (7, 3, None), (3, 2, LABELLING)],
+)
 def test_partitioned_cleaning_builds_the_same_dataset(
-    store: FeedbackStore, tmp_path: Path, parts: int, shards: int
+    store: FeedbackStore,
+    tmp_path: Path,
+    parts: int,
+    shards: int,
+    labelling: SilentLabelling | None,
 ) -> None:
+    """The same dataset either way; with a satisfaction model, the same model labels and
+    best-of-n examples too (the nightly's ``--workers`` learns from silence as well)."""
     cleaning = CleaningSettings()
     until = datetime(2026, 11, 1, 18, tzinfo=UTC)
     whole = clean_line(
@@ -46,6 +71,7 @@ def test_partitioned_cleaning_builds_the_same_dataset(
         settings=cleaning,
         dataset_root=tmp_path / "whole",
         until=until,
+        labelling=labelling,
     )
     ranges = id_partitions(store.engine, "legal", parts, until=until)
     assert len(ranges) == parts
@@ -77,12 +103,17 @@ def test_partitioned_cleaning_builds_the_same_dataset(
         dataset_root=tmp_path / "split",
         since=None,
         until=until,
+        labelling=labelling,
+        scrub=no_scrub,
     )
     assert whole.dataset is not None
     assert split.dataset is not None
     assert split.funnel.as_dict() == whole.funnel.as_dict()
     assert split.funnel.dropped["near_duplicate"] > 0
     assert split.dataset.content_hash == whole.dataset.content_hash
+    if labelling is not None:
+        assert split.funnel.examples["model_labelled"] > 0
+        assert split.funnel.examples["best_of_n"] > 0
 
 
 def test_an_empty_window_has_no_partitions(store: FeedbackStore) -> None:
