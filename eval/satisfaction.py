@@ -84,7 +84,8 @@ class SatisfactionModelPolicy(BaseModel):
         default=0.5,
         ge=0,
         lt=1,
-        description="Most model-labelled examples as a share of the whole training set.",
+        description="Most model-labelled examples as a share of each kind's training set "
+        "(SFT, DPO, KTO).",
     )
     label_positives: bool = Field(
         default=False,
