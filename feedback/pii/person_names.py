@@ -610,27 +610,36 @@ class PersonNameFinder:
             (identifier and in_code(text, start, end))
             or _CODE_CHARACTERS.search(span) is not None
             or self._acronym(span)
-            or self._thing_phrase(span)
+            or self._thing_phrase(text, start, span)
         )
 
-    def _thing_phrase(self, span: str) -> bool:
+    def _thing_phrase(self, text: str, start: int, span: str) -> bool:
         """Capitalised words, the first no listed name, ending in an English word that no
-        name list knows and the corpus never uses like a name: a button, a plan or a
-        product ("Reset Password", "Premium Plan"), not a person, whose last word is a name
-        ("Rose Baker": a listed surname; "Donald Trump": used like a name). A phrase that
-        starts with a given name stays a person ("Jack Sparrow", and so "Aurora Backpack"):
-        a name let through costs more than a product scrubbed."""
+        name list knows and the corpus never uses like a name, after a determiner, a place
+        preposition or a verb of using or of a screen ("your Premium Plan", "tap Forgot
+        Password"): a button, a plan or a product, not a person. A person's last word is a
+        name ("Rose Baker": a listed surname; "Donald Trump": used like a name); a nickname
+        is not after such a word ("like Bubble Boy"); a phrase that starts with a given name
+        stays a person ("Jack Sparrow", and so "Aurora Backpack"): a name let through costs
+        more than a product scrubbed."""
         words = _NAME_TOKEN.findall(span)
         if len(words) < 2 or not all(word[0].isupper() for word in words):
             return False
         first, last = words[0], words[-1]
-        return (
+        if not (
             not self.gazetteer.is_listed_name(first)
             and self.gazetteer.is_english_word(last)
             and not self.gazetteer.is_listed_name(last)
             and not self.gazetteer.is_proper_noun(last)
             and not self.gazetteer.is_name_like(last)
-        )
+        ):
+            return False
+        tokens = _words_of(text)
+        index = next((i for i, w in enumerate(tokens) if w.start == start), None)
+        if index is None:
+            return False
+        before = tokens[index - 1].text.casefold() if index else ""
+        return before in _UI_VERBS or self._after_thing_word(text, tokens, index)
 
     def from_entities(
         self, text: str, entities: Iterable[tuple[int, int, str]]
@@ -1231,6 +1240,8 @@ _BEFORE_THINGS = _words(
     "the my your our their its this these those on in into onto inside via "
     "using use used uses install installed installs installing run runs ran running"
 )
+_UI_VERBS = _words("tap click select press choose pick toggle enable disable")
+"""Verbs of a screen: what follows them is a button or a setting ("tap Forgot Password")."""
 _POSSESSIVE = re.compile(r"['’]s$")
 _KIN = re.compile(
     r"\s+(?:mother|mom|mum|mama|father|dad|papa|sister|brother|sis|bro|wife|husband|son|"

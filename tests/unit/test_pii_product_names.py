@@ -117,20 +117,23 @@ def test_product_names_in_settings_are_validated() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "Open the Settings app, tap Account Security, then Reset Password.",
+        "Open the Settings app, tap Account Security, then tap Reset Password.",
         "I bought the Summit Jacket last week and it already tore.",
         "Tap Forgot Password on the sign-in page.",
     ],
 )
 def test_words_ending_in_a_thing_are_no_person(scrubber: Scrubber, text: str) -> None:
-    """A capitalised phrase whose last word is an English noun no name list knows, and whose
-    first word is no name, is a button, a plan or a product."""
+    """A capitalised phrase after "the", "your" or "tap" whose last word is an English noun no
+    name list knows, and whose first word is no name, is a button, a plan or a product."""
     result = scrubber.scrub_text(text)
     assert result.text == text
 
 
 def test_a_name_whose_family_name_is_a_word_is_still_a_person(scrubber: Scrubber) -> None:
-    text = "Please ask Rose Baker, Maria Gonzalez or Jack Sparrow to call me back."
+    text = (
+        "Please ask Rose Baker, Maria Gonzalez or Jack Sparrow to call me back. "
+        "He is like Bubble Boy."
+    )
     result = scrubber.scrub_text(text)
-    for part in ("Rose", "Baker", "Maria", "Gonzalez", "Jack", "Sparrow"):
+    for part in ("Rose", "Baker", "Maria", "Gonzalez", "Jack", "Sparrow", "Bubble"):
         assert part not in result.text
