@@ -96,6 +96,29 @@ def fit_and_judge(
     return _cross_validated(reader, train, heldout, features, policy)
 
 
+def out_of_fold_scores(
+    base_model: str,
+    features: Any,
+    answers: Sequence[LabelledAnswer],
+    policy: SatisfactionModelPolicy,
+) -> Any:
+    """Each answer's score by a model fitted on the other folds (stratified, ``CV_FOLDS``),
+    with the answers' labels and weights."""
+    labels = [a.label for a in answers]
+    scores = np.zeros(len(answers))
+    for fold in stratified_folds(labels, CV_FOLDS):
+        rest = np.setdiff1d(np.arange(len(answers)), fold)
+        fitted = SatisfactionModel.fit(
+            base_model,
+            features[rest],
+            [labels[i] for i in rest],
+            [answers[i].weight for i in rest],
+            l2=policy.l2,
+        )
+        scores[fold] = fitted.predict(features[fold])
+    return scores
+
+
 def _cross_validated(
     reader: Any,
     train: Sequence[LabelledAnswer],
@@ -113,17 +136,7 @@ def _cross_validated(
         else features
     )
     all_labels = [a.label for a in everything]
-    out_of_fold = np.zeros(len(everything))
-    for fold in stratified_folds(all_labels, CV_FOLDS):
-        rest = np.setdiff1d(np.arange(len(everything)), fold)
-        fitted = SatisfactionModel.fit(
-            reader.base_model,
-            all_features[rest],
-            [all_labels[i] for i in rest],
-            [everything[i].weight for i in rest],
-            l2=policy.l2,
-        )
-        out_of_fold[fold] = fitted.predict(all_features[fold])
+    out_of_fold = out_of_fold_scores(reader.base_model, all_features, everything, policy)
     report = evaluate_scores([a.label for a in train], out_of_fold, all_labels)
     model = SatisfactionModel.fit(
         reader.base_model, all_features, all_labels, [a.weight for a in everything], l2=policy.l2

@@ -65,11 +65,9 @@ def audit_dataset(path: Path, line: str, users: Any) -> Counter[tuple[str, str, 
 def model_auc(settings: Any, path: Path, line: str, users: Any) -> str:
     """The nightly's cross-validated satisfaction model on ``path``'s labels: out-of-fold AUC
     against the labels and against the hidden judgement."""
-    import numpy as np
-
-    from eval.satisfaction import SatisfactionModelPolicy, roc_auc, stratified_folds
-    from eval.satisfaction_model import SatisfactionModel, labelled_answers, read_dataset_rows
-    from eval.satisfaction_training import reader_for
+    from eval.satisfaction import SatisfactionModelPolicy, roc_auc
+    from eval.satisfaction_model import labelled_answers, read_dataset_rows
+    from eval.satisfaction_training import out_of_fold_scores, reader_for
     from training.base_model import ensure_base_model
 
     rows: dict[str, list[dict[str, Any]]] = {"sft": [], "dpo": [], "kto": []}
@@ -81,18 +79,7 @@ def model_auc(settings: Any, path: Path, line: str, users: Any) -> str:
     truth = [int(users.satisfied(line, _question(a.prompt), a.answer)) for a in answers]
     reader = reader_for(ensure_base_model(settings.models_dir, settings.base_model))
     features = reader.features([(a.prompt, a.answer) for a in answers])
-    policy = SatisfactionModelPolicy()
-    scores = np.zeros(len(answers))
-    for fold in stratified_folds(labels, 5):
-        rest = np.setdiff1d(np.arange(len(answers)), fold)
-        fitted = SatisfactionModel.fit(
-            reader.base_model,
-            features[rest],
-            [labels[i] for i in rest],
-            [answers[i].weight for i in rest],
-            l2=policy.l2,
-        )
-        scores[fold] = fitted.predict(features[fold])
+    scores = out_of_fold_scores(reader.base_model, features, answers, SatisfactionModelPolicy())
     return (
         f"{len(answers)} labelled answers ({sum(labels)} labelled satisfied, {sum(truth)} "
         f"satisfying): out-of-fold AUC {roc_auc(scores, labels):.3f} against the labels, "
