@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from eval.paired import DEFAULT_CONFIDENCE, wilson_interval
+from flywheel.intervals import DEFAULT_CONFIDENCE, wilson_interval
 
 # The metrics measured on the held-out pairs: what a gate on too few pairs does not judge.
 PAIR_METRICS = frozenset({"preference_accuracy", "mean_margin"})

@@ -52,6 +52,7 @@ from feedback.examples import (
     model_labelled_examples,
     restore_placeholder_targets,
     silent_records,
+    window_evidence,
 )
 from feedback.placeholders import PLACEHOLDER
 from feedback.records import FeedbackRecord
@@ -82,6 +83,8 @@ class Funnel:
     pii: Counter[str] = field(default_factory=Counter)
     examples: dict[str, int] = field(default_factory=dict)
     restored: Counter[str] = field(default_factory=Counter)
+    # The window's reviewed satisfaction by model version, which judged its users' verdicts.
+    priors: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
     def count(self, step: str, records: Iterable[FeedbackRecord]) -> None:
         """Record how many records of each signal are left after ``step``."""
@@ -99,6 +102,7 @@ class Funnel:
             "pii": dict(sorted(self.pii.items())),
             "examples": self.examples,
             "restored": dict(sorted(self.restored.items())),
+            "priors": self.priors,
         }
 
 
@@ -299,7 +303,11 @@ def build_splits(
     records: list[FeedbackRecord], settings: DatasetSettings, funnel: Funnel
 ) -> dict[ExampleKind, dict[str, list[TrainingExample]]]:
     """Examples by kind, capped per user and per API key, and split by time."""
-    examples = build_examples(records, max_pairs_per_prompt=settings.max_pairs_per_prompt)
+    evidence = window_evidence(records, settings.label_precision)
+    funnel.priors = evidence.as_dict()
+    examples = build_examples(
+        records, max_pairs_per_prompt=settings.max_pairs_per_prompt, evidence=evidence
+    )
     funnel.dropped.update(examples.dropped)
     funnel.restored.update(examples.restored)
     splits: dict[ExampleKind, dict[str, list[TrainingExample]]] = {}

@@ -12,6 +12,8 @@
   is an SFT target, and a passed or failed one a KTO label (``review_pass``,
   ``review_fail``): a considered judgement on a random sample, where users' signals
   are few. The user's own signal wins where there is one.
+- Label precision: with the window's reviewed satisfaction, an unedited verdict trains only
+  where it is likely right (:mod:`feedback.label_precision`).
 
 Every example carries its lineage: the request ids and feedback event ids it
 came from, the adapter (model version) that produced the answers, the business
@@ -38,9 +40,11 @@ from feedback.events import (
     InteractionStatus,
     Signal,
 )
+from feedback.label_precision import LabelEvidence, label_evidence
 from feedback.placeholders import PLACEHOLDER, neutral_words
 from feedback.records import FeedbackRecord
 from feedback.signals import signals_of
+from flywheel.settings.cleaning import LabelPrecisionSettings
 
 ExampleKind = Literal["sft", "dpo", "kto"]
 
@@ -242,14 +246,51 @@ def _prompt(record: FeedbackRecord) -> tuple[dict[str, str], ...]:
     return tuple({"role": m["role"], "content": m["content"]} for m in record.messages)
 
 
+def window_evidence(
+    records: Sequence[FeedbackRecord], settings: LabelPrecisionSettings
+) -> LabelEvidence:
+    """The window's satisfaction by model version, from its reviewers' verdicts."""
+
+    def reviewed(record: FeedbackRecord) -> bool | None:
+        found = review_verdict(record)
+        return None if found is None else found[0]
+
+    return label_evidence(records, settings, _model_version, reviewed)
+
+
+def _admitted(
+    record: FeedbackRecord,
+    judged: tuple[bool, str, float],
+    evidence: LabelEvidence | None,
+    dropped: Counter[str],
+    kind: str,
+) -> tuple[bool, str, float] | None:
+    """The verdict with its weight times its precision, or None where it is too likely wrong
+    to train on (counted in ``dropped``)."""
+    if evidence is None:
+        return judged
+    liked, signal, weight = judged
+    admitted, weighed = evidence.admit(_model_version(record), liked, signal, weight)
+    if not admitted:
+        dropped[f"unlikely_{'positive' if liked else 'negative'}:{kind}"] += 1
+        return None
+    return liked, signal, weighed
+
+
 def build_examples(
-    records: Sequence[FeedbackRecord], *, max_pairs_per_prompt: int = 4
+    records: Sequence[FeedbackRecord],
+    *,
+    max_pairs_per_prompt: int = 4,
+    evidence: LabelEvidence | None = None,
 ) -> ExampleSet:
     """Apply the signal rules to cleaned records of one business line (pure).
 
     Each example carries its signal's :attr:`Signal.weight`: training samples
     strong signals (edits, task outcomes, thumbs) more often than a regenerate
-    or an abandoned conversation.
+    or an abandoned conversation. With ``evidence``, an unedited verdict (a thumb, a task
+    outcome, a regenerate, a reviewer's pass) joins only where the line's reviewed
+    satisfaction makes it likely right, weighing its signal's weight times that chance
+    (:mod:`feedback.label_precision`); edits and rankings always join.
     """
     examples = ExampleSet()
     paired: set[str] = set()
@@ -258,7 +299,11 @@ def build_examples(
         by_prompt[record.prompt_hash].append(record)
         edit = record.edit
         judged = _judged(record)
-        if edit and edit.strip() and edit != record.response:
+        edited = bool(edit and edit.strip() and edit != record.response)
+        if judged is not None and judged[0][0] and not edited:
+            admitted = _admitted(record, judged[0], evidence, examples.dropped, "sft")
+            judged = None if admitted is None else (admitted, judged[1])
+        if edited:
             lineage = _lineage([record], _events(record, *EDIT_TYPES))
             examples.sft.append(
                 TrainingExample("sft", _prompt(record), lineage, completion=edit, rule="edit")
@@ -289,11 +334,14 @@ def build_examples(
             )
     for group in by_prompt.values():
         if len(group) > 1:
-            examples.dpo.extend(_prompt_pairs(group, paired, max_pairs_per_prompt))
+            examples.dpo.extend(_prompt_pairs(group, paired, max_pairs_per_prompt, evidence))
     for record in records:
         if record.request_id in paired or not record.response or record.edit:
             continue
         judged = _judged(record)
+        if judged is not None:
+            admitted = _admitted(record, judged[0], evidence, examples.dropped, "kto")
+            judged = None if admitted is None else (admitted, judged[1])
         if judged is not None:
             (liked, signal, weight), kinds = judged
             lineage = _lineage([record], _events(record, *kinds))
@@ -424,7 +472,10 @@ def _rank_of(record: FeedbackRecord) -> int | None:
 
 
 def _prompt_pairs(
-    group: list[FeedbackRecord], paired: set[str], limit: int
+    group: list[FeedbackRecord],
+    paired: set[str],
+    limit: int,
+    evidence: LabelEvidence | None = None,
 ) -> list[TrainingExample]:
     """Pairs among answers to one prompt: thumbs up over thumbs down/regenerated (at most
     ``limit``), then every rank order among siblings."""
@@ -448,7 +499,12 @@ def _prompt_pairs(
             )
         )
 
-    judged = [(r, verdict(r)) for r in group]
+    # A verdict held here is counted where it is held as an SFT target or a KTO label.
+    dropped: Counter[str] = Counter()
+    judged = [
+        (r, _admitted(r, v, evidence, dropped, "dpo") if v is not None else None)
+        for r, v in ((r, verdict(r)) for r in group)
+    ]
     liked = [(r, v) for r, v in judged if v is not None and v[0]]
     disliked = [(r, v) for r, v in judged if v is not None and not v[0]]
     # Floods of one prompt must not turn into thousands of near-identical pairs.

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from eval.paired import DEFAULT_CONFIDENCE, PairedComparison, compare_paired
+from eval.paired import PairedComparison, compare_paired
 from eval.reports import EvalReport, GateDecision
 from flywheel.errors import FlywheelError
+from flywheel.intervals import DEFAULT_CONFIDENCE
 
 if TYPE_CHECKING:
     from registry.canary import MetricCheck

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eval.paired import PairedComparison, binomial_upper_tail, compare_paired, wilson_interval
+from eval.paired import PairedComparison, binomial_upper_tail, compare_paired
+from flywheel.intervals import wilson_interval
 from flywheel.wording import sure
 
 if TYPE_CHECKING:

@@ -72,7 +72,7 @@ class ModelScore:
 
     def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
         """The Wilson interval of the accuracy."""
-        from eval.paired import wilson_interval
+        from flywheel.intervals import wilson_interval
 
         return wilson_interval(sum(self.wins), len(self.wins), confidence)
 

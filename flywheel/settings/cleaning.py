@@ -93,6 +93,65 @@ class DedupSettings(BaseModel):
         return float((1.0 / self.bands) ** (1.0 / self.rows))
 
 
+class LabelPrecisionSettings(BaseModel):
+    """How far a user's unedited verdict is trusted as a training label, by Bayes' rule on the
+    line's satisfaction that its blind reviews measure (:mod:`feedback.label_precision`).
+
+    A thumbs-up is right only as often as answers satisfy: where one answer in a hundred
+    does, even a user ten times likelier to thumb up a good answer than a bad one gives
+    a thumbs-up to nine bad answers for each good one. Edits and rankings are kept
+    whatever the line's satisfaction (the user wrote or chose the text).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    likelihood_ratio: float = Field(
+        default=10.0,
+        gt=1,
+        le=1_000,
+        description="How many times likelier a user gives a full-strength signal (a thumb, a "
+        "task outcome) to an answer that earns it than to one that does not; a weaker signal's "
+        "evidence is this raised to its weight (a regenerate: the square root). 10 assumes "
+        "users who misclick or misjudge now and then; set it from your reviewed thumbs.",
+    )
+    review_error: float = Field(
+        default=0.1,
+        ge=0,
+        lt=0.5,
+        description="How often a reviewer's pass/fail is wrong (from your reviewers' "
+        "agreement on answers checked twice): the reviewed pass rate is corrected by it, and "
+        "a reviewer's own verdict is evidence (1 - error) / error.",
+    )
+    min_reviews: int = Field(
+        default=30,
+        ge=1,
+        le=100_000,
+        description="Reviewed answers a model version (else the whole window) needs before "
+        "its satisfaction is estimated; with fewer, verdicts are taken as they are "
+        "(``without_reviews``).",
+    )
+    confidence: float = Field(
+        default=0.8,
+        gt=0,
+        lt=1,
+        description="Two-sided confidence of the satisfaction interval: positives are judged "
+        "at its low end, negatives at its high end.",
+    )
+    min_precision: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="A verdict whose chance of being right is lower stays out of training "
+        "(counted in the funnel); the rest weigh their signal's weight times that chance.",
+    )
+    without_reviews: Literal["admit", "hold"] = Field(
+        default="admit",
+        description="Where too few answers were reviewed to estimate satisfaction: admit "
+        "unedited verdicts as they are, or hold the positive ones (thumbs up, task "
+        "success, a reviewer's pass) out of training.",
+    )
+
+
 class DatasetSettings(BaseModel):
     """How examples become datasets."""
 
@@ -120,6 +179,7 @@ class DatasetSettings(BaseModel):
         le=1_000,
         description="Prompts shorter than this once PII is removed are dropped.",
     )
+    label_precision: LabelPrecisionSettings = Field(default_factory=LabelPrecisionSettings)
 
 
 SCRUB_CACHE_TEXTS = 50_000

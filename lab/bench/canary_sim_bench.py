@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.intervals import wilson_interval
 from registry.canary import (
     RATES,
     ArmStats,
@@ -258,14 +259,6 @@ def first_decision(action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return look, action[np.arange(len(action)), look]
 
 
-def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score 95% interval of a binomial share."""
-    share = hits / n
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def replay(counts: Counts, action: np.ndarray) -> int:
     """decide_canary on the first runs, look by look, against the vectorised actions;
     the number of looks compared."""
@@ -298,7 +291,7 @@ def replay(counts: Counts, action: np.ndarray) -> int:
 
 def _share(wrong: np.ndarray) -> dict[str, Any]:
     hits, runs = int(wrong.sum()), len(wrong)
-    return {"share": hits / runs, "ci95": list(wilson(hits, runs))}
+    return {"share": hits / runs, "ci95": list(wilson_interval(hits, runs))}
 
 
 def type_one_errors(runs: int, rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -358,7 +351,7 @@ def samples_to_decision(
             rows[name] = {
                 "power": float(right.mean()),
                 "wrong": float((decided == wrong_action).mean()),
-                "wrong_ci95": list(wilson(int((decided == wrong_action).sum()), runs)),
+                "wrong_ci95": list(wilson_interval(int((decided == wrong_action).sum()), runs)),
                 "median": float(np.median(requests)) if right.any() else math.nan,
                 "mean": float(requests.mean()) if right.any() else math.nan,
                 "at_floor": float((requests == first_allowed).mean()) if right.any() else 0.0,

@@ -115,7 +115,7 @@ def preference(
 ) -> dict[str, Any]:
     """Held-out preference accuracy with its Wilson interval, mean margin, per-pair wins."""
     from eval.offline import pair_wins, preference_metrics
-    from eval.paired import wilson_interval
+    from flywheel.intervals import wilson_interval
 
     prompts = [list(p.prompt) for p in held]
     chosen, rejected = score(

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from composition.recipes import Recipe, recipe_hash, start_training_run
 from eval.gate import GatePolicy, decide_promotion
-from eval.paired import wilson_interval
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
+from flywheel.intervals import wilson_interval
 from registry.tracking import Registry
 from tests.dashboard_store import PageHome, build_page_home
 

@@ -15,8 +15,8 @@ import pytest
 
 from composition.recipes import Recipe, recipe_hash, start_training_run
 from eval.gate import GatePolicy, decide_promotion
-from eval.paired import wilson_interval
 from eval.reports import EvalReport, GenerationSample
+from flywheel.intervals import wilson_interval
 from registry.canary import MetricCheck
 from registry.records import canary_record
 from registry.tracking import Registry, artifact_root_for, tracking_uri_for

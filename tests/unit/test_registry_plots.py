@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.paired import wilson_interval
 from eval.reports import EvalReport, GenerationSample
+from flywheel.intervals import wilson_interval
 from registry.plots import comparison_figure, comparison_plot, comparison_title
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from composition.recipes import Recipe, recipe_hash, recipe_params
-from eval.paired import compare_paired, wilson_interval
+from eval.paired import compare_paired
 from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 from flywheel.errors import FlywheelError
+from flywheel.intervals import wilson_interval
 from registry.names import adapter_name, experiment_name, model_name
 from registry.records import (
     MAX_RUN_TAG_CHARS,
