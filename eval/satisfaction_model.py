@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from feedback.examples import MODEL_RULE_PREFIX, REVIEW_RULE_PREFIX
+from feedback.examples import MODEL_RULE_PREFIX
+from feedback.label_precision import REVIEW_RULE_PREFIX
 
 Message = dict[str, str]
 FEATURES = "mean of the answer tokens' last hidden states"

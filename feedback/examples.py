@@ -40,7 +40,7 @@ from feedback.events import (
     InteractionStatus,
     Signal,
 )
-from feedback.label_precision import LabelEvidence, label_evidence
+from feedback.label_precision import REVIEW_RULE_PREFIX, LabelEvidence, label_evidence
 from feedback.placeholders import PLACEHOLDER, neutral_words
 from feedback.records import FeedbackRecord
 from feedback.signals import signals_of
@@ -191,9 +191,6 @@ def verdict(record: FeedbackRecord) -> tuple[bool, str, float] | None:
     return None
 
 
-# Rules of the examples reviewers' verdicts labelled; the satisfaction model never learns
-# from them (eval.satisfaction_model.labelled_answers): they rectify its estimates online.
-REVIEW_RULE_PREFIX = "review_"
 # A verdict weighs what a thumb does: one person's considered judgement of one answer.
 REVIEW_WEIGHT = 1.0
 

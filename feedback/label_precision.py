@@ -40,6 +40,9 @@ from flywheel.settings.cleaning import LabelPrecisionSettings
 
 # The satisfaction interval of the window as a whole, beside the per-version ones.
 WINDOW = "*"
+# Rules of the examples reviewers' verdicts labelled; the satisfaction model never learns
+# from them (eval.satisfaction_model.labelled_answers): they rectify its estimates online.
+REVIEW_RULE_PREFIX = "review_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,7 @@ class LabelEvidence:
         prior = self.prior_for(version)
         if prior is None:
             return None
-        if signal.startswith("review_"):
+        if signal.startswith(REVIEW_RULE_PREFIX):
             ratio, weight = review_likelihood_ratio(self.settings), 1.0
         else:
             ratio = self.settings.likelihood_ratio
