@@ -33,7 +33,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from feedback.events import Signal
 from feedback.records import FeedbackRecord
 from flywheel.intervals import wilson_interval
 from flywheel.settings.cleaning import LabelPrecisionSettings
@@ -130,9 +129,8 @@ class LabelEvidence:
 
     def admit(self, version: str, liked: bool, signal: str, weight: float) -> tuple[bool, float]:
         """Whether the verdict joins training, and the weight it then carries (its signal's
-        weight times its precision; unchanged where the precision is unknown)."""
-        if signal in (Signal.EDIT.value, Signal.RANK.value):
-            return True, weight
+        weight times its precision; unchanged where the precision is unknown). Edits and
+        rankings never come here: they are not verdicts."""
         precision = self.precision(version, liked, signal, weight)
         if precision is None:
             return not (liked and self.settings.without_reviews == "hold"), weight
