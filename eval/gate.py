@@ -84,8 +84,9 @@ class GatePolicy(BaseModel):
         le=1,
         description="When the held-out pairs are too few to judge (min_eval_pairs), decide on "
         "the line's accepted satisfaction model instead: its predicted satisfaction of the "
-        "candidate's answers minus the champion's on the same held-out prompts, whose paired "
-        "95% interval must lie above -margin (at least min_predicted_prompts prompts). None: "
+        "candidate's answers minus the champion's on the same held-out prompts (at least "
+        "min_predicted_prompts), whose paired 95% interval passes above -margin, refuses "
+        "below 0 and, spanning both, leaves the candidate not judged (see unjudged). None: "
         "too few pairs is not judged. The canary's reviews remain the test that counts.",
     )
     unjudged: Literal["hold", "canary"] = Field(
@@ -436,7 +437,10 @@ def with_predicted_satisfaction(
     """The gate's decision with the satisfaction model's comparison added (pure): information
     only, unless the pairs were too few to judge and the recipe's gate falls back on it
     (``predicted_satisfaction_margin``): then it decides, beside every other check but the
-    pairs' count."""
+    pairs' count. Its paired 95% interval has three readings: above ``-margin``, not worse
+    (judged; every other check decides); below zero, worse (refused); across both, the few
+    held-out prompts cannot tell, and the decision stays not judged, saying so, for
+    :func:`left_to_canary` and the recipe's ``unjudged`` to settle like too few pairs."""
     margin = policy.predicted_satisfaction_margin
     if decision.not_judged is None or margin is None:
         check = GateCheck("predicted_satisfaction", True, compared.describe(model))
@@ -445,10 +449,26 @@ def with_predicted_satisfaction(
         role = f"too few prompts to decide on (< {policy.min_predicted_prompts})"
         check = GateCheck("predicted_satisfaction", True, compared.describe(model, role))
         return replace(decision, checks=(*decision.checks, check))
+    if compared.low <= -margin and compared.high >= 0:
+        role = (
+            f"cannot tell, the pairs being too few ({decision.not_judged}): 95% interval "
+            f"reaches below -{margin:g} and above 0, neither shown within {margin:g} of the "
+            "champion nor shown worse"
+        )
+        check = GateCheck("predicted_satisfaction", True, compared.describe(model, role))
+        reason = (
+            f"{decision.not_judged}, and the predicted satisfaction's interval on "
+            f"{compared.prompts} prompts is too wide to judge "
+            f"({compared.low:+.3f} to {compared.high:+.3f})"
+        )
+        return replace(decision, checks=(*decision.checks, check), not_judged=reason)
     passed = compared.low > -margin
     role = (
         f"decides, the pairs being too few ({decision.not_judged}): 95% lower bound "
-        f"{compared.low:+.3f} {'>' if passed else '<='} -{margin:g}"
+        f"{compared.low:+.3f} > -{margin:g}"
+        if passed
+        else f"decides, the pairs being too few ({decision.not_judged}): 95% upper bound "
+        f"{compared.high:+.3f} < 0, shown worse"
     )
     check = GateCheck("predicted_satisfaction", passed, compared.describe(model, role))
     others = [c for c in decision.checks if c.name != "held_out_pairs"]

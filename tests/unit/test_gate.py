@@ -517,6 +517,57 @@ def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_
     assert with_predicted_satisfaction(not_judged, few, "m", policy).verdict == "not judged"
 
 
+def test_a_predicted_satisfaction_too_wide_to_judge_leaves_the_candidate_unjudged() -> None:
+    """An interval reaching both below -margin and above 0 shows neither a candidate within
+    the margin nor a worse one: not judged, so the recipe's ``unjudged`` decides (the canary's
+    reviews judge it, or it is held), as with too few pairs; one below 0 is refused."""
+    from eval.gate import with_predicted_satisfaction
+    from eval.reports import GateCheck, GateDecision
+    from eval.satisfaction import predicted_satisfaction
+
+    not_judged = GateDecision(
+        promote=False,
+        checks=(
+            GateCheck("held_out_pairs", False, "too few held-out pairs (2 < 3)"),
+            GateCheck("refusal_rate", True, "0.00 vs 0.00"),
+        ),
+        not_judged="n=2 < 3",
+    )
+    wide = predicted_satisfaction([0.9, 0.1, 0.8, 0.2] * 3, [0.5, 0.5, 0.6, 0.45] * 3)
+    assert wide is not None
+    assert wide.low < -0.1
+    assert wide.high > 0
+    policy = GatePolicy(predicted_satisfaction_margin=0.1, unjudged="canary")
+    undecided = with_predicted_satisfaction(not_judged, wide, "m", policy)
+    assert undecided.verdict == "not judged"
+    assert undecided.not_judged is not None
+    assert "too wide to judge" in undecided.not_judged
+    assert "cannot tell" in undecided.checks[-1].detail
+    sent = left_to_canary(undecided, policy, canary_judges_satisfaction=True)
+    assert sent.verdict == "left to canary"
+    held = policy.model_copy(update={"unjudged": "hold"})
+    assert (
+        left_to_canary(
+            with_predicted_satisfaction(not_judged, wide, "m", held),
+            held,
+            canary_judges_satisfaction=True,
+        ).verdict
+        == "not judged"
+    )
+    # Worse, but shown within the margin: non-inferior, as the margin allows.
+    slightly = predicted_satisfaction([0.45, 0.5, 0.42, 0.47] * 3, [0.5, 0.55, 0.5, 0.52] * 3)
+    assert slightly is not None
+    assert slightly.high < 0
+    assert slightly.low > -0.1
+    assert with_predicted_satisfaction(not_judged, slightly, "m", policy).verdict == "promote"
+    clearly_worse = predicted_satisfaction([0.1, 0.2, 0.15, 0.1] * 3, [0.5, 0.6, 0.55, 0.5] * 3)
+    assert clearly_worse is not None
+    rejected = with_predicted_satisfaction(not_judged, clearly_worse, "m", policy)
+    assert rejected.verdict == "reject"
+    assert "shown worse" in rejected.checks[-1].detail
+    assert left_to_canary(rejected, policy, canary_judges_satisfaction=True) == rejected
+
+
 def with_samples(found: list[tuple[str, ...]], **changes: Any) -> EvalReport:
     """A report whose sample answers on prompts ``q0``, ``q1``... hold these PII types."""
     samples = tuple(
