@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from eval.gate import GatePolicy, decide_promotion, left_to_canary
 from eval.paired import compare_paired
-from eval.reports import EvalReport, GateDecision, GenerationSample
+from eval.reports import EvalReport, GateCheck, GateDecision, GenerationSample
 
 POLICY = GatePolicy(min_preference_gain=0.02, min_margin_gain=0.0, min_eval_pairs=50)
 ALL_CHECKS = {
@@ -476,15 +476,9 @@ def test_of_two_models_at_most_one_is_superior_to_the_other(
     assert not (superior(first, second) and superior(second, first))
 
 
-def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_so() -> None:
-    """At real feedback rates a night holds two or three held-out pairs: a gate with
-    ``predicted_satisfaction_margin`` decides on the satisfaction model's paired comparison
-    of both models' answers to the held-out prompts instead of refusing to judge."""
-    from eval.gate import with_predicted_satisfaction
-    from eval.reports import GateCheck, GateDecision
-    from eval.satisfaction import predicted_satisfaction
-
-    not_judged = GateDecision(
+def too_few_pairs() -> GateDecision:
+    """A decision left not judged on two held-out pairs, its other check passed."""
+    return GateDecision(
         promote=False,
         checks=(
             GateCheck("held_out_pairs", False, "too few held-out pairs (2 < 3)"),
@@ -492,6 +486,16 @@ def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_
         ),
         not_judged="n=2 < 3",
     )
+
+
+def test_too_few_pairs_fall_back_on_predicted_satisfaction_when_the_recipe_says_so() -> None:
+    """At real feedback rates a night holds two or three held-out pairs: a gate with
+    ``predicted_satisfaction_margin`` decides on the satisfaction model's paired comparison
+    of both models' answers to the held-out prompts instead of refusing to judge."""
+    from eval.gate import with_predicted_satisfaction
+    from eval.satisfaction import predicted_satisfaction
+
+    not_judged = too_few_pairs()
     better = predicted_satisfaction([0.6, 0.7, 0.65, 0.8] * 2, [0.3, 0.35, 0.3, 0.4] * 2)
     worse = predicted_satisfaction([0.2, 0.1, 0.15, 0.3] * 2, [0.6, 0.7, 0.65, 0.8] * 2)
     assert better is not None
@@ -522,17 +526,9 @@ def test_a_predicted_satisfaction_too_wide_to_judge_leaves_the_candidate_unjudge
     the margin nor a worse one: not judged, so the recipe's ``unjudged`` decides (the canary's
     reviews judge it, or it is held), as with too few pairs; one below 0 is refused."""
     from eval.gate import with_predicted_satisfaction
-    from eval.reports import GateCheck, GateDecision
     from eval.satisfaction import predicted_satisfaction
 
-    not_judged = GateDecision(
-        promote=False,
-        checks=(
-            GateCheck("held_out_pairs", False, "too few held-out pairs (2 < 3)"),
-            GateCheck("refusal_rate", True, "0.00 vs 0.00"),
-        ),
-        not_judged="n=2 < 3",
-    )
+    not_judged = too_few_pairs()
     wide = predicted_satisfaction([0.9, 0.1, 0.8, 0.2] * 3, [0.5, 0.5, 0.6, 0.45] * 3)
     assert wide is not None
     assert wide.low < -0.1
