@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -33,6 +34,33 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Callabl
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+def milestones(
+    label: str,
+    total: int,
+    say: Callable[[str], None],
+    *,
+    parts: int = 4,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[int], None]:
+    """Off a terminal, a long stage's progress as lines: ``say`` tells its start, then the
+    count done of ``total`` and the minutes so far each time another of ``parts`` equal
+    shares is done (a log shows a 15-minute stage moving, not one line and silence)."""
+    started = clock()
+    done = 0
+    told = 0
+    say(f"  {label} ({total})")
+
+    def advance(n: int) -> None:
+        nonlocal done, told
+        done += n
+        reached = min(parts, done * parts // total) if total > 0 else 0
+        if reached > told:
+            told = reached
+            say(f"  {label}: {done}/{total} ({(clock() - started) / 60:.1f} min)")
+
+    return advance
 
 
 # What training.train.log_training_step puts on each record: step, steps in all, latest loss,

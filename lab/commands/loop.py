@@ -296,18 +296,22 @@ def run_loop_command(
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     """The loop's progress: a bar per stage on a terminal (training's shows its steps and
-    latest loss), else a line as each stage starts."""
+    latest loss), else a line as each stage starts and as each quarter of it is done."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flywheel.progress import announce_training, training_bars, training_steps
+    from flywheel.progress import (
+        announce_training,
+        milestones,
+        training_bars,
+        training_steps,
+    )
 
     console = Console(stderr=True, markup=False)
     if not console.is_terminal:
 
         def announce(label: str, total: int) -> Callable[[int], None]:
-            err.print(f"  {label} ({total})")
-            return lambda _n: None
+            return milestones(label, total, err.print)
 
         with training_steps(announce_training(err.print)):
             yield announce

@@ -247,6 +247,28 @@ def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> Non
     assert said == ["  training (3 steps)", "  trained 3 steps, loss 3.849 -> 2.000"]
 
 
+def test_a_long_stage_off_a_terminal_says_each_quarter_done() -> None:
+    """A 15-minute day of users in a CI log: its start, then a line per quarter, never one
+    per request."""
+    from flywheel.progress import milestones
+
+    said: list[str] = []
+    minutes = iter([0.0, 60.0, 150.0, 300.0, 420.0])
+    advance = milestones("first day: users", 10, said.append, clock=lambda: next(minutes))
+    for _ in range(10):
+        advance(1)
+    assert said == [
+        "  first day: users (10)",
+        "  first day: users: 3/10 (1.0 min)",
+        "  first day: users: 5/10 (2.5 min)",
+        "  first day: users: 8/10 (5.0 min)",
+        "  first day: users: 10/10 (7.0 min)",
+    ]
+    quiet: list[str] = []
+    milestones("nothing", 0, quiet.append)(1)
+    assert quiet == ["  nothing (0)"]
+
+
 def test_a_first_command_on_a_new_home_prints_no_mlflow_schema_lines(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
