@@ -346,6 +346,11 @@ def _print_night(record: Any) -> None:
         out.print(f"  not taken by the gateway: {in_words(record.failures)}")
 
 
+def _interval(final: dict[str, Any]) -> str:
+    found = final.get("gain_interval")
+    return f", 95% {found[0]:+.3f} to {found[1]:+.3f}" if found else ""
+
+
 def _print_final(document: dict[str, Any]) -> None:
     final = document["final"]
     out.print(
@@ -354,7 +359,7 @@ def _print_final(document: dict[str, Any]) -> None:
             f" (n={final['base']['n']}): base satisfied "
             f"{final['base']['satisfied']:.3f}, final champion "
             f"{final['champion']['name'] or 'base'} {final['champion']['satisfied']:.3f} "
-            f"(gain {final['gain']:+.3f}) in {document['minutes']:.1f} min",
+            f"(gain {final['gain']:+.3f}{_interval(final)}) in {document['minutes']:.1f} min",
         )
     )
     for example in final["champion"]["examples"][:2]:
@@ -440,6 +445,9 @@ def log_loop(settings: Settings, document: dict[str, Any], plot: Path) -> str:
     for arm in ("base", "champion"):
         client.log_metric(run_id, f"final.{arm}.satisfied", document["final"][arm]["satisfied"])
     client.log_metric(run_id, "final.gain", document["final"]["gain"])
+    if interval := document["final"].get("gain_interval"):
+        client.log_metric(run_id, "final.gain_low", interval[0])
+        client.log_metric(run_id, "final.gain_high", interval[1])
     with tempfile.TemporaryDirectory() as folder:
         summary = Path(folder) / "loop.json"
         summary.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))

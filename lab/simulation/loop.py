@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import httpx
 
+from eval.paired import compare_paired
 from lab.simulation.protocol import LoadedUsers
 from lab.simulation.reviewers import SimulatedReviewers
 from lab.simulation.traffic import (
@@ -420,7 +421,8 @@ def final_comparison(
     services: LoopServices,
     progress: Progress = _no_progress,
 ) -> dict[str, Any]:
-    """Fresh prompts answered by the base model and the final champion, scored by the users."""
+    """Fresh prompts answered by the base model and the final champion, scored by the users;
+    the gain with its paired 95% interval (``gain_interval``) where a champion answered."""
     line = plan.business_line
     prompts = users.prompts(line, plan.eval_prompts, plan.seed * 1_000 + 999_983)
     champion = services.routes(line).champion
@@ -429,8 +431,10 @@ def final_comparison(
         models["champion"] = champion
     answers = asyncio.run(_answer_all(plan, services, models, prompts, progress))
     final: dict[str, Any] = {}
+    judged: dict[str, list[bool]] = {}
     for arm, model in models.items():
         scored = [users.satisfied(line, p, a) for p, a in zip(prompts, answers[arm], strict=True)]
+        judged[arm] = scored
         final[arm] = {
             "name": model,
             "satisfied": round(sum(scored) / len(scored), 4) if scored else 0.0,
@@ -443,6 +447,10 @@ def final_comparison(
     if "champion" not in final:
         final["champion"] = {**final["base"], "name": None}
     final["gain"] = round(final["champion"]["satisfied"] - final["base"]["satisfied"], 4)
+    if judged.get("champion"):
+        # Both models answer the same prompts: the gain's interval is a paired one.
+        compared = compare_paired(judged["champion"], judged["base"])
+        final["gain_interval"] = [round(compared.low, 4), round(compared.high, 4)]
     return final
 
 

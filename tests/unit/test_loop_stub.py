@@ -155,6 +155,10 @@ def test_users_promote_an_adapter_whose_answers_they_like(world: Any) -> None:
     assert result.final["champion"]["name"] == ADAPTER
     assert result.final["champion"]["satisfied"] == 1.0
     assert result.final["gain"] == 1.0
+    # 20 prompts, all won: the paired interval excludes 0 but not the whole way to 1.
+    low, high = result.final["gain_interval"]
+    assert 0.5 < low < 1.0
+    assert high == 1.0
     # Every reaction went through the gateway against the request id it answered.
     assert stage.app.state.gateway.recorder.flush(10)
     with store.engine.connect() as connection:
