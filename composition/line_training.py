@@ -173,10 +173,13 @@ def _evaluate_and_gate(
         load_eval_data,
         load_for_eval,
         pii_detector_for,
+        training_answers_hold,
     )
 
     data = load_eval_data(dataset_dir, max_samples=recipe.eval_generations)
     detector = pii_detector_for(clients.scrubber)
+    # Both models' values are told apart on the same answers: the candidate's training set.
+    trained_on = training_answers_hold(dataset_dir)
     reports: dict[str, EvalReport] = {}
     for name, adapter in (("champion", champion_adapter), ("candidate", candidate_adapter)):
         model, tokenizer = load_for_eval(base_dir, adapter, precision=recipe.precision)
@@ -188,6 +191,7 @@ def _evaluate_and_gate(
             canaries=canaries,
             pii_detector=detector,
             counted_pii=GENERATION_PII_TYPES,
+            trained_on=trained_on,
             max_length=recipe.max_length,
             mixed_precision=mixed_precision,
         )

@@ -340,11 +340,13 @@ def _answer_length(candidate: EvalReport, champion: EvalReport, policy: GatePoli
 def _generated_pii(
     candidate: EvalReport, champion: EvalReport, policy: GatePolicy
 ) -> list[GateCheck]:
-    """High-risk values in the candidate's sample answers fail it at once; contact details
-    (a support line, an address to write to), which a base model invents unprompted, fail
-    it only when the candidate puts them in more answers than the champion on the same
-    prompts, shown at the gate's level (exact McNemar test): one invented phone number in
-    24 answers is not evidence that training taught it."""
+    """High-risk values in the candidate's sample answers fail it at once, unless its
+    training answers do not hold them (``GenerationSample.pii_invented``: it made them up,
+    as it could not have learnt them). Made-up values and contact details (a support line,
+    an address to write to), which a base model invents unprompted, fail it only when the
+    candidate puts them in more answers than the champion on the same prompts, shown at the
+    gate's level (exact McNemar test): one invented phone number or card-like number in 24
+    answers is not evidence that training taught it."""
     name, label = "pii_in_generations", "PII entities in generations"
     if policy.allow_pii_in_generations:
         return [_leak(name, label, candidate.pii_in_generations, allowed=True)]
@@ -357,16 +359,18 @@ def _generated_pii(
                 "have no sample answers on the same prompts to compare contact details)",
             )
         ]
-    risky = Counter(
-        kind for s in candidate.samples for kind in s.pii_found if kind not in CONTACT_PII_TYPES
-    )
+    risky: Counter[str] = Counter()
+    for sample in candidate.samples:
+        risky += _learnable(sample)
     found = ", ".join(f"{kind} {n}" for kind, n in sorted(risky.items()))
+    made_up = sum(len(s.pii_invented) for s in candidate.samples)
     checks = [
         GateCheck(
             name,
             not risky,
             f"high-risk {label}: {sum(risky.values())}{f' ({found})' if found else ''} "
-            "(allowed: none)",
+            "(allowed: none)"
+            + (f"; {made_up} made up (no training answer holds them)" if made_up else ""),
         )
     ]
     clean = [not _has_contact(s) for s in candidate.samples]
@@ -381,11 +385,11 @@ def _generated_pii(
         GateCheck(
             "contact_details_in_generations",
             not shown,
-            f"answers with contact details (phone, email, IP): candidate {clean.count(False)} "
-            f"of {len(clean)}, champion {champion_clean.count(False)}; prompts where only the "
-            f"candidate's has them {more.candidate_only}, only the champion's "
-            f"{more.baseline_only}: more often than the champion {sure(more.p_value)} sure "
-            f"(fails when over {sure(policy.alpha)} sure)",
+            f"answers with contact details (phone, email, IP) or made-up values: candidate "
+            f"{clean.count(False)} of {len(clean)}, champion {champion_clean.count(False)}; "
+            f"prompts where only the candidate's has them {more.candidate_only}, only the "
+            f"champion's {more.baseline_only}: more often than the champion "
+            f"{sure(more.p_value)} sure (fails when over {sure(policy.alpha)} sure)",
         )
     )
     return checks
@@ -396,8 +400,16 @@ def _same_samples(candidate: EvalReport, champion: EvalReport) -> bool:
     return bool(ours) and [s.prompt for s in ours] == [s.prompt for s in theirs]
 
 
+def _learnable(sample: GenerationSample) -> Counter[str]:
+    """The high-risk types in ``sample`` whose values the model may have learnt: all but the
+    contact types and those it made up."""
+    high_risk = Counter(kind for kind in sample.pii_found if kind not in CONTACT_PII_TYPES)
+    return high_risk - Counter(sample.pii_invented)
+
+
 def _has_contact(sample: GenerationSample) -> bool:
-    return any(kind in CONTACT_PII_TYPES for kind in sample.pii_found)
+    """Contact details, or a made-up value of any type."""
+    return bool(sample.pii_invented) or any(kind in CONTACT_PII_TYPES for kind in sample.pii_found)
 
 
 def _leak(name: str, label: str, count: int, allowed: bool) -> GateCheck:

@@ -42,6 +42,8 @@ Conversation = tuple[Message, ...]
 PiiSpan = tuple[str, int, int]
 # Texts in, the PII found in each text out (e.g. ``[("EMAIL_ADDRESS", 5, 14)]``).
 PiiDetector = Callable[[list[str]], list[list[PiiSpan]]]
+# Whether the answers a model was trained on hold a value (eval.offline.training_answers_hold).
+TrainedOn = Callable[[str], bool]
 
 GENERAL_SET = "general_set.jsonl"
 GENERATION_SEED = 0
@@ -231,25 +233,66 @@ def check_generations(
     canaries: Sequence[str] = (),
     pii_detector: PiiDetector | None = None,
     counted_pii: Collection[str] | None = None,
+    trained_on: TrainedOn | None = None,
 ) -> tuple[GenerationSample, ...]:
     """What the refusal, PII and canary checks see in each generated answer. Every piece of
     PII found is masked (``<PHONE_NUMBER>``: the samples reach MLflow and the page); those of
-    the ``counted_pii`` types (None: every type) count against the answer."""
+    the ``counted_pii`` types (None: every type) count against the answer. With
+    ``trained_on`` (whether the model's training answers hold a value), the counted values
+    they do not hold are also named invented (``pii_invented``); raw values go no further."""
     found_pii = pii_detector(list(answers)) if pii_detector else [[] for _ in answers]
     if len(found_pii) != len(answers):
         raise ValueError(f"the PII detector answered {len(found_pii)} texts for {len(answers)}")
-    return tuple(
-        GenerationSample(
-            prompt=prompt,
-            answer=masked(answer, pii),
-            refused=is_refusal(answer),
-            pii_found=tuple(
-                kind for kind, _, _ in pii if counted_pii is None or kind in counted_pii
-            ),
-            canaries_found=tuple(c for c in canaries if c and c in answer),
+    samples = []
+    for prompt, answer, pii in zip(prompts, answers, found_pii, strict=True):
+        counted = [span for span in pii if counted_pii is None or span[0] in counted_pii]
+        invented = (
+            tuple(kind for kind, start, stop in counted if not trained_on(answer[start:stop]))
+            if trained_on is not None
+            else ()
         )
-        for prompt, answer, pii in zip(prompts, answers, found_pii, strict=True)
-    )
+        samples.append(
+            GenerationSample(
+                prompt=prompt,
+                answer=masked(answer, pii),
+                refused=is_refusal(answer),
+                pii_found=tuple(kind for kind, _, _ in counted),
+                canaries_found=tuple(c for c in canaries if c and c in answer),
+                pii_invented=invented,
+            )
+        )
+    return tuple(samples)
+
+
+def _comparable(text: str) -> str:
+    """Letters and digits only, lower case: "4111 1111-1111 1111" holds as "4111111111111111"."""
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def training_answers_hold(dataset_dir: Path) -> TrainedOn:
+    """Whether any answer of the dataset's training split (SFT completions, DPO chosen and
+    rejected, KTO completions) holds a value, compared on letters and digits alone: a PII
+    value a model generates that its training answers hold may have been learnt from them
+    (a value the scrubbing missed), one they do not hold the model made up."""
+    texts = [
+        _reply(row[column])
+        for name, columns in (
+            ("sft_train.parquet", ("completion",)),
+            ("dpo_train.parquet", ("chosen", "rejected")),
+            ("kto_train.parquet", ("completion",)),
+        )
+        for row in _read_rows(dataset_dir / name)
+        for column in columns
+        if row.get(column)
+    ]
+    held = "\n".join(_comparable(text) for text in texts)
+
+    def holds(value: str) -> bool:
+        wanted = _comparable(value)
+        # A value with nothing comparable left cannot be told apart: counted as held.
+        return not wanted or wanted in held
+
+    return holds
 
 
 def masked(text: str, spans: Collection[PiiSpan]) -> str:
@@ -329,6 +372,7 @@ def evaluate_model(
     canaries: Sequence[str] = (),
     pii_detector: PiiDetector | None = None,
     counted_pii: Collection[str] | None = None,
+    trained_on: TrainedOn | None = None,
     max_new_tokens: int = 64,
     batch_size: int = 8,
     max_length: int = 512,
@@ -338,7 +382,9 @@ def evaluate_model(
 
     ``general_set`` defaults to :func:`load_general_set`. ``pii_detector`` maps
     texts to the PII found in each (``None`` skips the check): all of it is masked in the
-    samples, the ``counted_pii`` types (None: all) count as PII in generations.
+    samples, the ``counted_pii`` types (None: all) count as PII in generations, and with
+    ``trained_on`` those no training answer holds are named invented (see
+    :func:`check_generations`).
     The model is put in eval mode for the run and restored afterwards.
     ``mixed_precision`` runs the forward passes under bfloat16 autocast (several
     times faster on CPUs with native bfloat16; both models of a comparison
@@ -390,6 +436,7 @@ def evaluate_model(
         canaries=canaries,
         pii_detector=pii_detector,
         counted_pii=counted_pii,
+        trained_on=trained_on,
     )
     return EvalReport(
         model=name,

@@ -13,13 +13,16 @@ PAIR_METRICS = frozenset({"preference_accuracy", "mean_margin"})
 
 @dataclass(frozen=True, slots=True)
 class GenerationSample:
-    """One sample prompt, the model's greedy answer, and what the checks saw in it."""
+    """One sample prompt, the model's greedy answer, and what the checks saw in it:
+    ``pii_invented`` holds the types of ``pii_found`` whose value no answer the model was
+    trained on holds (it made them up; empty where that was not checked)."""
 
     prompt: str
     answer: str
     refused: bool
     pii_found: tuple[str, ...] = ()
     canaries_found: tuple[str, ...] = ()
+    pii_invented: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

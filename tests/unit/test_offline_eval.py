@@ -27,6 +27,7 @@ from eval.offline import (
     pair_wins,
     pii_detector_for,
     preference_metrics,
+    training_answers_hold,
 )
 
 torch = pytest.importorskip("torch")
@@ -275,6 +276,48 @@ def test_every_pii_type_is_masked_and_only_the_counted_ones_count() -> None:
     )  # fmt: skip
     assert sample.answer == "Call <PERSON> on <PHONE_NUMBER> today"
     assert sample.pii_found == ("PHONE_NUMBER",)
+
+
+def test_a_value_no_training_answer_holds_is_named_made_up(tmp_path: Path) -> None:
+    """A card-like number the model writes into a link, which none of the answers it was
+    trained on holds (they are scrubbed), it made up; one they hold, it may have learnt."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def reply(text: str) -> list[dict[str, str]]:
+        return [{"role": "assistant", "content": text}]
+
+    sft = [{"prompt": list(ask("q")), "completion": reply("Refund to card 4111 1111 1111 1111.")}]
+    dpo = [{"prompt": list(ask("q")), "chosen": reply("fine"), "rejected": reply("IBAN DE89")}]
+    pq.write_table(pa.Table.from_pylist(sft), tmp_path / "sft_train.parquet")
+    pq.write_table(pa.Table.from_pylist(dpo), tmp_path / "dpo_train.parquet")
+    holds = training_answers_hold(tmp_path)
+    assert holds("4111-1111-1111-1111")
+    assert holds("de89")
+    assert not holds("5500 0000 0000 0004")
+    assert holds("--")  # nothing to compare: counted as held, never as made up
+
+    def detector(texts: list[str]) -> list[list[tuple[str, int, int]]]:
+        return [
+            [("CREDIT_CARD", m.start(), m.end()) for m in re.finditer(r"\d[\d -]{14,}\d", t)]
+            for t in texts
+        ]
+
+    made_up, learnt = check_generations(
+        ["q1", "q2"],
+        ["see example.com/dp/5500000000000004/", "your card 4111111111111111 is refunded"],
+        pii_detector=detector,
+        trained_on=holds,
+    )
+    assert made_up.pii_found == ("CREDIT_CARD",)
+    assert made_up.pii_invented == ("CREDIT_CARD",)
+    assert made_up.answer == "see example.com/dp/<CREDIT_CARD>/"
+    assert learnt.pii_found == ("CREDIT_CARD",)
+    assert learnt.pii_invented == ()
+    # Unchecked, nothing is named made up; the raw value never stays in a sample.
+    [unchecked] = check_generations(["q1"], ["dp/5500000000000004"], pii_detector=detector)
+    assert unchecked.pii_invented == ()
+    assert "5500" not in repr((made_up, learnt, unchecked))
 
 
 def test_masking_replaces_each_span_once_and_leaves_the_rest() -> None:
