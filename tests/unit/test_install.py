@@ -20,9 +20,16 @@ from flywheel.install import (
     torch_plan,
     torch_requirement,
     unresolved_requirement,
+    vllm_venv,
 )
 from flywheel.settings import Settings
-from registry.vllm_server import VLLM_CPU_VERSION, VllmEnvironment, VllmServerError
+from registry.vllm_server import (
+    VLLM_CPU_VERSION,
+    VllmDevice,
+    VllmEnvironment,
+    VllmServerError,
+    VllmServerSettings,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PIP = ("/venv/bin/python", "-m", "pip")
@@ -111,10 +118,16 @@ def test_an_unresolved_requirement_is_named_with_the_setting_that_fixes_it() -> 
     assert "/x/install.log" in message
 
 
-def _environment(tmp_path: Path, index: str | None) -> tuple[VllmEnvironment, list[list[str]]]:
+def _environment(
+    tmp_path: Path, index: str | None, device: VllmDevice = "cpu"
+) -> tuple[VllmEnvironment, list[list[str]]]:
     """A vLLM environment whose commands are recorded instead of run; no local torch wheel."""
     environment = VllmEnvironment(
-        tmp_path / "venv", torch_index=index, report=lambda _: None, resolver_source=None
+        tmp_path / "venv",
+        torch_index=index,
+        report=lambda _: None,
+        resolver_source=None,
+        device=device,
     )
     commands: list[list[str]] = []
 
@@ -151,6 +164,36 @@ def test_the_vllm_environment_adds_no_index_when_the_setting_is_empty(tmp_path: 
     environment, commands = _environment(tmp_path, None)
     environment.ensure()
     assert not any({"--extra-index-url", "--index-url"} & set(c) for c in commands)
+
+
+def test_the_cuda_vllm_brings_its_own_torch_and_is_never_taken_for_the_cpu_build(
+    tmp_path: Path,
+) -> None:
+    """PyPI's `vllm` is the CUDA build: it pins the CUDA torch it needs, so no CPU torch and no
+    torch index go first, and its torchvision stays; a CPU virtualenv is not ready for it."""
+    environment, commands = _environment(tmp_path, DEFAULT_TORCH_INDEX, device="cuda")
+    environment.ensure()
+    assert not any(DEFAULT_TORCH_INDEX in c for c in commands)
+    assert any(c[-1] == f"vllm=={VLLM_CPU_VERSION}" for c in commands)
+    assert not any("uninstall" in c for c in commands)
+    assert environment.is_ready()
+    cpu = VllmEnvironment(environment.venv_dir, resolver_source=None)
+    assert not cpu.is_ready(), "a CUDA virtualenv taken for the CPU build"
+    environment.marker.write_text(VLLM_CPU_VERSION + "\n", encoding="utf-8")
+    assert cpu.is_ready()
+    assert not environment.is_ready()
+
+
+def test_each_build_of_vllm_has_its_own_default_virtualenv(tmp_path: Path) -> None:
+    assert vllm_venv(tmp_path) != vllm_venv(tmp_path, "cuda")
+    assert vllm_venv(tmp_path, "cuda").name.endswith("-cuda")
+
+
+def test_a_gpu_server_keeps_vllms_dtype_and_gets_no_cpu_cache_setting() -> None:
+    gpu = VllmServerSettings(model=Path("/m"), device="cuda")
+    assert gpu.for_this_cpu() is gpu
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu.environment({})
+    assert "VLLM_CPU_KVCACHE_SPACE" in VllmServerSettings(model=Path("/m")).environment({})
 
 
 def _throwaway_venv(path: Path) -> Path:
