@@ -112,6 +112,25 @@ def test_serve_vllm_prints_its_command(
     assert "--host 127.0.0.1 --port 8123" in line
 
 
+def test_serve_vllm_on_a_gpu_uses_the_cuda_build_and_refuses_an_unknown_device(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
+    gpu = runner.invoke(app, ["serve", "vllm", "--device", "cuda", "--print-command"])
+    assert gpu.exit_code == 0, gpu.output
+    line = gpu.stdout.replace("\n", "")
+    assert ".venv-vllm-cuda/bin/python -m vllm" in line or "vllm-venv-cuda/bin/python" in line
+    assert "VLLM_CPU_KVCACHE_SPACE" not in line
+    assert "FLYWHEEL_ADAPTER_FETCH" in line, "the GPU replica would run without the resolver"
+    unknown = cli("serve", "vllm", "--device", "tpu", "--print-command", home=tmp_path)
+    assert unknown.returncode == 2
+    assert "--device is one of cpu, cuda, not 'tpu'" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+
 def test_loop_passes_its_sampling_to_the_users_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
