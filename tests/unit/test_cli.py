@@ -96,16 +96,22 @@ def test_user_errors_are_messages_with_exit_codes(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr
 
 
+def _served_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """`flywheel serve vllm ARGS --print-command` on a stand-in base model folder, one line."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
+    result = runner.invoke(app, ["serve", "vllm", *args, "--print-command"])
+    assert result.exit_code == 0, result.output
+    return result.stdout.replace("\n", "")
+
+
 def test_serve_vllm_prints_its_command(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    line = _served_command(tmp_path, monkeypatch, "--port", "8123")
     model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
-    result = runner.invoke(app, ["serve", "vllm", "--port", "8123", "--print-command"])
-    assert result.exit_code == 0, result.output
-    line = result.stdout.replace("\n", "")
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in line
     assert f"--model {model}" in line
     assert "--enable-lora" in line
@@ -115,13 +121,7 @@ def test_serve_vllm_prints_its_command(
 def test_serve_vllm_on_a_gpu_uses_the_cuda_build_and_refuses_an_unknown_device(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    monkeypatch.setenv("FLYWHEEL_BASE_MODEL", str(model))
-    gpu = runner.invoke(app, ["serve", "vllm", "--device", "cuda", "--print-command"])
-    assert gpu.exit_code == 0, gpu.output
-    line = gpu.stdout.replace("\n", "")
+    line = _served_command(tmp_path, monkeypatch, "--device", "cuda")
     assert ".venv-vllm-cuda/bin/python -m vllm" in line or "vllm-venv-cuda/bin/python" in line
     assert "VLLM_CPU_KVCACHE_SPACE" not in line
     assert "FLYWHEEL_ADAPTER_FETCH" in line, "the GPU replica would run without the resolver"
