@@ -388,6 +388,24 @@ def _record_replica(
         f"recorded {url}: {served.name} ({served.digest[:19]}), --max-loras {record.max_loras}, "
         f"--max-lora-rank {record.max_lora_rank}"
     )
+    unnamed = unnamed_replica_warning(url, settings.gateway.upstreams)
+    if unnamed is not None:
+        _warn(unnamed)
+
+
+def unnamed_replica_warning(url: str, upstreams: Sequence[str]) -> str | None:
+    """Why a replica recorded under a URL the gateway does not name is half-configured: the
+    rollout looks its record up by the gateway's URL (limits, base, resolver) and, finding
+    none, hands it adapter paths on the flow worker's disk. None when the gateway names it."""
+    from registry.placement import replica_url
+
+    if not upstreams or replica_url(url) in {replica_url(u) for u in upstreams}:
+        return None
+    return (
+        f"this replica recorded itself as {url}, which FLYWHEEL_GATEWAY_UPSTREAMS "
+        f"({', '.join(upstreams)}) does not name: the rollout will not find its limits or its "
+        "resolver; pass --url as the gateway names it"
+    )
 
 
 def _routed_here(settings: Settings, url: str) -> list[str]:

@@ -274,3 +274,16 @@ def test_a_users_spec_that_exits_at_import_is_a_usage_error(tmp_path: Path) -> N
     )
 
     assert_usage_error(result, f"--users {spec}:Users", "SystemExit: no users here")
+
+
+def test_a_replica_the_gateway_does_not_name_is_warned_about() -> None:
+    from cli.commands.vllm import unnamed_replica_warning
+
+    upstreams = ["http://vllm:8000/", "http://gpu-2:8000"]
+    assert unnamed_replica_warning("http://vllm:8000", upstreams) is None
+    assert unnamed_replica_warning("http://gpu-2:8000/", upstreams) is None
+    assert unnamed_replica_warning("http://0.0.0.0:8000", []) is None
+    warning = unnamed_replica_warning("http://0.0.0.0:8000", upstreams)
+    assert warning is not None
+    assert "http://0.0.0.0:8000" in warning
+    assert "--url" in warning

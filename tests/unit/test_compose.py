@@ -524,6 +524,18 @@ def test_gpu_vllm_is_a_replica_with_its_own_disk_and_the_cuda_build(
     assert any("gpu" in device.get("capabilities", []) for device in devices)
 
 
+@pytest.mark.parametrize("name", ["vllm-gpu", "vllm-cpu"])
+def test_each_vllm_replica_records_itself_under_the_gateways_url(name: str) -> None:
+    """A replica's record (limits, base model, resolver) is keyed by its URL as the gateway
+    names it; under another (http://0.0.0.0:8000) the rollout finds no record and hands the
+    replica a path on the flow worker's disk, which a replica with its own volume lacks."""
+    from registry.placement import replica_url
+
+    argv = _command(SERVICES[name])
+    upstreams = COMPOSE[ENV_ANCHOR]["FLYWHEEL_GATEWAY_UPSTREAMS"].split(",")
+    assert replica_url(_option(argv, "--url")) in {replica_url(u) for u in upstreams}
+
+
 def test_the_gpu_training_worker_runs_a_cuda_torch_with_the_gpu_extra() -> None:
     """The project image's torch is the CPU build: a worker that trains on the GPU needs its own
     image, built with a CUDA torch (PyPI's Linux wheel) and the `gpu` extra (bitsandbytes, for
