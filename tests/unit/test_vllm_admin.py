@@ -428,6 +428,29 @@ def test_server_dtype_is_passed_when_chosen_and_resolved_for_this_cpu(
     )
 
 
+def test_a_small_machine_gives_the_model_threads_every_cpu_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import registry.vllm_server as vllm_server
+
+    settings = VllmServerSettings(model=tmp_path / "model", port=8123)
+    monkeypatch.setattr(vllm_server, "allowed_cpus", lambda: frozenset({2, 3}))
+    assert settings.environment({})["VLLM_CPU_OMP_THREADS_BIND"] == "2,3"
+    assert (
+        settings.environment({"VLLM_CPU_OMP_THREADS_BIND": "nobind"})["VLLM_CPU_OMP_THREADS_BIND"]
+        == "nobind"
+    ), "vLLM's own variable, set by the caller, is kept"
+    chosen = settings.model_copy(update={"cpu_threads_bind": "0-1"})
+    assert (
+        chosen.environment({"VLLM_CPU_OMP_THREADS_BIND": "nobind"})["VLLM_CPU_OMP_THREADS_BIND"]
+        == "0-1"
+    ), "the setting wins over the environment"
+    gpu = settings.model_copy(update={"device": "cuda"})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu.environment({})
+    monkeypatch.setattr(vllm_server, "allowed_cpus", lambda: frozenset(range(16)))
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in settings.environment({}), "vLLM binds a big one"
+
+
 def test_server_settings_reject_a_rank_vllm_does_not_accept(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max-lora-rank"):
         VllmServerSettings(model=tmp_path, max_lora_rank=12)
