@@ -51,10 +51,11 @@ def placements(cores: int) -> dict[str, tuple[Dtype, dict[str, str]]]:
     }
 
 
-async def _round(url: str, requests: int) -> float:
-    """Seconds to answer ``requests`` completions, SHARE of them through the adapter."""
+async def _round(url: str, requests: int, concurrency: int = CONCURRENCY) -> float:
+    """Seconds to answer ``requests`` completions, ``concurrency`` at a time, SHARE of them
+    through the adapter."""
     async with httpx.AsyncClient(base_url=url, timeout=900) as client:
-        gate = asyncio.Semaphore(CONCURRENCY)
+        gate = asyncio.Semaphore(concurrency)
 
         async def one(index: int) -> None:
             model = ADAPTER if (index * 7919) % 100 < SHARE * 100 else "base"

@@ -70,7 +70,7 @@ class LoopPlan:
     sampling: Sampling = field(default_factory=Sampling)
     # Requests in flight at once: vLLM on a 2-core CPU answered 185 tokens/s at 16 against
     # 85 at 4 (48 requests of 96 tokens, measured); beyond 16 it gained nothing.
-    concurrency: int = 16
+    concurrency: int = 64
     reviews_per_round: int = 0
     review_noise: float = 0.1
     canary_traffic: CanaryTraffic = "share"
