@@ -2,8 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python lab/bench/vllm_batch_bench.py [--rounds 2] [--requests 48] \
-        [--in-flight 8,16,32,64]
+    .venv/bin/python lab/bench/vllm_batch_bench.py --rounds 2 --requests 48 --in-flight 8,16,32,64
 
 One vLLM CPU server of the base model as flywheel starts it (its dtype and thread binding
 for this machine) with a rank-16 adapter (random weights) loaded. Each round sends it the
