@@ -61,6 +61,13 @@ def _adapter(base: Path, folder: Path) -> Path:
     return folder
 
 
+def base_and_vllm_python() -> tuple[Path, Path]:
+    """The base model's folder and the python of the vLLM CPU virtualenv (built if missing)."""
+
+    base, python = base_and_vllm_python()
+    return base, python
+
+
 async def _round(url: str, requests: int, share: float) -> tuple[float, list[str]]:
     """Seconds to answer ``requests`` completions, ``share`` of them through the adapter
     (the same requests every time), and the answers in order."""
@@ -89,28 +96,21 @@ async def _round(url: str, requests: int, share: float) -> tuple[float, list[str
 
 
 def main() -> None:
-    from flywheel.settings import load_settings
     from registry.vllm_admin import VllmAdminClient
     from registry.vllm_server import (
         CPU_LORA_PLUGIN,
         RESOLVER_PLUGIN,
-        VllmEnvironment,
         VllmServer,
         VllmServerSettings,
         free_port,
     )
-    from training.base_model import ensure_base_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    settings = load_settings()
-    base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(
-        REPO / ".venv-vllm", torch_index=settings.torch_index, report=print
-    ).ensure()
+    base, python = base_and_vllm_python()
     plugins = {
         "vLLM's ops": RESOLVER_PLUGIN,
         "flywheel's ops": f"{RESOLVER_PLUGIN},{CPU_LORA_PLUGIN}",

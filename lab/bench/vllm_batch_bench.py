@@ -28,12 +28,10 @@ BASELINE = 16
 
 
 def main() -> None:
-    from flywheel.settings import load_settings
-    from lab.bench.cpu_lora_bench import _adapter
+    from lab.bench.cpu_lora_bench import _adapter, base_and_vllm_python
     from lab.bench.vllm_cpu_threads_bench import ADAPTER, _round
     from registry.vllm_admin import VllmAdminClient
-    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
-    from training.base_model import ensure_base_model
+    from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -42,11 +40,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     in_flight = sorted({int(n) for n in args.in_flight.split(",")} | {BASELINE})
-    settings = load_settings()
-    base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(
-        REPO / ".venv-vllm", torch_index=settings.torch_index, report=print
-    ).ensure()
+    base, python = base_and_vllm_python()
     seconds: dict[int, list[float]] = {n: [] for n in in_flight}
     with tempfile.TemporaryDirectory(prefix="flywheel-batch-") as scratch:
         work = Path(scratch)

@@ -76,23 +76,18 @@ async def _round(url: str, requests: int, concurrency: int = CONCURRENCY) -> flo
 
 
 def main() -> None:
-    from flywheel.settings import load_settings
-    from lab.bench.cpu_lora_bench import _adapter
+    from flywheel.hardware import allowed_cpus
+    from lab.bench.cpu_lora_bench import _adapter, base_and_vllm_python
     from registry.vllm_admin import VllmAdminClient
-    from registry.vllm_server import VllmEnvironment, VllmServer, VllmServerSettings, free_port
-    from training.base_model import ensure_base_model
+    from registry.vllm_server import VllmServer, VllmServerSettings, free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    settings = load_settings()
-    base = ensure_base_model(settings.models_dir, settings.base_model)
-    python = VllmEnvironment(
-        REPO / ".venv-vllm", torch_index=settings.torch_index, report=print
-    ).ensure()
-    cores = len(os.sched_getaffinity(0))
+    base, python = base_and_vllm_python()
+    cores = len(allowed_cpus())
     seconds: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="flywheel-threads-") as scratch, ExitStack() as stack:
         work = Path(scratch)

@@ -68,8 +68,8 @@ class LoopPlan:
     canary_rounds: int = 6
     user_pool: int = 0
     sampling: Sampling = field(default_factory=Sampling)
-    # Requests in flight at once: vLLM on a 2-core CPU answered 185 tokens/s at 16 against
-    # 85 at 4 (48 requests of 96 tokens, measured); beyond 16 it gained nothing.
+    # Requests in flight at once: vLLM batches them; on a 2-core CPU 64 answered 1.9x the
+    # answers/s of 16 (docs/results/2026-12-06-vllm-batch.md).
     concurrency: int = 64
     reviews_per_round: int = 0
     review_noise: float = 0.1
