@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 # A recipe is a page of settings; a larger file is a mistake.
 MAX_RECIPE_BYTES = 256 * 1024
+# A demo recipe extends a production one; deeper chains are hard to read, and a cycle never ends.
+MAX_EXTENDS = 4
 
 
 class Recipe(TrainingConfig):
@@ -172,10 +174,49 @@ def recipe_for(settings: Settings, line: str) -> Recipe:
     return load_recipe(line, recipes_dir(settings))
 
 
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on it: mappings merge key by key, anything else replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        both_mappings = isinstance(value, dict) and isinstance(below, dict)
+        merged[key] = _merged(below, value) if both_mappings else value  # type: ignore[arg-type]
+    return merged
+
+
+def recipe_settings(path: Path, chain: tuple[Path, ...] = ()) -> Any:
+    """One recipe file's settings (parsed YAML, not yet validated) over those of the recipe it
+    ``extends`` (a path relative to it), read within bounds, a chain of at most
+    :data:`MAX_EXTENDS` files without a cycle: what to edit and write elsewhere to derive a
+    recipe."""
+    data = load_user_yaml(path, max_bytes=MAX_RECIPE_BYTES, what="recipe") or {}
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    data = dict(data)
+    parent = data.pop("extends")
+    if not isinstance(parent, str) or Path(parent).suffix not in (".yaml", ".yml"):
+        raise FlywheelError(f"{path}: extends: the path of a recipe file (.yaml), got {parent!r}")
+    chain = (*chain, path.resolve())
+    parent_path = (path.parent / parent).resolve()
+    if parent_path in chain:
+        raise FlywheelError(f"{path}: extends: {parent} extends this file again (a cycle)")
+    if len(chain) >= MAX_EXTENDS:
+        raise FlywheelError(f"{path}: extends: more than {MAX_EXTENDS} recipe files in a chain")
+    if not parent_path.is_file():
+        raise FlywheelError(f"{path}: extends: {parent_path} is not a file")
+    parent_data = recipe_settings(parent_path, chain)
+    if not isinstance(parent_data, dict):
+        raise FlywheelError(f"{parent_path}: a recipe is a mapping of settings")
+    return _merged(parent_data, data)
+
+
 def read_recipe(path: Path) -> Recipe:
     """Parse one recipe file, read within bounds; errors name the file and the key (one that
-    cannot be read or parsed: :class:`~flywheel.errors.InputFileError`)."""
-    data = load_user_yaml(path, max_bytes=MAX_RECIPE_BYTES, what="recipe") or {}
+    cannot be read or parsed: :class:`~flywheel.errors.InputFileError`). A recipe may
+    ``extends: other.yaml`` (relative to it) and change only what it sets: mappings (``gate``,
+    ``canary``, ...) merge key by key, a value of ``null`` unsets one (``epochs: null`` beside
+    ``max_steps``)."""
+    data = recipe_settings(path)
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

@@ -54,9 +54,11 @@ SERVER_RANK = 8
 
 def _recipes(folder: Path, lines: list[str], rank: int) -> None:
     """The demo recipes, trained for four steps, gated loosely, rollout in seconds."""
+    from composition.recipes import recipe_settings
+
     folder.mkdir(parents=True, exist_ok=True)
     for line in lines:
-        recipe = yaml.safe_load((REPO / "recipes/demo" / f"{line}.yaml").read_text())
+        recipe = recipe_settings(REPO / "recipes/demo" / f"{line}.yaml")
         recipe.update(
             lora={"rank": rank, "alpha": 2 * rank, "dropout": 0.0},
             # A high rate so four steps change the greedy answers (the probe refuses an

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from composition.recipes import iter_recipe_files, load_recipe, packaged_recipes_dir, read_recipe
 from flywheel.errors import FlywheelError
+from flywheel.user_files import load_user_yaml
 
 RECIPES = list(iter_recipe_files(packaged_recipes_dir()))
 
@@ -25,22 +27,53 @@ def test_every_recipe_parses(path: Path) -> None:
     assert recipe.lora.rank <= 16, "must fit the serving vLLM's --max-lora-rank 16"
 
 
+# What a demo recipe may change of the production recipe it extends: volumes (how much data a
+# night waits for, how many answers the gate generates and the reviewers check), times (how long
+# a night trains, how long each share soaks, how many looks, how noisy a shared CPU's speed is)
+# and the margins and error rate that a small day's samples can resolve.
+SCALE_SETTINGS = {
+    "business_line", "extends", "epochs", "max_steps", "max_length", "min_new_examples",
+    "eval_generations", "gate.non_inferiority_margin", "gate.min_eval_pairs",
+    "gate.predicted_satisfaction_margin", "gate.min_predicted_prompts",
+    "gate.max_refusal_rate_increase", "canary_steps", "rollout", "canary.min_requests",
+    "canary.max_looks", "canary.alpha", "canary.margins", "canary.max_p99_ratio",
+    "canary.p99_slack_ms", "canary.max_ttft_p99_ratio", "canary.ttft_slack_ms",
+    "canary.max_tpot_ratio", "canary.tpot_slack_ms", "review.share",
+}  # fmt: skip
+
+
+def _settings_set(data: dict[str, Any], prefix: str = "") -> set[str]:
+    names: set[str] = set()
+    for key, value in data.items():
+        name = prefix + key
+        names |= _settings_set(value, name + ".") if isinstance(value, dict) else {name}
+    return names
+
+
+def _is_scale(name: str) -> bool:
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in SCALE_SETTINGS for n in range(1, len(parts) + 1))
+
+
 @pytest.mark.parametrize("line", ["customer_service", "legal", "medical"])
-def test_production_and_demo_recipes_differ_only_in_volumes_and_times(line: str) -> None:
-    """What was measured in the demo (method, adapter, rates, what decides) is what users
-    get; production waits for more data, generates and reviews at its scale, and soaks
-    and watches longer."""
+def test_demo_recipes_are_the_production_recipes_at_a_cpus_volumes_and_times(line: str) -> None:
+    """What the loop and the demo measure (method, adapter, what decides, the bounds on what
+    users see) is what users get: each demo recipe extends its production recipe and sets
+    only volumes, times and the margins a small day can resolve; production waits for more
+    data, generates and reviews at its scale, and soaks and watches longer."""
+    demo_path = packaged_recipes_dir() / "demo" / f"{line}.yaml"
+    demo_file = load_user_yaml(demo_path, max_bytes=1 << 20, what="recipe")
+    assert demo_file["extends"] == f"../{line}.yaml"
+    changed = sorted(name for name in _settings_set(demo_file) if not _is_scale(name))
+    assert not changed, f"{demo_path} changes more than volumes and times: {changed}"
+
     production = read_recipe(packaged_recipes_dir() / f"{line}.yaml")
-    demo = read_recipe(packaged_recipes_dir() / "demo" / f"{line}.yaml")
-    same = (
-        "method", "lora", "learning_rate", "continue_learning_rate", "start_from",
-        "history_days", "half_life_days", "satisfaction_model",
-    )  # fmt: skip
-    for field in same:
+    demo = read_recipe(demo_path)
+    for field in ("method", "lora", "learning_rate", "start_from", "satisfaction_model"):
         assert getattr(production, field) == getattr(demo, field), field
     assert production.canary.satisfaction == demo.canary.satisfaction
-    assert production.gate.preference_test == demo.gate.preference_test
-    assert production.gate.unjudged == demo.gate.unjudged
+    assert production.canary.max_length_change == demo.canary.max_length_change
+    assert production.gate.min_length_ratio == demo.gate.min_length_ratio
     assert production.review is not None
     assert demo.review is not None
     assert production.review.rubric == demo.review.rubric
@@ -50,6 +83,47 @@ def test_production_and_demo_recipes_differ_only_in_volumes_and_times(line: str)
     assert production.gate.min_predicted_prompts >= demo.gate.min_predicted_prompts
     assert production.rollout.soak_s >= demo.rollout.soak_s
     assert production.canary.max_looks >= demo.canary.max_looks
+    assert production.canary.alpha <= demo.canary.alpha
+
+
+def test_a_recipe_extends_another_and_changes_only_what_it_sets(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(
+        "business_line: legal\nmethod: sft\nepochs: 1\nlearning_rate: 1.0e-4\n"
+        "gate: {min_eval_pairs: 30, non_inferiority_margin: 0.1}\n"
+    )
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "legal.yaml").write_text(
+        "extends: ../base.yaml\nepochs: null\nmax_steps: 5\ngate: {min_eval_pairs: 3}\n"
+    )
+    recipe = load_recipe("legal", tmp_path / "small")
+    assert (recipe.epochs, recipe.max_steps, recipe.learning_rate) == (None, 5, 1.0e-4)
+    assert (recipe.gate.min_eval_pairs, recipe.gate.non_inferiority_margin) == (3, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "a cycle"),
+        ({"a.yaml": "extends: a.yaml\n"}, "a cycle"),
+        ({"a.yaml": "extends: missing.yaml\n"}, "is not a file"),
+        ({"a.yaml": "extends: /etc/passwd\n"}, "the path of a recipe file"),
+        ({"a.yaml": "extends: [b.yaml]\n"}, "the path of a recipe file"),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "- a list\n"}, "a mapping of settings"),
+        (
+            {f"{n}.yaml": f"extends: {n + 1}.yaml\n" for n in range(6)}
+            | {"a.yaml": "extends: 0.yaml\n"},
+            "more than 4 recipe files",
+        ),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "business_line: a\nmethod: [sft\n"}, "b.yaml"),
+    ],
+)
+def test_a_bad_extends_is_refused_naming_the_file(
+    tmp_path: Path, files: dict[str, str], message: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(FlywheelError, match=message):
+        read_recipe(tmp_path / "a.yaml")
 
 
 @pytest.mark.parametrize(

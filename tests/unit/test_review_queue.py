@@ -483,11 +483,11 @@ def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block
     )
     assert unknown.returncode == 2
     # A recipe without a review block: simulated reviewers are refused up front.
-    from composition.recipes import packaged_recipes_dir
+    from composition.recipes import packaged_recipes_dir, recipe_settings
 
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    demo = yaml.safe_load((packaged_recipes_dir() / "demo" / "customer_service.yaml").read_text())
+    demo = recipe_settings(packaged_recipes_dir() / "demo" / "customer_service.yaml")
     demo.pop("review")
     demo["canary"].pop("satisfaction")
     (recipes / "customer_service.yaml").write_text(yaml.safe_dump(demo))
