@@ -71,6 +71,9 @@ RESOLVER_PLUGIN = "flywheel_lora_resolver"
 # The same package's CPU LoRA ops (grouped by adapter: a 5% canary made a day 2.3x slower with
 # vLLM's own); it does nothing off the CPU.
 CPU_LORA_PLUGIN = "flywheel_cpu_lora"
+# And its CPU generators that a seeded request's rewind cannot crash (vLLM 0.32 rewinds a
+# generator by a CUDA-only offset: on the CPU the engine died, every request in flight a 500).
+CPU_SEEDED_PLUGIN = "flywheel_cpu_seeded"
 RESOLVER_FETCH_ENV = "FLYWHEEL_ADAPTER_FETCH"
 RESOLVER_CACHE_ENV = "FLYWHEEL_ADAPTER_CACHE"
 RESOLVER_SERVED_BASE_ENV = "FLYWHEEL_ADAPTER_SERVED_BASE"
@@ -523,7 +526,8 @@ class VllmServerSettings(BaseSettings):
         if not self.cpu_lora_ops:
             # vLLM loads every installed general plugin unless VLLM_PLUGINS lists some.
             listed = env.get("VLLM_PLUGINS")
-            kept = [p for p in (listed or RESOLVER_PLUGIN).split(",") if p != CPU_LORA_PLUGIN]
+            everything = f"{RESOLVER_PLUGIN},{CPU_SEEDED_PLUGIN}"
+            kept = [p for p in (listed or everything).split(",") if p != CPU_LORA_PLUGIN]
             env["VLLM_PLUGINS"] = ",".join(kept)
         # The model is a local folder and these machines have no hub: never wait on one.
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -544,12 +548,12 @@ def resolver_environment(
     fetch_command: Sequence[str], cache_dir: Path, served_base: Path
 ) -> dict[str, str]:
     """The variables that switch flywheel's LoRA resolver on in a vLLM server: vLLM loads
-    only flywheel's general plugins (the resolver and the CPU LoRA ops), may load adapters
-    at run time, and the resolver runs
+    only flywheel's general plugins (the resolver, the CPU LoRA ops, CPU generators for seeded
+    requests), may load adapters at run time, and the resolver runs
     ``fetch_command NAME --cache cache_dir --served-base served_base`` for a name it lacks
     (the plugin's :mod:`flywheel_vllm_resolver.fetch` reads the same names)."""
     return {
-        "VLLM_PLUGINS": f"{RESOLVER_PLUGIN},{CPU_LORA_PLUGIN}",
+        "VLLM_PLUGINS": f"{RESOLVER_PLUGIN},{CPU_LORA_PLUGIN},{CPU_SEEDED_PLUGIN}",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         RESOLVER_FETCH_ENV: json.dumps([str(part) for part in fetch_command]),
         RESOLVER_CACHE_ENV: str(cache_dir),

@@ -164,3 +164,33 @@ def test_an_adapter_above_the_servers_max_rank_is_rejected(
     with pytest.raises(AdapterRejectedError, match="max_lora_rank 16"):
         admin.load_adapter(adapter_name("customer_service", 6), tmp_path / "r32")
     assert admin.served_adapter(adapter_name("customer_service", 6)) is None
+
+
+def test_seeded_requests_prefilled_in_chunks_do_not_kill_the_engine(
+    admin: VllmAdminClient, vllm_server: VllmServer
+) -> None:
+    """vLLM 0.32 rewinds a seeded request's generator by a CUDA-only offset when it discards
+    the token of a prompt still being prefilled in chunks: on the CPU the engine died and all
+    64 of these answered 500. flywheel's plugin (flywheel_cpu_seeded) keeps it alive."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    model = admin.list_models()[0].id
+    words = "my parcel came late and the box was crushed, so I want a refund or a new one " * 12
+
+    def ask(seed: int) -> int:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"{seed}: {words}"}],
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "seed": seed,
+        }
+        url = f"{vllm_server.base_url}/v1/chat/completions"
+        return httpx.post(url, json=body, timeout=300).status_code
+
+    with ThreadPoolExecutor(64) as pool:
+        codes = list(pool.map(ask, range(64)))
+    assert codes == [200] * 64, {code: codes.count(code) for code in set(codes)}
+    assert admin.chat(model, "Name a colour.", max_tokens=8).text.strip()  # and answers on

@@ -86,8 +86,12 @@ def test_the_setting_switches_flywheels_cpu_ops_off_and_keeps_the_resolver(tmp_p
     on = VllmServerSettings(model=tmp_path)
     off = VllmServerSettings(model=tmp_path, cpu_lora_ops=False)
     resolver = resolver_environment(["flywheel", "adapters", "fetch"], tmp_path, tmp_path)
-    assert on.environment(resolver)["VLLM_PLUGINS"] == "flywheel_lora_resolver,flywheel_cpu_lora"
-    assert off.environment(resolver)["VLLM_PLUGINS"] == "flywheel_lora_resolver"
+    assert on.environment(resolver)["VLLM_PLUGINS"] == (
+        "flywheel_lora_resolver,flywheel_cpu_lora,flywheel_cpu_seeded"
+    )
+    assert off.environment(resolver)["VLLM_PLUGINS"] == "flywheel_lora_resolver,flywheel_cpu_seeded"
     # Without a list vLLM would load every plugin installed: off names the resolver alone.
     assert "VLLM_PLUGINS" not in on.environment({"PATH": "/bin"})
-    assert off.environment({"PATH": "/bin"})["VLLM_PLUGINS"] == "flywheel_lora_resolver"
+    assert off.environment({"PATH": "/bin"})["VLLM_PLUGINS"] == (
+        "flywheel_lora_resolver,flywheel_cpu_seeded"
+    )

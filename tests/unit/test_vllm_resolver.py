@@ -244,26 +244,28 @@ def test_a_vllm_virtualenv_built_before_the_resolver_gets_it_offline(
 
 
 def test_flywheel_and_the_plugin_name_the_same_variables() -> None:
-    from flywheel_vllm_resolver import CPU_LORA_PLUGIN_NAME, PLUGIN_NAME
+    from flywheel_vllm_resolver import CPU_LORA_PLUGIN_NAME, CPU_SEEDED_PLUGIN_NAME, PLUGIN_NAME
     from flywheel_vllm_resolver import fetch as plugin
 
     from registry import vllm_server
 
     assert vllm_server.RESOLVER_PLUGIN == PLUGIN_NAME
     assert vllm_server.CPU_LORA_PLUGIN == CPU_LORA_PLUGIN_NAME
+    assert vllm_server.CPU_SEEDED_PLUGIN == CPU_SEEDED_PLUGIN_NAME
     assert vllm_server.RESOLVER_FETCH_ENV == plugin.FETCH_ENV
     assert vllm_server.RESOLVER_CACHE_ENV == plugin.CACHE_ENV
     assert vllm_server.RESOLVER_SERVED_BASE_ENV == plugin.SERVED_BASE_ENV
     entry = (vllm_server.RESOLVER_SOURCE / "pyproject.toml").read_text()
     assert f'{PLUGIN_NAME} = "flywheel_vllm_resolver:register"' in entry
     assert f'{CPU_LORA_PLUGIN_NAME} = "flywheel_vllm_resolver:register_cpu_lora"' in entry
+    assert f'{CPU_SEEDED_PLUGIN_NAME} = "flywheel_vllm_resolver:register_cpu_seeded"' in entry
 
 
 def test_the_resolver_environment_is_what_the_plugin_reads(tmp_path: Path) -> None:
     from registry.vllm_server import resolver_environment
 
     env = resolver_environment(["/venv/bin/flywheel", "adapters", "fetch"], tmp_path, tmp_path)
-    assert env["VLLM_PLUGINS"] == "flywheel_lora_resolver,flywheel_cpu_lora"
+    assert env["VLLM_PLUGINS"] == "flywheel_lora_resolver,flywheel_cpu_lora,flywheel_cpu_seeded"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     settings = FetchSettings.from_env(env)
     assert settings is not None

@@ -9,6 +9,9 @@ the plugin changes nothing for a vLLM started otherwise.
 A second entry point, ``flywheel_cpu_lora``, puts :mod:`.cpu_lora`'s LoRA ops in
 place of vLLM's on the CPU backend (the same result, one matrix product per
 adapter instead of one per token); on any other platform it does nothing.
+
+A third, ``flywheel_cpu_seeded``, keeps a request with a ``seed`` from killing vLLM's CPU
+engine (:mod:`.cpu_seeded`); on any other platform it does nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 PLUGIN_NAME = "flywheel_lora_resolver"
 # The second plugin: vLLM's CPU LoRA ops, grouped by adapter (:mod:`.cpu_lora`).
 CPU_LORA_PLUGIN_NAME = "flywheel_cpu_lora"
+# The third: seeded requests on the CPU backend (:mod:`.cpu_seeded`).
+CPU_SEEDED_PLUGIN_NAME = "flywheel_cpu_seeded"
 # Under vLLM's own logger, so its handler and format (and level) apply to these lines.
 LOGGER_NAME = "vllm.plugins.flywheel_lora_resolver"
 
@@ -57,4 +62,22 @@ def register_cpu_lora() -> None:
     replaced = install(torch_ops, punica_cpu)
     init_logger(f"vllm.plugins.{CPU_LORA_PLUGIN_NAME}").info(
         "flywheel's CPU LoRA ops in place of %s", ", ".join(replaced)
+    )
+
+
+def register_cpu_seeded() -> None:
+    """vLLM's plugin hook: on the CPU backend, generators a seeded request's discarded token can
+    rewind (:mod:`.cpu_seeded`)."""
+    from vllm.logger import init_logger
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    from flywheel_vllm_resolver.cpu_seeded import install
+
+    patched = install(InputBatch)
+    init_logger(f"vllm.plugins.{CPU_SEEDED_PLUGIN_NAME}").info(
+        "flywheel's rewindable CPU generators for seeded requests in %s", patched
     )
