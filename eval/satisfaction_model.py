@@ -18,7 +18,9 @@ reads with), so scoring needs the same base model and nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,12 @@ from feedback.label_precision import REVIEW_RULE_PREFIX
 
 Message = dict[str, str]
 FEATURES = "mean of the answer tokens' last hidden states"
+# Answers whose features a reader keeps (about 4.6 KB each for a 576-wide base model). The base
+# model's forward passes are the satisfaction model's whole cost, and the same answers come back:
+# each night rereads its window's labelled answers, a canary look rereads the day's, the night
+# scores the silent answers the looks scored. In memory, for the process's life only: never
+# written, so retention and forget have nothing more to reach.
+FEATURE_CACHE_ROWS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +127,16 @@ def read_dataset_rows(dataset_dir: Path, split: str) -> dict[str, list[dict[str,
 
 
 class AnswerReader:
-    """The base model reading conversations: each answer's features (no gradient)."""
+    """The base model reading conversations: each answer's features (no gradient), the most
+    recent :data:`FEATURE_CACHE_ROWS` kept by the tokens read."""
 
     def __init__(
-        self, base_model_dir: Path, *, max_length: int = 384, batch_size: int = 16
+        self,
+        base_model_dir: Path,
+        *,
+        max_length: int = 384,
+        batch_size: int = 16,
+        cache_rows: int = FEATURE_CACHE_ROWS,
     ) -> None:
         from eval.offline import load_for_eval
 
@@ -130,24 +144,55 @@ class AnswerReader:
         self.base_model = base_model_dir.name
         self.max_length = max_length
         self.batch_size = batch_size
+        self.cache_rows = cache_rows
+        self._cache: OrderedDict[bytes, npt.NDArray[np.float64]] = OrderedDict()
+        self.forward_rows = 0
 
     def features(
         self,
         items: Sequence[tuple[Sequence[Message], str]],
         on_batch: Callable[[int], None] | None = None,
     ) -> npt.NDArray[np.float64]:
-        """One row of features per (prompt, answer): the answer tokens' mean last hidden state."""
+        """One row of features per (prompt, answer): the answer tokens' mean last hidden state.
+        Rows of token sequences read before come from the cache; the rest are read in batches
+        (``on_batch`` hears how many rows each batch, and the cache, gave)."""
+        from eval.offline import _encode
+
+        encoded = [
+            _encode(self.tokenizer, prompt, answer, self.max_length) for prompt, answer in items
+        ]
+        keys = [_tokens_key(ids, answer_length) for ids, answer_length in encoded]
+        rows: dict[bytes, npt.NDArray[np.float64]] = {}
+        for key in keys:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                rows[key] = self._cache[key]
+        if rows and on_batch is not None:
+            on_batch(sum(key in rows for key in keys))
+        unread = {key: each for key, each in zip(keys, encoded, strict=True) if key not in rows}
+        for key, row in zip(unread, self._read(list(unread.values()), on_batch), strict=True):
+            rows[key] = row
+            self._cache[key] = row
+        while len(self._cache) > self.cache_rows:
+            self._cache.popitem(last=False)
+        if not keys:
+            return np.zeros((0, 0))
+        return np.stack([rows[key] for key in keys])
+
+    def _read(
+        self,
+        encoded: Sequence[tuple[list[int], int]],
+        on_batch: Callable[[int], None] | None,
+    ) -> list[npt.NDArray[np.float64]]:
+        """The base model's features of encoded conversations, a batch at a time."""
         import torch
 
-        from eval.offline import _device, _encode, _pad_id, left_padded
+        from eval.offline import _device, _pad_id, left_padded
 
         rows: list[npt.NDArray[np.float64]] = []
         pad, device = _pad_id(self.tokenizer), _device(self.model)
-        for start in range(0, len(items), self.batch_size):
-            batch = [
-                _encode(self.tokenizer, prompt, answer, self.max_length)
-                for prompt, answer in items[start : start + self.batch_size]
-            ]
+        for start in range(0, len(encoded), self.batch_size):
+            batch = encoded[start : start + self.batch_size]
             input_ids, attention, positions = left_padded(batch, pad, device)
             width = input_ids.shape[1]
             # Left padding puts each answer's tokens at the end of its row.
@@ -164,12 +209,19 @@ class AnswerReader:
             hidden = out.hidden_states[-1].float()
             weights = is_answer.unsqueeze(-1).float()
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
-            rows.append(pooled.cpu().numpy().astype(np.float64))
+            rows.extend(pooled.cpu().numpy().astype(np.float64))
+            self.forward_rows += len(batch)
             if on_batch is not None:
                 on_batch(len(batch))
-        if not rows:
-            return np.zeros((0, 0))
-        return np.concatenate(rows)
+        return rows
+
+
+def _tokens_key(ids: Sequence[int], answer_length: int) -> bytes:
+    """What a row of features depends on besides the model: the ids read and which are the
+    answer's (a digest, so the cache holds no text)."""
+    digest = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=16)
+    digest.update(answer_length.to_bytes(4, "little"))
+    return digest.digest()
 
 
 def fit_logistic(
