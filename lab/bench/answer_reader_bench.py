@@ -2,7 +2,7 @@
 without it, in one process as ``flywheel loop`` runs the nights.
 
     FLYWHEEL_HOME=<a loop's home> .venv/bin/python lab/bench/answer_reader_bench.py \\
-        --line customer_service
+        --line customer_service [--nights N]
 
 For each night's dataset, oldest first, reads the labelled answers the night's satisfaction
 model trains and is judged on (``labelled_splits``: every window up to that night) with two
@@ -36,12 +36,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--line", default="customer_service")
+    parser.add_argument("--nights", type=int, default=None, help="the first N nights only")
     args = parser.parse_args()
     settings = loop_settings(load_settings())
     policy = recipe_for(settings, args.line).satisfaction_model
     base = ensure_base_model(settings.models_dir, settings.base_model)
     cached, uncached = AnswerReader(base), AnswerReader(base, cache_rows=0)
-    builds = line_builds(settings.datasets_dir, args.line)
+    builds = line_builds(settings.datasets_dir, args.line)[: args.nights]
     print(f"{args.line}: {len(builds)} nights' datasets in {settings.datasets_dir}")
     print("night  answers  read (cache)  s (cache)  read (none)  s (none)  time ratio")
     totals = [0.0, 0.0]
