@@ -63,8 +63,15 @@ def _adapter(base: Path, folder: Path) -> Path:
 
 def base_and_vllm_python() -> tuple[Path, Path]:
     """The base model's folder and the python of the vLLM CPU virtualenv (built if missing)."""
+    from flywheel.settings import load_settings
+    from registry.vllm_server import VllmEnvironment
+    from training.base_model import ensure_base_model
 
-    base, python = base_and_vllm_python()
+    settings = load_settings()
+    base = ensure_base_model(settings.models_dir, settings.base_model)
+    python = VllmEnvironment(
+        REPO / ".venv-vllm", torch_index=settings.torch_index, report=print
+    ).ensure()
     return base, python
 
 
