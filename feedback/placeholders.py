@@ -27,6 +27,7 @@ NEUTRAL_WORDS: dict[str, tuple[str, str]] = {
     "IP_ADDRESS": ("the IP address", "该IP地址"),
     "URL": ("the link", "该链接"),
     "STREET_ADDRESS": ("the address", "该地址"),
+    "SECRET": ("the code", "该密码"),
 }
 """Per entity type, the neutral words in English and in Chinese."""
 OTHER_TYPE = ("those details", "相关信息")

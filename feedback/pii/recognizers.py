@@ -199,3 +199,125 @@ class CredentialUrlRecognizer(CompiledPatternRecognizer):
         r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s/?#@:]+:[^\s/?#@]+@[^\s<>\"'`]+"
     )
     SCORE = 1.0
+
+
+# Keyword patterns are lower case and matched on the lower-cased text: a case-insensitive
+# alternation costs Python's regex engine several times more at every position.
+_CODE_NAMES = (
+    r"pin(?:[ \t]+(?:code|number))?|cvv2?|cvc2?|csc|otp|one[ \t-]time[ \t]+(?:pass)?code|"
+    r"(?:verification|security|access|auth(?:entication|orization)?|2fa|login|sign[ \t-]in|sms)"
+    r"[ \t]+code"
+)
+_KEY_NAMES = (
+    r"password|passcode|passphrase|passwd|pwd|"
+    r"api[ \t_-]?key|secret[ \t_-]?key|client[ \t_-]?secret|access[ \t_-]?(?:key|token)|"
+    r"auth(?:entication)?[ \t_-]?token|bearer[ \t_-]?token|private[ \t_-]?key|token|secret"
+)
+_HAN_NAMES = r"支付密码|登录密码|密码|口令|验证码|校验码|动态码|安全码|密钥|秘钥|pin码"
+# Between the name and the value: "is", "was now", "has been changed to", ":" or "=", or a
+# space (never a line break: code and lists put unrelated words on the next line).
+_VERB = (
+    r"(?:[ \t]+(?:is|was|are|'s|’s)(?:[ \t]+(?:now|still|currently|actually|just|simply|also))?"
+    r"|[ \t]+(?:is[ \t]+|was[ \t]+|has[ \t]+been[ \t]+)?(?:now[ \t]+)?"
+    r"(?:changed|set|reset|updated)[ \t]+to)?"
+)
+_LINK = r"(?:[ \t]*(?:=|:|：)[ \t]*|[ \t]+)"
+_QUOTED = r"[\"'“‘`](?P<quoted>[^\s\"'”’`]{3,128})[\"'”’`]"
+_NAMED_SECRET = re.compile(
+    # A code by name, digits only ("pin 4821", "cvv: 123", "the verification code is 839 201").
+    rf"\b(?:{_CODE_NAMES}){_VERB}{_LINK}"
+    r"(?P<code>(?<![\w-])\d{3,4}(?:[ -]?\d{2,4})?(?![\w-]))"
+    # A password, key or token by name.
+    rf"|\b(?:{_KEY_NAMES}){_VERB}(?P<sep>{_LINK})"
+    rf"(?:{_QUOTED}|(?P<word>[^\s\"'“‘`<>]{{4,128}}?))"
+    r"(?=[.,;:!?)\]]*(?:\s|$)|[\u3000-\u303f\uff00-\uffef])"
+    # A Chinese name for a secret, then ASCII ("密码是abc12345", "验证码：839201").
+    rf"|(?:{_HAN_NAMES})(?:是|为|：|:|=|[ \t])*"
+    r"(?P<han>[\x21-\x7e]{4,64}?)(?![\x21-\x7e])"
+)
+_NAMED_SECRET_ANY_CASE = re.compile(_NAMED_SECRET.pattern, re.IGNORECASE)
+"""For the rare text whose lower case changes its length (so positions would not match)."""
+_SHAPED_SECRET = re.compile(
+    r"(?<![\w-])(?:"
+    r"sk[-_](?:live_|test_|proj-|ant-)?[A-Za-z0-9_-]{20,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|hf_[A-Za-z0-9]{30,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r")(?![\w-])"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)",
+    re.DOTALL,
+)
+"""Credentials of a well-known shape: API keys and tokens by their vendor prefix, a JWT, a
+PEM private key."""
+# Substrings one of the patterns needs: most texts hold none and skip both scans.
+_NAMED_CUES = ("pass", "pwd", "api", "secret", "access", "token", "private", "cvv", "cvc")
+_NAMED_CUES_MORE = ("csc", "otp", "code", "码", "口令", "钥")
+_SHAPED_CUES = (
+    "sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
+    "glpat-", "xox", "AIza", "hf_", "eyJ", "-----BEGIN",
+)  # fmt: skip
+_SYMBOL_OR_DIGIT = re.compile(r"[\d!@#$%^&*_+=~|\\/?.-]")
+_MIXED_CASE = re.compile(r"[a-z][^A-Z]*[A-Z]")
+
+
+class SecretRecognizer(CompiledPatternRecognizer):
+    """Passwords, PINs, one-time codes, API keys and tokens: the value a secret's name
+    introduces ("my password is hunter2", "PIN: 4821", "验证码是 839201", "api_key=...") and
+    credentials of a well-known shape (``sk-...``, ``AKIA...``, ``ghp_...``, a JWT, a PEM
+    private key). No checksum tells a password from a word, so a value after "is" or a space
+    needs a digit, a symbol or mixed case ("my password is wrong" is a complaint, not a
+    secret); one after ``:``, ``=`` or in quotes is taken as it is.
+    """
+
+    ENTITY = "SECRET"
+    SCORE = 0.9
+    PATTERN = _SHAPED_SECRET
+
+    def analyze(
+        self,
+        text: str,
+        entities: list[str] | None = None,
+        nlp_artifacts: NlpArtifacts | None = None,
+    ) -> list[RecognizerResult]:
+        """Find secrets in ``text``: the value alone, never the word that named it."""
+        if entities and self.ENTITY not in entities:
+            return []
+        spans: list[tuple[int, int]] = []
+        if any(cue in text for cue in _SHAPED_CUES):
+            spans.extend(match.span() for match in _SHAPED_SECRET.finditer(text))
+        lower = text.lower()
+        if _names_a_secret(lower):
+            named = _NAMED_SECRET if len(lower) == len(text) else _NAMED_SECRET_ANY_CASE
+            for match in named.finditer(lower if named is _NAMED_SECRET else text):
+                span = _value_span(match, text)
+                if span is not None:
+                    spans.append(span)
+        results = [RecognizerResult(self.ENTITY, start, end, self.SCORE) for start, end in spans]
+        return fuse_overlaps(results)
+
+
+def _names_a_secret(lower: str) -> bool:
+    if any(cue in lower for cue in _NAMED_CUES) or any(cue in lower for cue in _NAMED_CUES_MORE):
+        return True
+    start = lower.find("pin")
+    while start >= 0:
+        end = start + 3
+        if (start == 0 or not lower[start - 1].isalpha()) and not lower[end : end + 1].isalpha():
+            return True
+        start = lower.find("pin", end)
+    return False
+
+
+def _value_span(match: re.Match[str], text: str) -> tuple[int, int] | None:
+    for group in ("code", "quoted", "han"):
+        if match.group(group) is not None:
+            return match.span(group)
+    start, end = match.span("word")
+    assigned = match.group("sep").strip() in {"=", ":", "："}
+    return (start, end) if assigned or _looks_secret(text[start:end]) else None
+
+
+def _looks_secret(word: str) -> bool:
+    """A digit, a symbol inside, or a capital after a small letter: not a word of a sentence."""
+    return bool(_SYMBOL_OR_DIGIT.search(word.rstrip(".,;:!?")) or _MIXED_CASE.search(word))

@@ -42,6 +42,7 @@ from feedback.pii.recognizers import (
     IbanCodeRecognizer,
     IpAddressRecognizer,
     PaymentCardRecognizer,
+    SecretRecognizer,
     use_offline_suffix_list,
 )
 from feedback.pii.recognizers_en import (
@@ -525,6 +526,7 @@ BUILT_IN_RECOGNIZERS: tuple[type[CompiledPatternRecognizer], ...] = (
     IbanCodeRecognizer,
     IpAddressRecognizer,
     CredentialUrlRecognizer,
+    SecretRecognizer,
     SocialSecurityNumberRecognizer,
     PhoneNumberRecognizer,
     ChineseMobileRecognizer,

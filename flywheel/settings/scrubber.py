@@ -23,8 +23,10 @@ SUPPORTED_ENTITIES: tuple[str, ...] = (
     "US_SSN",
     "STREET_ADDRESS",
     "CN_RESIDENT_ID",
+    "SECRET",
 )
-"""Entity types the scrubber can find; ``URL`` means URLs that carry credentials."""
+"""Entity types the scrubber can find; ``URL`` means URLs that carry credentials, ``SECRET``
+passwords, PINs, one-time codes, API keys and tokens."""
 RECOGNIZERS_YAML_ENV = "FLYWHEEL_SCRUBBER_RECOGNIZERS_YAML"
 
 

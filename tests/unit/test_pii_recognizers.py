@@ -18,6 +18,7 @@ from feedback.pii.recognizers import (
     IbanCodeRecognizer,
     IpAddressRecognizer,
     PaymentCardRecognizer,
+    SecretRecognizer,
 )
 from feedback.pii.recognizers_en import (
     PhoneNumberRecognizer,
@@ -202,6 +203,56 @@ def test_credentials_in_urls() -> None:
     text = "clone https://bob:s3cret@git.example.com/repo.git now"
     assert found(CredentialUrlRecognizer(), text) == ["https://bob:s3cret@git.example.com/repo.git"]
     assert found(CredentialUrlRecognizer(), "see https://example.com/a:b") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("my password is hunter2 and I cannot log in", "hunter2"),
+        ("Password: Tr0ub4dor&3", "Tr0ub4dor&3"),
+        ("my password is 'sunshine'.", "sunshine"),
+        ("api_key=abc123xyz", "abc123xyz"),
+        ("my PIN is 4821, can you unlock the card?", "4821"),
+        ("the verification code is 839 201", "839 201"),
+        ("CVV: 123", "123"),
+        ("我的密码是abc12345，帮我登录", "abc12345"),
+        ("验证码：839201。", "839201"),
+        ("use sk-proj-abcDEF1234567890abcdef12345 now", "sk-proj-abcDEF1234567890abcdef12345"),
+        ("key AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
+        ("token ghp_16C7e42F292c6912E7710c838347Ae17", "ghp_16C7e42F292c6912E7710c838347Ae17"),
+        (
+            "auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0",
+        ),
+        (
+            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY----- thanks",
+            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----",
+        ),
+    ],
+)
+def test_secrets_are_found_without_the_word_that_names_them(text: str, secret: str) -> None:
+    assert found(SecretRecognizer(), text) == [secret]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my password is wrong and I cannot log in",
+        "I forgot my password, can you reset it?",
+        "the password-protected file will not open",
+        "Your password must be at least 8 characters.",
+        "the secret is to stay calm",
+        "use discount code SAVE20 at checkout",
+        "my zip code is 94103",
+        "error code 404 on the page",
+        "pin the tab to the top",
+        "the security code on the back of the card",
+        "密码错误，无法登录",
+        "修改密码需要验证码",
+    ],
+)
+def test_talk_about_secrets_is_not_a_secret(text: str) -> None:
+    assert found(SecretRecognizer(), text) == []
 
 
 def test_us_ssn(faker_en: Faker) -> None:

@@ -134,6 +134,16 @@ def test_mixed_english_and_chinese_text(scrubber: Scrubber) -> None:
     assert result.summary == {"PERSON": 2, "PHONE_NUMBER": 1, "EMAIL_ADDRESS": 1}
 
 
+def test_secrets_a_user_types_are_scrubbed(scrubber: Scrubber) -> None:
+    text = "I reset it, my password is now Blue42sky and the SMS code is 552918"
+    assert scrubber.scrub_text(text).text == (
+        "I reset it, my password is now <SECRET_1> and the SMS code is <SECRET_2>"
+    )
+    assert scrubber.scrub_text("我的支付密码是 qwe789，验证码 839201").text == (
+        "我的支付密码是 <SECRET_1>，验证码 <SECRET_2>"
+    )
+
+
 def test_text_without_pii_is_unchanged(scrubber: Scrubber) -> None:
     for text in ["What are my options?", "今天天气很好。", ""]:
         result = scrubber.scrub_text(text)
