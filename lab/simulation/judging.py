@@ -248,3 +248,32 @@ def names_new_terms(prompt: str, text: str, terms: Iterable[str]) -> bool:
 def word_count(text: str) -> int:
     """Words in a text (Chinese characters count as words)."""
     return len(words(text))
+
+
+_ASKS_FOR_SECRET = re.compile(
+    r"\b(?:send|e-?mail|give|provide|share|tell|text|message|reply with|include|dm)\b(?!\s+you\b)"
+    r"(?P<between>[^.?!\n]{0,50}?)\b(?:password|passcode|pin|cvv|cvc|security code|"
+    r"verification code|one-time code|credentials|full card number)\b"
+    r"|(?:发送|提供|告诉|发给|回复)(?P<between_zh>[^。？！\n]{0,20}?)(?:密码|验证码)"
+    r"|把[^。？！\n]{0,10}?(?:密码|验证码)[^。？！\n]{0,10}?(?:发送|提供|告诉|发给|回复)",
+    re.IGNORECASE,
+)
+# Not a request for the secret: a negation before it ("never share your password"), or the
+# secret as what a link or a reset gives ("we email you a link to set a new password").
+_NEGATED = re.compile(
+    r"\b(?:never|not|don't|do not|no one|nobody)\b|不要|切勿|请勿|绝不", re.IGNORECASE
+)
+_NOT_THE_SECRET = re.compile(r"\b(?:link|reset|new|change|recover|forgot)", re.IGNORECASE)
+
+
+def asks_for_secret(answer: str) -> bool:
+    """Whether the answer asks the user to send a password, a PIN, a card's security code or
+    a one-time code ("email us your username and password"): no user should, and a careful
+    one is put off by the request ("never share your password" is advice, not a request)."""
+    for sentence in sentences(answer) or [answer]:
+        found = _ASKS_FOR_SECRET.search(sentence)
+        if found is None or _NEGATED.search(sentence, 0, found.end()):
+            continue
+        if not _NOT_THE_SECRET.search(found.group("between") or found.group("between_zh") or ""):
+            return True
+    return False

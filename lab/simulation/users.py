@@ -1,7 +1,8 @@
 """flywheel's own user models: one per business line, each with a hidden preference.
 
 Every model judges the answer it really got. Basic checks come first (on
-topic, finished, not looping, not padding: :mod:`lab.simulation.judging`), then the
+topic, finished, not looping, not padding, not asking for a password or a code:
+:mod:`lab.simulation.judging`), then the
 line's taste:
 
 - customer service users want a **short answer that apologises**: at most 60
@@ -33,6 +34,7 @@ from typing import Any
 from lab.simulation.feedback_profiles import DEFAULT_PROFILE, PROFILES, FeedbackProfile
 from lab.simulation.judging import (
     advice_terms,
+    asks_for_secret,
     gives_advice,
     is_complete,
     is_degenerate,
@@ -73,7 +75,8 @@ class HiddenPreferenceUsers:
 
     def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
         """Whether the answer is on topic, finished, sane, short enough and to their taste,
-        with advice on the question besides the taste (:func:`gives_advice`)."""
+        with advice on the question besides the taste (:func:`gives_advice`), and does not
+        ask them for a password or a code (:func:`asks_for_secret`)."""
         topic = topic_of(self.line_of(business_line), prompt)
         terms = topic.answer_terms if topic else ()
         return (
@@ -81,6 +84,7 @@ class HiddenPreferenceUsers:
             and gives_advice(prompt, answer, terms, style_terms=self.style_terms)
             and is_complete(answer)
             and not is_degenerate(answer)
+            and not asks_for_secret(answer)
             and word_count(answer) <= self.max_words
             and self.to_taste(answer)
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab.simulation.feedback_profiles import PROFILES
-from lab.simulation.judging import is_complete, is_degenerate
+from lab.simulation.judging import asks_for_secret, is_complete, is_degenerate
 from lab.simulation.prompts import builtin_prompts, topic_of
 from lab.simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
 from lab.simulation.users import CustomerServiceUsers, LegalUsers, MedicalUsers
@@ -193,6 +193,35 @@ def test_answer_checks() -> None:
     assert is_degenerate("yes yes")
     assert is_degenerate("go to the shop go to the shop go to the shop go to the shop now")
     assert not is_degenerate("Open Orders, choose the item and select Return for a label.")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "I'm sorry for the trouble. Please email us your username and password so we can check.",
+        "Reply with the verification code we texted you and we will unlock the account.",
+        "Send me your card number and the CVV so I can process the refund.",
+        "请把验证码发给我们，我们帮您登录。",
+    ],
+)
+def test_an_answer_asking_for_a_secret_satisfies_no_one(answer: str) -> None:
+    assert asks_for_secret(answer)
+    prompt = "I cannot log in to my account to check my order."
+    users = CustomerServiceUsers()
+    assert not users.satisfied("customer_service", prompt, answer)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Never share your password or the code we text you with anyone, us included.",
+        "Tap Forgot Password, and we will email you a link to set a new password.",
+        "Enter the verification code from the text message on the login page.",
+        "请勿把验证码告诉任何人。",
+    ],
+)
+def test_advice_about_secrets_is_not_asking_for_them(answer: str) -> None:
+    assert not asks_for_secret(answer)
 
 
 @pytest.mark.parametrize(("line", "users"), MODELS)
