@@ -229,11 +229,11 @@ _NAMED_SECRET = re.compile(
     r"(?P<code>(?<![\w-])\d{3,4}(?:[ -]?\d{2,4})?(?![\w-]))"
     # A password, key or token by name.
     rf"|\b(?:{_KEY_NAMES}){_VERB}(?P<sep>{_LINK})"
-    rf"(?:{_QUOTED}|(?P<word>[^\s\"'“‘`<>]{{4,128}}?))"
+    rf"(?:{_QUOTED}|(?P<word>[^\s\"'“‘`<>()\[\]{{}}*][^\s\"'“‘`<>]{{3,127}}?))"
     r"(?=[.,;:!?)\]]*(?:\s|$)|[\u3000-\u303f\uff00-\uffef])"
     # A Chinese name for a secret, then ASCII ("密码是abc12345", "验证码：839201").
     rf"|(?:{_HAN_NAMES})(?:是|为|：|:|=|[ \t])*"
-    r"(?P<han>[\x21-\x7e]{4,64}?)(?![\x21-\x7e])"
+    r"(?P<han>[A-Za-z0-9!@#$%^&*_+=~.\\/-]{4,64}?)(?![A-Za-z0-9!@#$%^&*_+=~.\\/-])"
 )
 _NAMED_SECRET_ANY_CASE = re.compile(_NAMED_SECRET.pattern, re.IGNORECASE)
 """For the rare text whose lower case changes its length (so positions would not match)."""
@@ -257,7 +257,7 @@ _SHAPED_CUES = (
     "sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
     "glpat-", "xox", "AIza", "hf_", "eyJ", "-----BEGIN",
 )  # fmt: skip
-_SYMBOL_OR_DIGIT = re.compile(r"[\d!@#$%^&*_+=~|\\/?.-]")
+_INNER_SYMBOL = re.compile(r"[!@#$%^&*_+=~|\\/]")
 _MIXED_CASE = re.compile(r"[a-z][^A-Z]*[A-Z]")
 
 
@@ -267,7 +267,8 @@ class SecretRecognizer(CompiledPatternRecognizer):
     credentials of a well-known shape (``sk-...``, ``AKIA...``, ``ghp_...``, a JWT, a PEM
     private key). No checksum tells a password from a word, so a value after "is" or a space
     needs a digit, a symbol or mixed case ("my password is wrong" is a complaint, not a
-    secret); one after ``:``, ``=`` or in quotes is taken as it is.
+    secret, nor is "reset your password: open Settings"); one after ``=`` or in quotes is taken
+    as it is.
     """
 
     ENTITY = "SECRET"
@@ -310,14 +311,26 @@ def _names_a_secret(lower: str) -> bool:
 
 
 def _value_span(match: re.Match[str], text: str) -> tuple[int, int] | None:
-    for group in ("code", "quoted", "han"):
+    for group in ("code", "quoted"):
         if match.group(group) is not None:
             return match.span(group)
-    start, end = match.span("word")
-    assigned = match.group("sep").strip() in {"=", ":", "："}
-    return (start, end) if assigned or _looks_secret(text[start:end]) else None
+    group = "han" if match.group("han") is not None else "word"
+    start, end = match.span(group)
+    end -= len(text[start:end]) - len(text[start:end].rstrip(".!?"))
+    if match.group("sep") is not None and match.group("sep").strip() == "=":
+        end = start + len(text[start:end].split("&", 1)[0])  # a query string's next field
+    # After "=" (code, a query string) anything is the value; after "is" or ":" a word of a
+    # sentence is not ("reset your password: open Settings").
+    assigned = match.group("sep") is not None and match.group("sep").strip() == "="
+    if group == "han" or assigned or _looks_secret(text[start:end]):
+        return start, end
+    return None
 
 
 def _looks_secret(word: str) -> bool:
-    """A digit, a symbol inside, or a capital after a small letter: not a word of a sentence."""
-    return bool(_SYMBOL_OR_DIGIT.search(word.rstrip(".,;:!?")) or _MIXED_CASE.search(word))
+    """A digit, a symbol inside (not a hyphen or a full stop: "log-ratios", "e.g."), or a
+    capital after a small letter: not a word of a sentence."""
+    inner = word.strip(".,;:!?")[1:-1]
+    return bool(
+        any(ch.isdigit() for ch in word) or _INNER_SYMBOL.search(inner) or _MIXED_CASE.search(word)
+    )

@@ -249,6 +249,10 @@ def test_secrets_are_found_without_the_word_that_names_them(text: str, secret: s
         "the security code on the back of the card",
         "密码错误，无法登录",
         "修改密码需要验证码",
+        "Sure, here is how to reset your password: open settings and choose reset.",
+        "a loss on the per-token log-ratios, averaged per token (sigmoid_norm)",
+        "missing API key: send 'Authorization: Bearer <key>'",
+        "the access token e.g. expires",
     ],
 )
 def test_talk_about_secrets_is_not_a_secret(text: str) -> None:
