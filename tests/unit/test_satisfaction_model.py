@@ -450,3 +450,29 @@ def test_the_judge_never_learns_from_the_reviews_that_rectify_it() -> None:
         ],
     }  # fmt: skip
     assert [a.answer for a in labelled_answers(rows)] == ["C"]
+
+
+def test_silent_answers_are_labelled_only_for_a_recipe_that_trains_on_the_labels() -> None:
+    from composition.recipes import Recipe, load_recipe
+    from composition.satisfaction import unused_model_labels
+
+    on = SatisfactionModelPolicy(enabled=True, pseudo_labels=True)
+    sft = Recipe(business_line="legal", method="sft", max_steps=2, satisfaction_model=on)
+    reason = unused_model_labels(sft)
+    assert reason is not None
+    assert "sft" in reason
+    assert "label_positives" in reason
+    assert unused_model_labels(
+        Recipe(business_line="legal", method="dpo", max_steps=2, satisfaction_model=on)
+    )
+    positives = on.model_copy(update={"label_positives": True})
+    best_of = on.model_copy(update={"best_of_n": 4})
+    assert unused_model_labels(sft.model_copy(update={"satisfaction_model": positives})) is None
+    assert unused_model_labels(sft.model_copy(update={"satisfaction_model": best_of})) is None
+    assert unused_model_labels(sft.model_copy(update={"method": "kto"})) is None
+    dpo = Recipe(
+        business_line="legal", method="dpo", max_steps=2, kto_below_pairs=50, satisfaction_model=on
+    )
+    assert unused_model_labels(dpo) is None
+    # The production recipes train SFT on users' positives: their model labels would go unused.
+    assert unused_model_labels(load_recipe("medical", Path("recipes"))) is not None
