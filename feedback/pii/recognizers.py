@@ -45,7 +45,8 @@ class CompiledPatternRecognizer(EntityRecognizer):
     """One compiled pattern, an optional check on each match, and a fixed score.
 
     Subclasses set ``ENTITY``, ``PATTERN`` and ``SCORE`` and may override
-    :meth:`score_match` to validate a match (return ``None`` to drop it).
+    :meth:`score_match` to validate a match (return ``None`` to drop it), or :meth:`matches`
+    when one pattern cannot say the entity.
     ``PREFILTER``, when set, is a cheap pattern every match contains (a digit,
     an ``@``): a text without it is not scanned with the full pattern.
     """
@@ -82,6 +83,11 @@ class CompiledPatternRecognizer(EntityRecognizer):
             return []
         if self.PREFILTER is not None and self.PREFILTER.search(text) is None:
             return []
+        return self.matches(text)
+
+    def matches(self, text: str) -> list[RecognizerResult]:
+        """The entity's spans in ``text``: each match of ``PATTERN`` that :meth:`score_match`
+        keeps (a subclass whose entity one pattern cannot say overrides this)."""
         results = []
         for match in self.PATTERN.finditer(text):
             score = self.score_match(match, text)
@@ -275,15 +281,8 @@ class SecretRecognizer(CompiledPatternRecognizer):
     SCORE = 0.9
     PATTERN = _SHAPED_SECRET
 
-    def analyze(
-        self,
-        text: str,
-        entities: list[str] | None = None,
-        nlp_artifacts: NlpArtifacts | None = None,
-    ) -> list[RecognizerResult]:
-        """Find secrets in ``text``: the value alone, never the word that named it."""
-        if entities and self.ENTITY not in entities:
-            return []
+    def matches(self, text: str) -> list[RecognizerResult]:
+        """Secrets in ``text``: the value alone, never the word that named it."""
         spans: list[tuple[int, int]] = []
         if any(cue in text for cue in _SHAPED_CUES):
             spans.extend(match.span() for match in _SHAPED_SECRET.finditer(text))
