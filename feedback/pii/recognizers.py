@@ -257,8 +257,10 @@ _SHAPED_SECRET = re.compile(
 """Credentials of a well-known shape: API keys and tokens by their vendor prefix, a JWT, a
 PEM private key."""
 # Substrings one of the patterns needs: most texts hold none and skip both scans.
-_NAMED_CUES = ("pass", "pwd", "api", "secret", "access", "token", "private", "cvv", "cvc")
-_NAMED_CUES_MORE = ("csc", "otp", "code", "码", "口令", "钥")
+_NAMED_CUES = (
+    "pass", "pwd", "api", "secret", "access", "token", "private", "cvv", "cvc", "csc", "otp",
+    "code", "码", "口令", "钥",
+)  # fmt: skip
 _SHAPED_CUES = (
     "sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
     "glpat-", "xox", "AIza", "hf_", "eyJ", "-----BEGIN",
@@ -298,7 +300,7 @@ class SecretRecognizer(CompiledPatternRecognizer):
 
 
 def _names_a_secret(lower: str) -> bool:
-    if any(cue in lower for cue in _NAMED_CUES) or any(cue in lower for cue in _NAMED_CUES_MORE):
+    if any(cue in lower for cue in _NAMED_CUES):
         return True
     start = lower.find("pin")
     while start >= 0:
@@ -315,14 +317,14 @@ def _value_span(match: re.Match[str], text: str) -> tuple[int, int] | None:
             return match.span(group)
     group = "han" if match.group("han") is not None else "word"
     start, end = match.span(group)
-    end -= len(text[start:end]) - len(text[start:end].rstrip(".!?"))
-    if match.group("sep") is not None and match.group("sep").strip() == "=":
-        end = start + len(text[start:end].split("&", 1)[0])  # a query string's next field
-    # After "=" (code, a query string) anything is the value; after "is" or ":" a word of a
-    # sentence is not ("reset your password: open Settings").
-    assigned = match.group("sep") is not None and match.group("sep").strip() == "="
-    if group == "han" or assigned or _looks_secret(text[start:end]):
-        return start, end
+    value = text[start:end].rstrip(".!?")
+    # After "=" (code, a query string) anything is the value, up to a query string's next
+    # field; after "is" or ":" a word of a sentence is not ("reset your password: open Settings").
+    assigned = (match.group("sep") or "").strip() == "="
+    if assigned:
+        value = value.split("&", 1)[0]
+    if group == "han" or assigned or _looks_secret(value):
+        return start, start + len(value)
     return None
 
 

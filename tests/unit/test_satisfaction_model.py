@@ -453,7 +453,7 @@ def test_the_judge_never_learns_from_the_reviews_that_rectify_it() -> None:
 
 
 def test_silent_answers_are_labelled_only_for_a_recipe_that_trains_on_the_labels() -> None:
-    from composition.recipes import Recipe, load_recipe
+    from composition.recipes import Recipe, load_recipe, packaged_recipes_dir
     from composition.satisfaction import unused_model_labels
 
     on = SatisfactionModelPolicy(enabled=True, pseudo_labels=True)
@@ -475,4 +475,4 @@ def test_silent_answers_are_labelled_only_for_a_recipe_that_trains_on_the_labels
     )
     assert unused_model_labels(dpo) is None
     # The production recipes train SFT on users' positives: their model labels would go unused.
-    assert unused_model_labels(load_recipe("medical", Path("recipes"))) is not None
+    assert unused_model_labels(load_recipe("medical", packaged_recipes_dir())) is not None
