@@ -7,6 +7,7 @@ policies that judge its candidates; :mod:`training.train` maps it onto trl's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -57,7 +58,14 @@ class TrainingConfig(BaseModel):
     )
     lora: LoraShape = Field(default_factory=LoraShape)
     learning_rate: float = Field(default=2e-4, gt=0, le=1)
-    epochs: float | None = Field(default=None, gt=0, le=100)
+    epochs: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="Passes over the training rows (after weighting). With max_steps too, "
+        "this many passes at most max_steps steps: a quiet night's few examples are not "
+        "passed over ten times to fill a fixed step count.",
+    )
     max_steps: int | None = Field(default=None, ge=1, le=1_000_000)
     batch_size: int = Field(default=4, ge=1, le=1024)
     gradient_accumulation: int = Field(default=1, ge=1, le=1024)
@@ -130,9 +138,22 @@ class TrainingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_schedule(self) -> TrainingConfig:
-        if (self.epochs is None) == (self.max_steps is None):
-            raise ValueError("set exactly one of 'epochs' and 'max_steps'")
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set 'epochs', 'max_steps' or both (epochs capped at max_steps)")
         return self
+
+
+def training_steps(recipe: TrainingConfig, rows: int) -> int | None:
+    """The optimizer steps a training of ``rows`` weighted rows takes under ``recipe``: its
+    ``max_steps``, or with ``epochs`` too, that many passes over the rows if fewer; ``None``
+    when only ``epochs`` is set (the trainer counts the passes itself)."""
+    if recipe.max_steps is None:
+        return None
+    if recipe.epochs is None:
+        return recipe.max_steps
+    batches = math.ceil(max(rows, 1) / recipe.batch_size)
+    per_pass = batches / recipe.gradient_accumulation
+    return max(1, min(recipe.max_steps, math.ceil(recipe.epochs * per_pass)))
 
 
 def training_method(

@@ -28,7 +28,7 @@ from flywheel.hardware import (
     uses_gradient_checkpointing,
 )
 from training.base_model import base_fingerprint, write_base_record
-from training.config import TrainingConfig
+from training.config import TrainingConfig, training_steps
 from training.rows import TrainingRow, training_rows, weighted_rows
 
 logger = logging.getLogger(__name__)
@@ -86,12 +86,11 @@ def trainer_options(
     training rows after weighting; ``continues``: an adapter is continued, not started."""
     numbers = number_format(recipe.precision, accelerator)
     checkpointing = uses_gradient_checkpointing(recipe.gradient_checkpointing, accelerator)
+    steps = training_steps(recipe, rows)
     schedule: dict[str, Any] = (
-        {"max_steps": recipe.max_steps}
-        if recipe.max_steps is not None
-        else {"num_train_epochs": recipe.epochs}
+        {"max_steps": steps} if steps is not None else {"num_train_epochs": recipe.epochs}
     )
-    steps_hint = recipe.max_steps or max(1, rows // recipe.batch_size)
+    steps_hint = steps or max(1, rows // recipe.batch_size)
     return {
         "output_dir": str(output_dir),
         "per_device_train_batch_size": recipe.batch_size,

@@ -15,7 +15,7 @@ import pytest
 from composition.recipes import read_recipe
 from flywheel.errors import FlywheelError, UsageError
 from flywheel.hardware import Accelerator
-from training.config import TrainingConfig
+from training.config import TrainingConfig, training_steps
 from training.train import train_adapter, trainer_options
 
 CPU = Accelerator()
@@ -67,6 +67,33 @@ def test_a_recipe_sets_the_hardware_fields(tmp_path: Path, line: str, expected: 
 def test_a_bad_value_is_refused_naming_the_field(tmp_path: Path, line: str, named: str) -> None:
     with pytest.raises(FlywheelError, match=rf"{named}"):
         read_recipe(write_recipe(tmp_path, line))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "rows", "steps"),
+    [
+        ({"max_steps": 48}, 40, 48),
+        ({"epochs": 1}, 40, None),
+        # Two passes over 40 rows in batches of 4: 20 steps, under the cap.
+        ({"epochs": 2, "max_steps": 48}, 40, 20),
+        ({"epochs": 2, "max_steps": 48}, 41, 22),
+        ({"epochs": 2, "max_steps": 48}, 400, 48),
+        ({"epochs": 2, "max_steps": 48, "gradient_accumulation": 2}, 40, 10),
+        ({"epochs": 0.1, "max_steps": 48}, 1, 1),
+    ],
+)
+def test_passes_are_capped_at_max_steps(schedule: dict[str, Any], rows: int, steps: int) -> None:
+    """With both set, a small night's set is passed over ``epochs`` times, not ``max_steps``
+    steps' worth; a large one stops at ``max_steps``."""
+    recipe = TrainingConfig.model_validate({"method": "sft", **schedule})
+    assert training_steps(recipe, rows) == steps
+    options = trainer_options(recipe, CPU, output_dir=Path("/runs/x"), rows=rows)
+    if steps is None:
+        assert options["num_train_epochs"] == 1
+        assert "max_steps" not in options
+    else:
+        assert options["max_steps"] == steps
+        assert "num_train_epochs" not in options
 
 
 def test_on_a_gpu_with_bfloat16_a_training_runs_in_bfloat16_with_checkpointing() -> None:
