@@ -1,0 +1,113 @@
+"""How many steps a quiet night's set takes: one night's SFT set trained from the base model for
+several step counts, each adapter judged on what the gate bounds (its general-set loss against
+the base model's) and on what users want (fresh prompts judged by the simulated users).
+
+    FLYWHEEL_HOME=<a loop's home> .venv/bin/python lab/bench/night_steps_bench.py \\
+        --line medical [--dataset HASH] [--steps 10,24,48] [--prompts 100] [--seeds 0]
+
+Reads the line's dataset (the oldest: a first night's, unless ``--dataset``) and its demo
+recipe, trains the recipe's adapter once per step count (the recipe's learning rate and
+schedule, the step count fixed), then answers the fresh prompts of ``flywheel loop``'s final
+comparison with the base model and each adapter (greedy) and prints, per step count, the passes
+over the weighted rows, the general-set loss against the base's (the gate's drift) and the
+satisfied share against the base's, all measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+
+def general_loss(base_dir: Path, adapter: Path | None) -> float:
+    """The base model's (with ``adapter`` when given) loss on the gate's general set."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eval.offline import general_set_loss
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    return general_set_loss(model, tokenizer, name="adapter" if adapter else "base")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train one adapter per step count and seed, score, answer, judge, print."""
+    from composition.recipes import load_recipe, packaged_recipes_dir
+    from feedback.datasets import line_builds
+    from flywheel.settings import load_settings
+    from lab.bench.positive_noise_bench import answers, sft_rows
+    from lab.simulation.protocol import load_users
+    from training.base_model import ensure_base_model
+    from training.rows import weighted_rows
+    from training.train import train_adapter
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--line", default="medical")
+    parser.add_argument("--dataset", help="a dataset hash (prefix); the oldest by default")
+    parser.add_argument("--steps", default="10,24,48", help="step counts, comma-separated")
+    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--users", default="lab.simulation.users:BuiltinUsers")
+    args = parser.parse_args(argv)
+    settings = load_settings()
+    builds = sorted(
+        line_builds(settings.datasets_dir, args.line), key=lambda b: b.manifest["created_at"]
+    )
+    if args.dataset:
+        builds = [b for b in builds if b.content_hash.startswith(args.dataset)]
+    if not builds:
+        print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
+        return 2
+    dataset = builds[0].path
+    recipe = load_recipe(args.line, packaged_recipes_dir() / "demo")
+    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
+    users = load_users(args.users)
+    prompts = users.prompts(args.line, args.prompts, 999_983)
+
+    def satisfied(texts: list[str]) -> float:
+        met = [users.satisfied(args.line, p, a) for p, a in zip(prompts, texts, strict=True)]
+        return sum(met) / len(met)
+
+    rows = sft_rows(dataset, None)
+    weighted = len(weighted_rows(rows, recipe.copies_per_weight, recipe.seed))
+    per_pass = weighted / (recipe.batch_size * recipe.gradient_accumulation)
+    base_loss = general_loss(base_dir, None)
+    base = satisfied(answers(base_dir, None, prompts, args.tokens))
+    print(
+        f"dataset {dataset.name}: {len(rows)} SFT targets, {weighted} weighted rows "
+        f"({per_pass:.1f} steps a pass); base model: general-set loss {base_loss:.3f}, "
+        f"satisfied {base:.3f} of {len(prompts)} fresh prompts"
+    )
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for steps in (int(s) for s in args.steps.split(",")):
+            fixed = recipe.model_copy(update={"seed": seed, "epochs": None, "max_steps": steps})
+            with tempfile.TemporaryDirectory() as out:
+                result = train_adapter(
+                    fixed, base_model_dir=base_dir, rows=rows, output_dir=Path(out)
+                )
+                loss = general_loss(base_dir, result.adapter_dir)
+                share = satisfied(answers(base_dir, result.adapter_dir, prompts, args.tokens))
+            print(
+                f"seed {seed}, {steps} steps ({steps / per_pass:.1f} passes, "
+                f"{result.seconds:.0f} s): general-set loss {loss:.3f} "
+                f"({loss / base_loss - 1:+.1%} over the base), satisfied {share:.3f} "
+                f"({share - base:+.3f} over the base)",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
