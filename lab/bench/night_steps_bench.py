@@ -44,9 +44,8 @@ def general_loss(base_dir: Path, adapter: Path | None) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     """Train one adapter per step count and seed, score, answer, judge, print."""
     from composition.recipes import load_recipe, packaged_recipes_dir
-    from feedback.datasets import line_builds
     from flywheel.settings import load_settings
-    from lab.bench.positive_noise_bench import answers, sft_rows
+    from lab.bench.positive_noise_bench import answers, night_dataset, sft_rows
     from lab.simulation.protocol import load_users
     from training.base_model import ensure_base_model
     from training.rows import weighted_rows
@@ -62,15 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--users", default="lab.simulation.users:BuiltinUsers")
     args = parser.parse_args(argv)
     settings = load_settings()
-    builds = sorted(
-        line_builds(settings.datasets_dir, args.line), key=lambda b: b.manifest["created_at"]
-    )
-    if args.dataset:
-        builds = [b for b in builds if b.content_hash.startswith(args.dataset)]
-    if not builds:
+    dataset = night_dataset(settings.datasets_dir, args.line, args.dataset)
+    if dataset is None:
         print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
         return 2
-    dataset = builds[0].path
     recipe = load_recipe(args.line, packaged_recipes_dir() / "demo")
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     users = load_users(args.users)

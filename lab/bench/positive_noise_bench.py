@@ -27,6 +27,17 @@ sys.path.insert(0, str(REPO))
 EDIT_RULES = frozenset({"edit"})
 
 
+def night_dataset(datasets_dir: Path, line: str, prefix: str | None) -> Path | None:
+    """The line's dataset whose hash starts with ``prefix``, else its oldest (a first
+    night's); ``None`` when there is none."""
+    from feedback.datasets import line_builds
+
+    builds = sorted(line_builds(datasets_dir, line), key=lambda b: b.manifest["created_at"])
+    if prefix:
+        builds = [b for b in builds if b.content_hash.startswith(prefix)]
+    return builds[0].path if builds else None
+
+
 def sft_rows(dataset: Path, keep: frozenset[str] | None) -> list[Any]:
     """The dataset's SFT training rows, only those whose rule is in ``keep`` when given."""
     import pyarrow.parquet as pq
@@ -75,7 +86,6 @@ def answers(base_dir: Path, adapter: Path | None, prompts: Sequence[str], tokens
 def main(argv: Sequence[str] | None = None) -> int:
     """Train both adapters per seed, answer, judge, print."""
     from composition.recipes import load_recipe, packaged_recipes_dir
-    from feedback.datasets import line_builds
     from flywheel.settings import load_settings
     from lab.simulation.protocol import load_users
     from training.base_model import ensure_base_model
@@ -91,15 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=3, help="answers printed per arm")
     args = parser.parse_args(argv)
     settings = load_settings()
-    builds = sorted(
-        line_builds(settings.datasets_dir, args.line), key=lambda b: b.manifest["created_at"]
-    )
-    if args.dataset:
-        builds = [b for b in builds if b.content_hash.startswith(args.dataset)]
-    if not builds:
+    dataset = night_dataset(settings.datasets_dir, args.line, args.dataset)
+    if dataset is None:
         print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
         return 2
-    dataset = builds[0].path
     recipe = load_recipe(args.line, packaged_recipes_dir() / "demo")
     base_dir = ensure_base_model(settings.models_dir, settings.base_model)
     users = load_users(args.users)
