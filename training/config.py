@@ -63,8 +63,7 @@ class TrainingConfig(BaseModel):
         gt=0,
         le=100,
         description="Passes over the training rows (after weighting). With max_steps too, "
-        "this many passes at most max_steps steps: a quiet night's few examples are not "
-        "passed over ten times to fill a fixed step count.",
+        "this many passes, at most max_steps steps (a large window's night stays bounded).",
     )
     max_steps: int | None = Field(default=None, ge=1, le=1_000_000)
     batch_size: int = Field(default=4, ge=1, le=1024)
