@@ -249,7 +249,7 @@ class Scrubber:
         Overlaps are fused (not resolved to one winner) so that no piece of a
         value survives. The fused span takes the type of the part that holds
         the other (a street named after a person is still an address), else
-        of its strongest part.
+        of its strongest part (two types of one span: the stronger).
         """
         kept = sorted(
             (
@@ -266,7 +266,9 @@ class Scrubber:
             if merged and result.start < merged[-1].end:
                 last = merged[-1]
                 best = max((last, result), key=lambda r: (r.score, r.end - r.start, r.entity_type))
-                if last.start <= result.start and result.end <= last.end:
+                if (last.start, last.end) == (result.start, result.end):
+                    pass  # one span, two types: the stronger, whichever came first
+                elif last.start <= result.start and result.end <= last.end:
                     best = last
                 elif result.start <= last.start and last.end <= result.end:
                     best = result

@@ -18,6 +18,7 @@ from feedback.pii import (
     scrub_records,
     scrub_text,
 )
+from feedback.pii.checksums import cn_resident_id_valid, luhn_valid
 from feedback.pii.scrubber import PlaceholderBook, Scrubber
 
 PLACEHOLDER = re.compile(r"<([A-Z_]+)_(\d+)>")
@@ -123,6 +124,19 @@ def test_chinese_text(scrubber: Scrubber) -> None:
         "我叫<PERSON_1>，手机<PHONE_NUMBER_1>，身份证<CN_RESIDENT_ID_1>，住在<STREET_ADDRESS_1>。"
     )
     assert result.language is TextLanguage.ZH
+
+
+def test_resident_ids_that_pass_luhn_are_resident_ids(scrubber: Scrubber) -> None:
+    """One ID in ten passes the card check by chance; the ID's own check decides its type."""
+    fake = Faker("zh_CN")
+    fake.seed_instance(7)
+    both = [n for n in (fake.ssn() for _ in range(200)) if luhn_valid(n)]
+    assert len(both) >= 5
+    for number in ["450100196805127786", *both[:5]]:
+        assert luhn_valid(number)
+        assert cn_resident_id_valid(number)
+        result = scrubber.scrub_text(f"身份证号码是{number}。")
+        assert result.text == "身份证号码是<CN_RESIDENT_ID_1>。"
 
 
 def test_mixed_english_and_chinese_text(scrubber: Scrubber) -> None:
