@@ -43,32 +43,25 @@ def general_loss(base_dir: Path, adapter: Path | None) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train one adapter per step count and seed, score, answer, judge, print."""
-    from composition.recipes import load_recipe, packaged_recipes_dir
-    from flywheel.settings import load_settings
-    from lab.bench.positive_noise_bench import answers, night_dataset, sft_rows
-    from lab.simulation.protocol import load_users
-    from training.base_model import ensure_base_model
+    from lab.bench.positive_noise_bench import (
+        add_night_arguments,
+        answers,
+        load_night_set,
+        sft_rows,
+    )
     from training.rows import weighted_rows
     from training.train import train_adapter
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--line", default="medical")
-    parser.add_argument("--dataset", help="a dataset hash (prefix); the oldest by default")
+    add_night_arguments(parser, "medical")
     parser.add_argument("--steps", default="10,24,48", help="step counts, comma-separated")
-    parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
-    parser.add_argument("--users", default="lab.simulation.users:BuiltinUsers")
     args = parser.parse_args(argv)
-    settings = load_settings()
-    dataset = night_dataset(settings.datasets_dir, args.line, args.dataset)
-    if dataset is None:
-        print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
+    night = load_night_set(args)
+    if night is None:
         return 2
-    recipe = load_recipe(args.line, packaged_recipes_dir() / "demo")
-    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-    users = load_users(args.users)
-    prompts = users.prompts(args.line, args.prompts, 999_983)
+    dataset, recipe, base_dir, users, prompts = (
+        night.dataset, night.recipe, night.base_dir, night.users, night.prompts,
+    )  # fmt: skip
 
     def satisfied(texts: list[str]) -> float:
         met = [users.satisfied(args.line, p, a) for p, a in zip(prompts, texts, strict=True)]

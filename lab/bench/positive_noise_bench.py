@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,51 @@ def night_dataset(datasets_dir: Path, line: str, prefix: str | None) -> Path | N
     if prefix:
         builds = [b for b in builds if b.content_hash.startswith(prefix)]
     return builds[0].path if builds else None
+
+
+def add_night_arguments(parser: argparse.ArgumentParser, line: str) -> None:
+    """The options every bench of one night's set takes (``line`` the default line)."""
+    parser.add_argument("--line", default=line)
+    parser.add_argument("--dataset", help="a dataset hash (prefix); the oldest by default")
+    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--users", default="lab.simulation.users:BuiltinUsers")
+
+
+@dataclass(frozen=True)
+class NightSet:
+    """One night's dataset with what a bench trains and judges it with."""
+
+    dataset: Path
+    recipe: Any
+    base_dir: Path
+    users: Any
+    prompts: list[str]
+
+
+def load_night_set(args: argparse.Namespace) -> NightSet | None:
+    """The dataset, demo recipe, base model, users and fresh prompts ``args`` name (the
+    prompts of ``flywheel loop``'s final comparison); ``None`` when the line has no
+    dataset, said on stderr."""
+    from composition.recipes import load_recipe, packaged_recipes_dir
+    from flywheel.settings import load_settings
+    from lab.simulation.protocol import load_users
+    from training.base_model import ensure_base_model
+
+    settings = load_settings()
+    dataset = night_dataset(settings.datasets_dir, args.line, args.dataset)
+    if dataset is None:
+        print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
+        return None
+    users = load_users(args.users)
+    return NightSet(
+        dataset=dataset,
+        recipe=load_recipe(args.line, packaged_recipes_dir() / "demo"),
+        base_dir=ensure_base_model(settings.models_dir, settings.base_model),
+        users=users,
+        prompts=users.prompts(args.line, args.prompts, 999_983),
+    )
 
 
 def sft_rows(dataset: Path, keep: frozenset[str] | None) -> list[Any]:
@@ -85,30 +131,18 @@ def answers(base_dir: Path, adapter: Path | None, prompts: Sequence[str], tokens
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train both adapters per seed, answer, judge, print."""
-    from composition.recipes import load_recipe, packaged_recipes_dir
-    from flywheel.settings import load_settings
-    from lab.simulation.protocol import load_users
-    from training.base_model import ensure_base_model
     from training.train import train_adapter
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--line", default="customer_service")
-    parser.add_argument("--dataset", help="a dataset hash (prefix); the oldest by default")
-    parser.add_argument("--prompts", type=int, default=100)
-    parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
-    parser.add_argument("--users", default="lab.simulation.users:BuiltinUsers")
+    add_night_arguments(parser, "customer_service")
     parser.add_argument("--show", type=int, default=3, help="answers printed per arm")
     args = parser.parse_args(argv)
-    settings = load_settings()
-    dataset = night_dataset(settings.datasets_dir, args.line, args.dataset)
-    if dataset is None:
-        print(f"no dataset of {args.line} under {settings.datasets_dir}", file=sys.stderr)
+    night = load_night_set(args)
+    if night is None:
         return 2
-    recipe = load_recipe(args.line, packaged_recipes_dir() / "demo")
-    base_dir = ensure_base_model(settings.models_dir, settings.base_model)
-    users = load_users(args.users)
-    prompts = users.prompts(args.line, args.prompts, 999_983)
+    dataset, recipe, base_dir, users, prompts = (
+        night.dataset, night.recipe, night.base_dir, night.users, night.prompts,
+    )  # fmt: skip
 
     def judged(texts: list[str]) -> float:
         met = [users.satisfied(args.line, p, a) for p, a in zip(prompts, texts, strict=True)]
