@@ -103,6 +103,15 @@ def loop(
     review_noise: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Share of verdicts a reviewer gets wrong.")
     ] = 0.1,
+    review_corrections: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Share of the answers a reviewer fails that it also corrects (the users' own "
+            "rewrite; the page stores a correction as an edit). Default 0: verdicts only.",
+        ),
+    ] = 0.0,
     max_tokens: Annotated[
         int | None,
         typer.Option(
@@ -132,6 +141,13 @@ def loop(
     reviewers = reviewers_for(settings, line, reviewers)
     sampling = _sampling(max_tokens=max_tokens, temperature=temperature)
     loaded = load_users(users, feedback)
+    if review_corrections and not reviewers:
+        raise UsageError("--review-corrections needs simulated reviewers (--reviewers)")
+    if review_corrections and not loaded.corrects:
+        raise UsageError(
+            f"--review-corrections: the user model {users} cannot rewrite an answer "
+            "(it has no correct(business_line, prompt, answer) method)"
+        )
     loaded.check(line)
     result = run_loop_command(
         settings,
@@ -149,6 +165,7 @@ def loop(
         reviewers=reviewers,
         reviews_per_round=reviews_per_round,
         review_noise=review_noise,
+        review_corrections=review_corrections,
         sampling=sampling,
     )
     document = scrub_examples(result.as_dict(), clients(settings).scrubber)
@@ -222,6 +239,7 @@ def run_loop_command(
     reviewers: int = 0,
     reviews_per_round: int = 40,
     review_noise: float = 0.1,
+    review_corrections: float = 0.0,
     sampling: Sampling | None = None,
 ) -> Any:
     """The loop on live services, with progress and a table per night; ``sampling`` (default
@@ -244,6 +262,7 @@ def run_loop_command(
         concurrency=concurrency,
         reviews_per_round=reviews_per_round if reviewers else 0,
         review_noise=review_noise,
+        review_corrections=review_corrections,
         sampling=sampling or Sampling(),
     )
     if plan.canary_traffic == "share":
@@ -260,6 +279,8 @@ def run_loop_command(
             "rounds), picked with the gateway's own sticky split"
         )
     reviewing = f", {reviewers} simulated reviewers" if reviewers else ", no reviewers"
+    if reviewers and review_corrections:
+        reviewing += f" correcting {review_corrections:.0%} of the answers they fail"
     out.print(
         Text.assemble(
             ("flywheel loop", "bold"),

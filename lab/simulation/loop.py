@@ -73,6 +73,8 @@ class LoopPlan:
     concurrency: int = 64
     reviews_per_round: int = 0
     review_noise: float = 0.1
+    # The share of the answers a reviewer fails that it also corrects (0: verdicts only).
+    review_corrections: float = 0.0
     canary_traffic: CanaryTraffic = "share"
     # With share: a first day of users before the first night (False: the store already holds
     # the line's traffic, e.g. when a run is resumed on its own store).
@@ -234,6 +236,7 @@ def run_loop(
             services.reviewer_keys,
             users,
             noise=plan.review_noise,
+            corrections=plan.review_corrections,
             seed=plan.seed,
         )
     day = _Day(plan, users, services, traffic, reviewers, progress)
@@ -290,6 +293,8 @@ class _Day:
                 self.services.stored()
             round_reviews = self.reviewers.review(line, self.plan.reviews_per_round)
             reviewed.update(passed=round_reviews.passed, failed=round_reviews.failed)
+            if round_reviews.corrected:
+                reviewed.update(corrected=round_reviews.corrected)
 
     def _look(self, line: str, decisions: list[dict[str, str]], reviewed: Counter[str]) -> bool:
         """Reviews, then the canary flow's look; True when the canary is decided."""

@@ -6,11 +6,14 @@ without arguments)::
     prompts(business_line: str, n: int, seed: int) -> list[str]      # optional
     react(business_line: str, prompt: str, answer: str, seed: int) -> dict
     satisfied(business_line: str, prompt: str, answer: str) -> bool
+    correct(business_line: str, prompt: str, answer: str) -> str    # optional
 
 ``react`` sees the answer the served model really gave and returns
 ``{"type": T}`` with ``T`` one of :data:`REACTION_TYPES` (an ``edit`` also
 carries ``"text"``, the answer as the user rewrote it). ``satisfied`` is the
 hidden judgement the loop measures success by; it is never shown to training.
+``correct`` is the answer rewritten as these users wanted it, for simulated reviewers who
+correct the answers they fail (``flywheel loop --review-corrections``).
 
 SPEC is ``path/to/file.py:NAME`` or ``package.module:NAME``.
 """
@@ -83,6 +86,12 @@ class LoadedUsers:
             if not callable(getattr(model, method, None)):
                 raise UsersSpecError(f"--users {spec}: the object has no {method}() method")
         self._prompts: Callable[[str, int, int], list[str]] | None = getattr(model, "prompts", None)
+        self._correct: Callable[[str, str, str], str] | None = getattr(model, "correct", None)
+
+    @property
+    def corrects(self) -> bool:
+        """Whether the model can rewrite an answer as its users wanted it (``correct()``)."""
+        return callable(self._correct)
 
     @property
     def feedback(self) -> FeedbackProfile | None:
@@ -133,12 +142,26 @@ class LoadedUsers:
         """The hidden judgement, as a bool."""
         return bool(self.model.satisfied(business_line, prompt, answer))
 
+    def correct(self, business_line: str, prompt: str, answer: str) -> str:
+        """``answer`` rewritten as the users wanted it; :class:`UsersSpecError` when the model
+        has no ``correct()`` or returns no text."""
+        if self._correct is None:
+            raise UsersSpecError(f"--users {self.spec}: the object has no correct() method")
+        text = self._correct(business_line, prompt, answer)
+        if not isinstance(text, str) or not text.strip():
+            raise UsersSpecError(
+                f"--users {self.spec}: correct() must return the rewritten answer, got {text!r}"
+            )
+        return text
+
     def check(self, business_line: str) -> None:
         """Call every method once on a made-up answer, before any traffic is sent."""
         prompt = self.prompts(business_line, 1, 0)[0]
         for answer in ("", "I am not sure.", prompt):
             self.react(business_line, prompt, answer, 0)
             self.satisfied(business_line, prompt, answer)
+            if self.corrects:
+                self.correct(business_line, prompt, answer or prompt)
 
 
 def parse_reaction(raw: Any, spec: str) -> Reaction:

@@ -6,6 +6,13 @@ and its prompt), judges it by the user model's hidden ``satisfied()`` (the same
 judgement the loop measures success by), gets it wrong with probability ``noise``,
 and posts the verdict with a reason from the line's rubric. Reviewers never see
 the arm, so whatever they do to the pass rate comes from the answers alone.
+
+With ``corrections`` above 0, a reviewer also corrects that share of the answers
+it fails: the answer rewritten as the line's users wanted it (the user model's
+``correct()``, the same rewrite as the users' own edits), posted with the verdict.
+The page stores a correction as an edit, so a line whose users never edit
+(many chat products offer no edit) still gets written examples from its review
+team.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ class ReviewReport:
 
     passed: int = 0
     failed: int = 0
+    corrected: int = 0
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -35,7 +43,12 @@ class ReviewReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"passed": self.passed, "failed": self.failed, "errors": self.errors[:5]}
+        return {
+            "passed": self.passed,
+            "failed": self.failed,
+            "corrected": self.corrected,
+            "errors": self.errors[:5],
+        }
 
 
 def _prompt(messages: Sequence[dict[str, Any]]) -> str:
@@ -55,6 +68,7 @@ class SimulatedReviewers:
         users: LoadedUsers,
         *,
         noise: float = 0.1,
+        corrections: float = 0.0,
         seed: int = 0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -62,10 +76,19 @@ class SimulatedReviewers:
             raise ValueError("simulated reviewers need at least one key with the reviewer role")
         if not 0 <= noise <= 0.5:
             raise ValueError(f"reviewer noise must be in [0, 0.5], got {noise}")
+        if not 0 <= corrections <= 1:
+            raise ValueError(
+                f"the share of failed answers corrected must be in [0, 1], got {corrections}"
+            )
+        if corrections and not users.corrects:
+            raise ValueError(
+                f"reviewers cannot correct answers: the user model {users.spec} has no correct()"
+            )
         self.page_url = page_url.rstrip("/")
         self.keys = tuple(keys)
         self.users = users
         self.noise = noise
+        self.corrections = corrections
         self.rng = random.Random(seed)
         self.transport = transport
 
@@ -102,12 +125,20 @@ class SimulatedReviewers:
         item, rubric = body.get("item"), body.get("rubric") or []
         if item is None:
             return False
-        passed = self.verdict(business_line, _prompt(item["messages"]), item["answer"])
+        prompt = _prompt(item["messages"])
+        passed = self.verdict(business_line, prompt, item["answer"])
         reason = rubric[0] if passed or len(rubric) < 2 else rubric[1]
+        correction = None
+        if not passed and self.corrections and self.rng.random() < self.corrections:
+            correction = self.users.correct(business_line, prompt, item["answer"])
         stored = client.post(
             f"/api/lines/{business_line}/review/{item['item']}",
             headers=headers,
-            json={"verdict": "pass" if passed else "fail", "reason": reason},
+            json={
+                "verdict": "pass" if passed else "fail",
+                "reason": reason,
+                "correction": correction,
+            },
         )
         if stored.status_code != 201:
             report.errors.append(f"verdict: {stored.status_code} {stored.text[:200]}")
@@ -116,4 +147,5 @@ class SimulatedReviewers:
             report.passed += 1
         else:
             report.failed += 1
+        report.corrected += correction is not None
         return True

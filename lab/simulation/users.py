@@ -108,6 +108,11 @@ class HiddenPreferenceUsers:
             return {"type": "edit", "text": self.rewrite(prompt, answer, topic)}
         return {"type": kind}
 
+    def correct(self, business_line: str, prompt: str, answer: str) -> str:
+        """The answer as these users would have written it (what a reviewer who knows the
+        line's users writes when correcting it: the same rewrite as the users' own edits)."""
+        return self.rewrite(prompt, answer, topic_of(self.line_of(business_line), prompt))
+
     def useful_sentences(
         self, prompt: str, answer: str, topic: Topic | None, limit_words: int
     ) -> list[str]:
@@ -292,6 +297,10 @@ class BuiltinUsers:
     def satisfied(self, business_line: str, prompt: str, answer: str) -> bool:
         """The line's users' hidden judgement."""
         return self._users(business_line).satisfied(business_line, prompt, answer)
+
+    def correct(self, business_line: str, prompt: str, answer: str) -> str:
+        """The answer as the line's users would have written it."""
+        return self._users(business_line).correct(business_line, prompt, answer)
 
 
 def _strip_markers(sentence: str) -> str:

@@ -213,3 +213,45 @@ def test_reviewers_check_the_champion_on_a_day_without_a_canary(world: Any) -> N
     first_day = result.nights[0]
     assert first_day.canary is None
     assert first_day.reviews == {"passed": 16, "failed": 0}, first_day.reviews
+
+
+class CorrectingUsers(IndifferentUsers):
+    """The same users, whose review team can rewrite an answer as they wanted it."""
+
+    def correct(self, business_line: str, prompt: str, answer: str) -> str:
+        return HELPFUL
+
+
+def test_reviewers_correct_the_answers_they_fail_and_the_page_stores_them_as_edits(
+    world: Any,
+) -> None:
+    """A line whose users never edit still gets written examples: a reviewer's correction
+    is stored on the review event as the edited answer, for the night's SFT set."""
+    from sqlalchemy import select
+
+    from feedback.schema import FeedbackEvent
+
+    stub, stage, services = world
+    stub.behaviour.answers.update({BASE_MODEL: UNHELPFUL, ADAPTER: UNHELPFUL})
+    users = LoadedUsers("test:CorrectingUsers", CorrectingUsers())
+    plan = LoopPlan(
+        LINE,
+        nights=1,
+        requests=20,
+        eval_prompts=10,
+        canary_rounds=2,
+        canary_traffic="share",
+        reviews_per_round=8,
+        review_noise=0.0,
+        review_corrections=1.0,
+    )
+    first_day = run_loop(plan, users, services).nights[0]
+    assert first_day.reviews == {"passed": 0, "failed": 16, "corrected": 16}, first_day.reviews
+    with stage.store.engine.connect() as connection:
+        stored = connection.execute(
+            select(FeedbackEvent.type, FeedbackEvent.edited_text).where(
+                FeedbackEvent.type == "review"
+            )
+        ).all()
+    assert len(stored) >= 16
+    assert {text for _type, text in stored} == {HELPFUL}
