@@ -165,6 +165,21 @@ def _plan(reviews: int) -> LoopPlan:
     )
 
 
+def _shared_day_plan(review_corrections: float = 0.0) -> LoopPlan:
+    """One night on the canary's true share, 8 noiseless reviews per round."""
+    return LoopPlan(
+        LINE,
+        nights=1,
+        requests=20,
+        eval_prompts=10,
+        canary_rounds=2,
+        canary_traffic="share",
+        reviews_per_round=8,
+        review_noise=0.0,
+        review_corrections=review_corrections,
+    )
+
+
 def test_a_canary_users_rate_non_inferior_but_reviewers_fail_is_held_back(world: Any) -> None:
     stub, stage, services = world
     stub.behaviour.answers.update({BASE_MODEL: HELPFUL, ADAPTER: UNHELPFUL})
@@ -199,17 +214,7 @@ def test_reviewers_check_the_champion_on_a_day_without_a_canary(world: Any) -> N
     stub, _stage, services = world
     stub.behaviour.answers.update({BASE_MODEL: HELPFUL, ADAPTER: UNHELPFUL})
     users = LoadedUsers("test:IndifferentUsers", IndifferentUsers())
-    plan = LoopPlan(
-        LINE,
-        nights=1,
-        requests=20,
-        eval_prompts=10,
-        canary_rounds=2,
-        canary_traffic="share",
-        reviews_per_round=8,
-        review_noise=0.0,
-    )
-    result = run_loop(plan, users, services)
+    result = run_loop(_shared_day_plan(), users, services)
     first_day = result.nights[0]
     assert first_day.canary is None
     assert first_day.reviews == {"passed": 16, "failed": 0}, first_day.reviews
@@ -234,17 +239,7 @@ def test_reviewers_correct_the_answers_they_fail_and_the_page_stores_them_as_edi
     stub, stage, services = world
     stub.behaviour.answers.update({BASE_MODEL: UNHELPFUL, ADAPTER: UNHELPFUL})
     users = LoadedUsers("test:CorrectingUsers", CorrectingUsers())
-    plan = LoopPlan(
-        LINE,
-        nights=1,
-        requests=20,
-        eval_prompts=10,
-        canary_rounds=2,
-        canary_traffic="share",
-        reviews_per_round=8,
-        review_noise=0.0,
-        review_corrections=1.0,
-    )
+    plan = _shared_day_plan(review_corrections=1.0)
     first_day = run_loop(plan, users, services).nights[0]
     assert first_day.reviews == {"passed": 0, "failed": 16, "corrected": 16}, first_day.reviews
     with stage.store.engine.connect() as connection:
