@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from lab.simulation.feedback_profiles import (
 from lab.simulation.prompts import builtin_prompts, topic_of
 from lab.simulation.protocol import LoadedUsers, UsersSpecError
 from lab.simulation.users import BuiltinUsers, CustomerServiceUsers, LegalUsers, MedicalUsers
+from tests.cli_process import run_cli
 
 
 def test_the_default_is_the_realistic_profile_and_it_is_mostly_silent() -> None:
@@ -126,12 +125,7 @@ def test_a_profile_file_loads_and_unknown_names_are_refused(tmp_path: Path) -> N
 def test_the_cli_exits_2_naming_a_profile_whose_rates_cannot_be(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("satisfied: {thumbs_up: 0.7, task_success: 0.6}\nunsatisfied: {}\n")
-    done = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()",
-         "loop", "--line", "legal", "--feedback", str(path)],
-        capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
-        check=False,
-    )  # fmt: skip
+    done = run_cli(tmp_path, "loop", "--line", "legal", "--feedback", str(path))
     assert done.returncode == 2, done.stderr
     assert "bad.yaml" in done.stderr
     assert "over 1" in done.stderr

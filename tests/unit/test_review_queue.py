@@ -10,8 +10,6 @@ and DPO with lineage) and whose pass rate the canary's test reads; bad input is 
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,6 +29,7 @@ from feedback.schema import feedback_table
 from feedback.signals import pull_records
 from registry.canary import CanaryAction, CanaryPolicy, ReviewTest, _arm, decide_canary
 from registry.routes import RouteStore
+from tests.cli_process import run_cli
 from tests.review_world import LINE, OTHER_LINE, RUBRIC, ReviewWorld, build_review_world
 
 REMOTE = ("10.1.2.3", 40000)
@@ -456,29 +455,19 @@ def test_a_key_file_without_review_lines_keeps_working_and_grants_no_role(tmp_pa
     assert not partial.may_review(LINE)
 
 
-def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin", **env},
-        check=False,
-    )
-
-
 def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block(
     tmp_path: Path,
 ) -> None:
     import yaml
 
-    made = _cli(
+    made = run_cli(
         tmp_path, "gateway", "add-key", "ana", "--lines", "medical", "--review-lines", "medical"
     )
     assert made.returncode == 0, made.stderr
     assert "reviewer on medical" in made.stdout
     stored = yaml.safe_load((tmp_path / "gateway-keys.yaml").read_text())
     assert stored["keys"][0]["review_lines"] == ["medical"]
-    unknown = _cli(
+    unknown = run_cli(
         tmp_path, "gateway", "add-key", "bo", "--lines", "medical", "--review-lines", "nope"
     )
     assert unknown.returncode == 2
@@ -491,7 +480,7 @@ def test_the_cli_grants_the_reviewer_role_and_loop_reviewers_need_a_review_block
     demo.pop("review")
     demo["canary"].pop("satisfaction")
     (recipes / "customer_service.yaml").write_text(yaml.safe_dump(demo))
-    loop = _cli(
+    loop = run_cli(
         tmp_path, "loop", "--line", "customer_service", "--reviewers", "2",
         FLYWHEEL_RECIPES_DIR=str(recipes),
     )  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 
 from lab.simulation.protocol import LoadedUsers, UsersSpecError
 from lab.simulation.reviewers import SimulatedReviewers
+from tests.cli_process import run_cli
 
 LINE = "customer_service"
 GOOD = "I am sorry for the trouble: reset the router, then call us."
@@ -111,9 +112,6 @@ def test_the_builtin_users_correct_into_their_own_edit() -> None:
 
 
 def test_the_cli_exits_2_when_the_user_model_cannot_rewrite(tmp_path: Any) -> None:
-    import subprocess
-    import sys
-
     users = tmp_path / "users.py"
     users.write_text(
         "class Quiet:\n"
@@ -122,11 +120,9 @@ def test_the_cli_exits_2_when_the_user_model_cannot_rewrite(tmp_path: Any) -> No
         "    def satisfied(self, line, prompt, answer):\n"
         "        return False\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()",
-         "loop", "--line", "legal", "--users", f"{users}:Quiet", "--review-corrections", "0.2"],
-        capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
-        check=False,
+    done = run_cli(
+        tmp_path, "loop", "--line", "legal", "--users", f"{users}:Quiet",
+        "--review-corrections", "0.2",
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "--review-corrections" in done.stderr

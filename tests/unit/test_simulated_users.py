@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from lab.simulation.judging import asks_for_secret, is_complete, is_degenerate
 from lab.simulation.prompts import builtin_prompts, topic_of
 from lab.simulation.protocol import REACTION_TYPES, UsersSpecError, load_users, parse_reaction
 from lab.simulation.users import CustomerServiceUsers, LegalUsers, MedicalUsers
+from tests.cli_process import run_cli
 
 MODELS = (
     ("customer_service", CustomerServiceUsers()),
@@ -97,12 +96,7 @@ def test_unknown_reaction_types_and_bad_specs_are_refused(users_file: Path) -> N
 
 
 def test_the_cli_exits_2_naming_the_spec_before_any_traffic(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()",
-         "loop", "--line", "legal", "--users", f"{tmp_path}/none.py:Users"],
-        capture_output=True, text=True, env={"FLYWHEEL_HOME": str(tmp_path), "PATH": "/usr/bin"},
-        check=False,
-    )  # fmt: skip
+    done = run_cli(tmp_path, "loop", "--line", "legal", "--users", f"{tmp_path}/none.py:Users")
     assert done.returncode == 2, done.stderr
     assert "none.py" in done.stderr
     assert "does not exist" in done.stderr
