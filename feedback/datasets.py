@@ -23,7 +23,14 @@ from typing import Any
 import orjson
 
 from feedback.contributions import keep_per_key, user_cap
-from feedback.examples import MODEL_RULE_PREFIX, ExampleKind, TrainingExample, user_digest
+from feedback.examples import (
+    CORRECTION_RULE,
+    MODEL_RULE_PREFIX,
+    ExampleKind,
+    TrainingExample,
+    user_digest,
+)
+from feedback.label_precision import REVIEW_RULE_PREFIX
 from flywheel.file_modes import private_dir, restrict, write_private_bytes
 from flywheel.settings.cleaning import DatasetSettings
 
@@ -648,28 +655,41 @@ def model_labelled_count(manifest: Mapping[str, Any], method: str) -> int:
 @dataclass(frozen=True, slots=True)
 class UsableSignal:
     """A dataset's training examples of one method: how many and what they weigh, from users'
-    signals and from the satisfaction model (a model label weighs its confidence times the
-    recipe's model_weight; a regenerate half an edit)."""
+    signals, from reviewers (their verdicts and corrections) and from the satisfaction model (a
+    model label weighs its confidence times the recipe's model_weight; a regenerate half an
+    edit)."""
 
     user_examples: int
     user_weight: float
     model_examples: int
     model_weight: float
+    review_examples: int = 0
+    review_weight: float = 0.0
 
     @property
     def weight(self) -> float:
         """The usable signal: every example's weight."""
-        return self.user_weight + self.model_weight
+        return self.user_weight + self.review_weight + self.model_weight
 
     def describe(self, method: str) -> str:
-        """E.g. "18 new SFT training examples weighing 14.5 (12 from users' signals, 11.0;
-        6 labelled by the satisfaction model, 3.5)"."""
+        """E.g. "18 new SFT training examples weighing 14.5 (10 from users' signals, 9.0;
+        2 from reviewers, 2.0; 6 labelled by the satisfaction model, 3.5)"."""
+        total = self.user_examples + self.review_examples + self.model_examples
         return (
-            f"{self.user_examples + self.model_examples} new {method.upper()} training examples "
-            f"weighing {self.weight:.1f} ({self.user_examples} from users' signals, "
-            f"{self.user_weight:.1f}; {self.model_examples} labelled by the satisfaction model, "
-            f"{self.model_weight:.1f})"
+            f"{total} new {method.upper()} training examples weighing {self.weight:.1f} "
+            f"({self.user_examples} from users' signals, {self.user_weight:.1f}; "
+            f"{self.review_examples} from reviewers, {self.review_weight:.1f}; "
+            f"{self.model_examples} labelled by the satisfaction model, {self.model_weight:.1f})"
         )
+
+
+def _source(rule: str) -> int:
+    """0: users' signals, 1: reviewers, 2: the satisfaction model."""
+    if rule.startswith(MODEL_RULE_PREFIX):
+        return 2
+    if rule.startswith((REVIEW_RULE_PREFIX, CORRECTION_RULE)):
+        return 1
+    return 0
 
 
 def usable_signal(manifest: Mapping[str, Any], method: str) -> UsableSignal:
@@ -678,14 +698,14 @@ def usable_signal(manifest: Mapping[str, Any], method: str) -> UsableSignal:
     if "examples" not in manifest:
         total = count_train_examples(manifest, method)
         return UsableSignal(total, float(total), 0, 0.0)
-    counts, weights = [0, 0], [0.0, 0.0]
+    counts, weights = [0, 0, 0], [0.0, 0.0, 0.0]
     for item in manifest["examples"]:
         if item["kind"] != method or item["split"] != "train":
             continue
-        by_model = int(str(item.get("rule", "")).startswith(MODEL_RULE_PREFIX))
-        counts[by_model] += 1
-        weights[by_model] += float(item.get("weight", 1.0))
-    return UsableSignal(counts[0], weights[0], counts[1], weights[1])
+        source = _source(str(item.get("rule", "")))
+        counts[source] += 1
+        weights[source] += float(item.get("weight", 1.0))
+    return UsableSignal(counts[0], weights[0], counts[2], weights[2], counts[1], weights[1])
 
 
 def train_counts(manifest: Mapping[str, Any]) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Signal → training example rules: pure functions from cleaned feedback records.
 
 - SFT: an edited answer (prompt → edit; a reviewer's correction on the feedback
-  page counts as an edit) and an approved answer (thumbs up, not
+  page counts as an edit, rule ``correction``) and an approved answer (thumbs up, not
   also thumbs down or edited) become supervised examples.
 - DPO: an edit gives edited ≻ original; for one prompt, a thumbs-up answer is
   preferred over a thumbs-down or regenerated-away answer; OASST ranks give
@@ -47,6 +47,9 @@ from feedback.signals import signals_of
 from flywheel.settings.cleaning import LabelPrecisionSettings
 
 ExampleKind = Literal["sft", "dpo", "kto"]
+# A reviewer's corrected answer trains like a user's edit; its own rule keeps it apart where
+# the usable signal is counted (users, reviewers, the model).
+CORRECTION_RULE = "correction"
 
 
 def user_digest(user_id: str | None) -> str | None:
@@ -302,8 +305,9 @@ def build_examples(
             judged = None if admitted is None else (admitted, judged[1])
         if edited:
             lineage = _lineage([record], _events(record, *EDIT_TYPES))
+            rule = CORRECTION_RULE if record.edit_by_reviewer else "edit"
             examples.sft.append(
-                TrainingExample("sft", _prompt(record), lineage, completion=edit, rule="edit")
+                TrainingExample("sft", _prompt(record), lineage, completion=edit, rule=rule)
             )
             examples.dpo.append(
                 TrainingExample(
@@ -312,7 +316,7 @@ def build_examples(
                     lineage,
                     chosen=edit,
                     rejected=record.response,
-                    rule="edit>original",
+                    rule=f"{rule}>original",
                 )
             )
             paired.add(record.request_id)

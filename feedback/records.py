@@ -64,9 +64,9 @@ class FeedbackRecord:
     """One interaction and every feedback event about it (the unit of cleaning and datasets).
 
     ``created_at`` is ISO-8601 in UTC (``...Z``); ``edit`` is the newest edited text (a
-    user's edit or a reviewer's correction); ``signal`` the record's main signal
-    (:func:`feedback.signals.primary_signal`). ``pii`` is None until the record is
-    scrubbed, then the mentions scrubbing replaced, by entity type.
+    user's edit or, with ``edit_by_reviewer``, a reviewer's correction); ``signal`` the
+    record's main signal (:func:`feedback.signals.primary_signal`). ``pii`` is None until the
+    record is scrubbed, then the mentions scrubbing replaced, by entity type.
     """
 
     request_id: str
@@ -85,6 +85,7 @@ class FeedbackRecord:
     source: str | None = None
     feedback: tuple[FeedbackNote, ...] = ()
     edit: str | None = None
+    edit_by_reviewer: bool = False
     signal: Signal = Signal.NONE
     pii: Mapping[str, int] | None = None
 
@@ -110,6 +111,7 @@ class FeedbackRecord:
             source=data.get("source"),
             feedback=tuple(FeedbackNote.from_dict(e) for e in data.get("feedback") or ()),
             edit=data.get("edit"),
+            edit_by_reviewer=bool(data.get("edit_by_reviewer")),
             signal=Signal(data.get("signal") or Signal.NONE),
             pii=None if pii is None else dict(pii),
         )
@@ -135,6 +137,8 @@ class FeedbackRecord:
             "edit": self.edit,
             "signal": self.signal.value,
         }
+        if self.edit_by_reviewer:
+            plain["edit_by_reviewer"] = True
         if self.pii is not None:
             plain["pii"] = dict(self.pii)
         return plain

@@ -58,7 +58,7 @@ def to_record(interaction: Any, events: list[Any]) -> FeedbackRecord:
     SQL rows in, a typed record out)."""
     events = sorted(events, key=lambda e: (e.created_at, e.id))
     # A reviewer's corrected answer is an edit too (a review never counts as a user signal).
-    edits = [e.edited_text for e in events if e.type in EDIT_TYPES and e.edited_text]
+    edits = [e for e in events if e.type in EDIT_TYPES and e.edited_text]
     feedback = tuple(
         FeedbackNote(
             id=event.id,
@@ -87,7 +87,8 @@ def to_record(interaction: Any, events: list[Any]) -> FeedbackRecord:
         source=interaction.source,
         created_at=_iso(interaction.created_at),
         feedback=feedback,
-        edit=edits[-1] if edits else None,
+        edit=edits[-1].edited_text if edits else None,
+        edit_by_reviewer=bool(edits) and edits[-1].type == FeedbackType.REVIEW.value,
         signal=primary_signal(feedback, bool(edits)),
     )
 

@@ -25,7 +25,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-EDIT_RULES = frozenset({"edit"})
+# Written answers: users' edits and reviewers' corrections.
+EDIT_RULES = frozenset({"edit", "correction"})
 
 
 def night_dataset(datasets_dir: Path, line: str, prefix: str | None) -> Path | None:

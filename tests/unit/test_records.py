@@ -17,7 +17,7 @@ from feedback.signals import pull_records
 from feedback.store import FeedbackStore
 from flywheel.settings import Settings
 from flywheel.settings.cleaning import DatasetSettings
-from lab.simulation.stored_traffic import SimulationSettings, TrafficSimulator
+from lab.simulation.stored_traffic import SignalRates, SimulationSettings, TrafficSimulator
 from training.rows import TrainingRow, training_rows, weighted_rows
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -92,3 +92,52 @@ def test_manifest_entries_and_training_rows_read_back_as_written(
         assert sorted(r.weight for r in rows) == sorted(e.weight for e in items)
         trl = weighted_rows(rows, copies_per_weight=1.0, seed=0)
         assert all("weight" not in row and "prompt" in row for row in trl)
+
+
+def test_a_reviewers_correction_is_the_records_edit_and_says_so(settings: Settings) -> None:
+    """A correction written on the feedback page is the record's edit, marked as the
+    reviewer's (its examples count as the reviewers', not the users'); a user's edit is not
+    marked, and of both the newer one is the edit."""
+    store = FeedbackStore.open(settings)
+    simulation = SimulationSettings(requests=20, seed=3, start=START, rates=SignalRates(edit=0.0))
+    events = list(TrafficSimulator(simulation).events())
+    interactions = [e for e in events if e["type"] == "interaction"]
+    line = interactions[0]["business_line"]
+    asked = [e for e in interactions if e["business_line"] == line][:2]
+    later = datetime(2026, 11, 2, tzinfo=UTC)
+
+    def review(request_id: str, text: str, minute: int) -> dict[str, object]:
+        return {
+            "type": "review", "request_id": request_id, "outcome": "fail", "edited_text": text,
+            "metadata": {"reason": "wrong fix", "reviewer": "r1"},
+            "idempotency_key": f"review:{request_id}",
+            "created_at": later.replace(minute=minute).isoformat(),
+        }  # fmt: skip
+
+    corrected, edited = asked[0]["request_id"], asked[1]["request_id"]
+    user_edit = {
+        "type": "edit", "request_id": edited, "edited_text": "the user's text",
+        "idempotency_key": f"edit:{edited}", "created_at": later.replace(minute=5).isoformat(),
+    }  # fmt: skip
+    report = store.ingest(
+        [
+            *events,
+            review(corrected, "the reviewer's text", 1),
+            review(edited, "older", 1),
+            user_edit,
+        ],
+        source="simulate",
+    )
+    assert not report.quarantined
+    records = {r.request_id: r for r in pull_records(store.engine, line)}
+    store.close()
+    assert (records[corrected].edit, records[corrected].edit_by_reviewer) == (
+        "the reviewer's text",
+        True,
+    )
+    assert (records[edited].edit, records[edited].edit_by_reviewer) == ("the user's text", False)
+    plain = records[corrected].as_dict()
+    assert plain["edit_by_reviewer"] is True
+    assert FeedbackRecord.from_dict(plain) == records[corrected]
+    rules = {e.rule for e in build_examples([records[corrected]]).sft}
+    assert rules == {"correction"}

@@ -206,15 +206,17 @@ def test_a_correction_becomes_an_edit_with_lineage_and_verdicts_feed_the_canary(
     records = {r.request_id: r for r in pull_records(world.store.engine, LINE)}
     assert records[corrected].edit == "Parcel 0 arrives on Friday."
     assert records[corrected].signal == "edit"
+    assert records[corrected].edit_by_reviewer
     examples = build_examples(list(records.values()))
     (sft,) = [e for e in examples.sft if e.lineage.request_ids == (corrected,)]
     (dpo,) = [e for e in examples.dpo if e.lineage.request_ids == (corrected,)]
     assert sft.completion == dpo.chosen == "Parcel 0 arrives on Friday."
+    assert (sft.rule, dpo.rule) == ("correction", "correction>original")
     assert dpo.rejected == records[corrected].response
     assert stored.id in sft.lineage.event_ids
     # A verdict alone labels an answer its user left silent: passes are SFT targets, the
     # canary's other failures KTO negatives, each traced to its review.
-    passed = {e.lineage.request_ids[0]: e.rule for e in examples.sft if e.rule != "edit"}
+    passed = {e.lineage.request_ids[0]: e.rule for e in examples.sft if e.rule != "correction"}
     assert passed == {f"req-champion-{i}": "review_pass" for i in range(6)}
     failed = {e.lineage.request_ids[0] for e in examples.kto if e.rule == "review_fail"}
     assert len(failed) == 5

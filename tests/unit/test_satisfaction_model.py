@@ -389,9 +389,10 @@ def test_the_cleaning_stage_adds_best_of_n_within_the_model_share(tmp_path: Path
         assert ours <= users, kind  # at most half of each kind's set
 
 
-def test_usable_signal_weighs_users_and_model_labels_apart() -> None:
+def test_usable_signal_weighs_users_reviewers_and_model_labels_apart() -> None:
     """The nightly's minimum counts what the examples weigh: a model label its confidence
-    times the recipe's model weight, a user's signal its strength."""
+    times the recipe's model weight, a user's signal its strength; a reviewer's verdict or
+    correction is counted as the reviewers', not the users'."""
     from feedback.datasets import usable_signal
 
     manifest = {
@@ -399,16 +400,18 @@ def test_usable_signal_weighs_users_and_model_labels_apart() -> None:
             {"kind": "sft", "split": "train", "rule": "edit", "weight": 1.0},
             {"kind": "sft", "split": "train", "rule": "regenerate", "weight": 0.5},
             {"kind": "sft", "split": "train", "rule": "model:cs-satisfaction-v1", "weight": 0.4},
+            {"kind": "sft", "split": "train", "rule": "correction", "weight": 1.0},
+            {"kind": "sft", "split": "train", "rule": "review_pass", "weight": 0.5},
             {"kind": "sft", "split": "eval", "rule": "edit", "weight": 1.0},
             {"kind": "kto", "split": "train", "rule": "thumbs_down", "weight": 1.0},
         ]
     }
     signal = usable_signal(manifest, "sft")
-    assert (signal.user_examples, signal.model_examples) == (2, 1)
-    assert signal.weight == pytest.approx(1.9)
+    assert (signal.user_examples, signal.review_examples, signal.model_examples) == (2, 2, 1)
+    assert signal.weight == pytest.approx(3.4)
     assert signal.describe("sft") == (
-        "3 new SFT training examples weighing 1.9 (2 from users' signals, 1.5; "
-        "1 labelled by the satisfaction model, 0.4)"
+        "5 new SFT training examples weighing 3.4 (2 from users' signals, 1.5; "
+        "2 from reviewers, 1.5; 1 labelled by the satisfaction model, 0.4)"
     )
     # A manifest from before weights were recorded: each example counts 1.
     older = {"counts": {"sft": {"train": 7}}}
