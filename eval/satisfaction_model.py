@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from feedback.examples import MODEL_RULE_PREFIX
+from feedback.examples import CORRECTION_RULE, MODEL_RULE_PREFIX
 from feedback.label_precision import REVIEW_RULE_PREFIX
 
 Message = dict[str, str]
@@ -65,10 +65,10 @@ def labelled_answers(rows_by_kind: Mapping[str, Sequence[dict[str, Any]]]) -> li
     """The labelled answers in a dataset's rows (trl's conversational format), each distinct
     (prompt, answer) once; an answer labelled both ways is dropped, and so are the labels a
     satisfaction model gave (the judge never learns from its own verdicts) and reviewers'
-    verdicts (the random sample that rectifies the judge's estimates online must not be
-    what it was fitted to)."""
+    verdicts and corrections (the random sample that rectifies the judge's estimates online
+    must not be what it was fitted to)."""
     seen: dict[tuple[str, str], LabelledAnswer | None] = {}
-    unused = (MODEL_RULE_PREFIX, REVIEW_RULE_PREFIX)
+    unused = (MODEL_RULE_PREFIX, REVIEW_RULE_PREFIX, CORRECTION_RULE)
     rows_by_kind = {
         kind: [r for r in rows if not str(r.get("rule", "")).startswith(unused)]
         for kind, rows in rows_by_kind.items()

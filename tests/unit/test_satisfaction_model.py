@@ -436,14 +436,21 @@ def test_predicted_satisfaction_covers_on_a_handful_of_prompts() -> None:
 
 
 def test_the_judge_never_learns_from_the_reviews_that_rectify_it() -> None:
-    """Reviewers' verdicts train adapters, not the satisfaction model: the canary's estimate
-    rectifies the model's scores with a random sample of reviews, which must not be what
-    the model was fitted to."""
+    """Reviewers' verdicts and corrections train adapters, not the satisfaction model: the
+    canary's estimate rectifies the model's scores with a random sample of reviews, which
+    must not be what the model was fitted to (a correction's original is a failed review)."""
     prompt = [{"role": "user", "content": "q"}]
     rows = {
         "sft": [
             {"prompt": prompt, "completion": [{"role": "assistant", "content": "A"}],
              "rule": "review_pass"},
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": "D"}],
+             "rule": "correction"},
+        ],
+        "dpo": [
+            {"prompt": prompt, "chosen": [{"role": "assistant", "content": "D"}],
+             "rejected": [{"role": "assistant", "content": "E"}],
+             "rule": "correction>original"},
         ],
         "kto": [
             {"prompt": prompt, "completion": [{"role": "assistant", "content": "B"}],
