@@ -705,7 +705,14 @@ def usable_signal(manifest: Mapping[str, Any], method: str) -> UsableSignal:
         source = _source(str(item.get("rule", "")))
         counts[source] += 1
         weights[source] += float(item.get("weight", 1.0))
-    return UsableSignal(counts[0], weights[0], counts[2], weights[2], counts[1], weights[1])
+    return UsableSignal(
+        user_examples=counts[0],
+        user_weight=weights[0],
+        model_examples=counts[2],
+        model_weight=weights[2],
+        review_examples=counts[1],
+        review_weight=weights[1],
+    )
 
 
 def train_counts(manifest: Mapping[str, Any]) -> dict[str, int]:
