@@ -133,8 +133,8 @@ def test_too_little_data_is_skipped_with_the_reason(
     assert outcome.status == "skipped"
     assert re.fullmatch(
         r"[1-9]\d* new DPO training examples weighing [\d.]+ \([1-9]\d* from users. signals, "
-        r"[\d.]+; 0 labelled by the satisfaction model, 0\.0\), the recipe needs a weight of "
-        r"at least 100000",
+        r"[\d.]+; \d+ from reviewers, [\d.]+; 0 labelled by the satisfaction model, 0\.0\), "
+        r"the recipe needs a weight of at least 100000",
         outcome.reason,
     ), outcome.reason
     assert outcome.version is None
