@@ -31,6 +31,7 @@ from training.config import training_method
 from training.inverted import _inverted
 
 if TYPE_CHECKING:
+    from training.train import LossGuard
     from training.train import TrainResult as AdapterTraining
 
 # High-precision PII types only count against a candidate: a place name in a correct answer
@@ -470,6 +471,9 @@ def _train(
     continues = run.recipe.start_from == "champion" and not invert_preferences
     return train_adapter(
         run.recipe,
+        loss_guard=general_loss_guard(
+            run.recipe, continues=continues, has_champion=champion_version is not None
+        ),
         init_adapter=(
             registry.adapter_path(run.line, champion_version)
             if continues and champion_version is not None
@@ -480,6 +484,46 @@ def _train(
         rows=_inverted(run.build.path, run.recipe.method) if invert_preferences else None,
         output_dir=settings.runs_dir / run.line / run.run_id,
         on_log=on_log,
+    )
+
+
+def general_loss_guard(recipe: Recipe, *, continues: bool, has_champion: bool) -> LossGuard | None:
+    """The guard that keeps a training of ``recipe`` inside its gate's general-set loss
+    bounds (``loss_checks`` times along the schedule), or ``None`` when the recipe asks for
+    no checks or its gate bounds nothing. The drift bound is over the base model; the
+    increase bound over the champion, which is the base model when there is none and the
+    starting point when the champion is continued (a fresh adapter beside a champion leaves
+    that bound to the gate)."""
+    from functools import partial
+
+    from eval.offline import general_set_loss
+    from flywheel.hardware import detect_accelerator
+    from training.train import LossGuard, trains_in_bf16
+
+    gate = recipe.gate
+    over_base = [
+        bound
+        for bound in (
+            gate.max_general_loss_drift,
+            None if has_champion else gate.max_general_loss_increase,
+        )
+        if bound is not None
+    ]
+    over_start = gate.max_general_loss_increase if continues and has_champion else None
+    if recipe.loss_checks == 0 or (not over_base and over_start is None):
+        return None
+    on_cpu = not detect_accelerator().is_cuda
+    return LossGuard(
+        measure=partial(
+            general_set_loss,
+            name="the adapter in training",
+            max_length=recipe.max_length,
+            # As the gate scores it (_gate_and_register).
+            mixed_precision=on_cpu and trains_in_bf16(recipe.precision, on_gpu=False),
+        ),
+        checks=recipe.loss_checks,
+        max_over_base=min(over_base) if over_base else None,
+        max_over_start=over_start,
     )
 
 
@@ -494,7 +538,12 @@ def _log_training(registry: Any, run_id: str, result: AdapterTraining) -> None:
             "train.examples": result.examples,
             "train.tokens_per_second": result.tokens_per_second,
             "train.peak_rss_mb": result.peak_rss_mb,
+            **({"train.loss_limit": result.loss_limit} if result.loss_limit is not None else {}),
+            **({"train.kept_step": result.kept_step} if result.kept_step is not None else {}),
         },
+    )
+    registry.log_loss_curve(
+        run_id, [{"step": step, "guard/general_loss": loss} for step, loss in result.loss_checks]
     )
     registry.log_adapter(run_id, result.adapter_dir)
 

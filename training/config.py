@@ -106,6 +106,17 @@ class TrainingConfig(BaseModel):
         "learning_rate). Each night's schedule restarts at its peak, so a lower rate keeps "
         "nights of continuation from compounding their drift away from the base model.",
     )
+    loss_checks: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="How many times, evenly along its schedule, a training measures the "
+        "general-set loss against the gate's bounds on it (max_general_loss_drift over the "
+        "base model, max_general_loss_increase over the champion) and stops at the first "
+        "measure over them, keeping the adapter of the last one inside: a night whose last "
+        "steps overshoot the bound is cut back instead of refused. 0: never (the gate alone "
+        "judges the trained adapter).",
+    )
     copies_per_weight: float = Field(
         default=2.0,
         ge=1,

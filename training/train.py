@@ -9,6 +9,7 @@ go beside it; a rerun after a crash resumes from the last one.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import shutil
 import time
@@ -50,11 +51,58 @@ class TrainResult:
     weights_dtype: str = "float32"
     gradient_checkpointing: bool = True
     peak_gpu_memory_mb: float | None = None
+    # With a loss guard: its measures (step, loss; step 0 is the model training started
+    # from), its limit, and the step whose adapter was kept when a later one went over it.
+    loss_checks: tuple[tuple[int, float], ...] = ()
+    loss_limit: float | None = None
+    kept_step: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
         """Training throughput in input tokens per second."""
         return self.tokens_seen / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LossGuard:
+    """A bound a training must stay inside, checked as it trains rather than after it.
+
+    ``measure(model, tokenizer)`` scores the model being trained (e.g. its loss on a fixed
+    general set, as the gate will); it is taken at ``checks`` evenly spaced steps
+    (:func:`guard_steps`) and at the end. The limit (:func:`loss_limit`) is
+    ``max_over_base`` above the base model's measure and ``max_over_start`` above the
+    model's at step 0 (the adapter being continued; the base model for a fresh one).
+    Training stops at the first measure over the limit and keeps the adapter of the last one
+    at or under it: the last steps on a small set that overshoot the gate's bound are cut
+    back, not the whole night refused.
+    """
+
+    measure: Callable[[Any, Any], float]
+    checks: int
+    max_over_base: float | None = None
+    max_over_start: float | None = None
+
+
+def guard_steps(total: int, checks: int) -> tuple[int, ...]:
+    """The steps of a ``total``-step training at which a guard with ``checks`` checks
+    measures: evenly spaced, the last one at ``total`` (e.g. 48 and 4: 12, 24, 36, 48)."""
+    if total < 1 or checks < 1:
+        return ()
+    return tuple(sorted({max(1, math.ceil(total * k / checks)) for k in range(1, checks + 1)}))
+
+
+def loss_limit(
+    base: float, start: float, max_over_base: float | None, max_over_start: float | None
+) -> float | None:
+    """The highest measure a guarded training may keep: at most ``max_over_base`` (relative)
+    above the base model's ``base`` and ``max_over_start`` above its starting point's
+    ``start``; ``None`` when neither bound is set."""
+    limits = [
+        reference * (1 + bound)
+        for reference, bound in ((base, max_over_base), (start, max_over_start))
+        if bound is not None
+    ]
+    return min(limits) if limits else None
 
 
 def trains_in_bf16(precision: Precision, on_gpu: bool) -> bool:
@@ -163,6 +211,7 @@ def train_adapter(
     max_seconds: float | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
     init_adapter: Path | None = None,
+    loss_guard: LossGuard | None = None,
 ) -> TrainResult:
     """Train the recipe's adapter on a dataset folder (or given rows); resumes if interrupted.
 
@@ -176,6 +225,8 @@ def train_adapter(
     over steps it would never reach.
     ``init_adapter`` continues a trained adapter (e.g. the champion's) instead
     of starting a fresh one, at the recipe's ``continue_learning_rate`` when it has one.
+    ``loss_guard`` keeps the adapter inside a bound as it trains (:class:`LossGuard`); a
+    resumed training measures its start again, as it restarts from the checkpoint.
     """
     import torch
     from datasets import Dataset
@@ -260,7 +311,9 @@ def train_adapter(
                 control.should_training_stop = True
 
     forward = _Forward()
-    trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, [forward])
+    guarding = _Guard(loss_guard, tokenizer) if loss_guard is not None else None
+    callbacks: list[Any] = [forward] + ([guarding.callback()] if guarding is not None else [])
+    trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, callbacks)
     forward.trainer = trainer
     _quiet_trainer(trainer)
     resume = _last_checkpoint(checkpoints)
@@ -289,6 +342,114 @@ def train_adapter(
             if accelerator.is_cuda
             else None
         ),
+        loss_checks=tuple(guarding.checks) if guarding is not None else (),
+        loss_limit=guarding.limit if guarding is not None else None,
+        kept_step=guarding.kept_step if guarding is not None else None,
+    )
+
+
+class _Guard:
+    """A :class:`LossGuard` at work in one training: its measures, the adapter weights of the
+    last check inside the limit, and whether a later check went over it."""
+
+    def __init__(self, guard: LossGuard, tokenizer: Any) -> None:
+        self.guard = guard
+        self.tokenizer = tokenizer
+        self.checks: list[tuple[int, float]] = []
+        self.limit: float | None = None
+        self.inside: tuple[int, dict[str, Any]] | None = None
+        self.kept_step: int | None = None
+        self.over = False
+
+    def measure(self, model: Any, step: int) -> float:
+        loss = self.guard.measure(model, self.tokenizer)
+        self.checks.append((step, loss))
+        return loss
+
+    def start(self, model: Any, step: int) -> None:
+        """The limit, from the base model's measure and the starting model's."""
+        started = self.measure(model, step)
+        base = started
+        if step > 0 or _has_trained_adapter(model):
+            with model.disable_adapter():
+                base = self.guard.measure(model, self.tokenizer)
+        self.limit = loss_limit(base, started, self.guard.max_over_base, self.guard.max_over_start)
+        logger.info(
+            "training guard: general-set loss %.3f at step %d (base model %.3f), limit %s",
+            started,
+            step,
+            base,
+            "none" if self.limit is None else f"{self.limit:.3f}",
+        )
+
+    def check(self, model: Any, step: int) -> bool:
+        """Measure at ``step``; whether training goes on (the measure is inside the limit)."""
+        from peft import get_peft_model_state_dict
+
+        loss = self.measure(model, step)
+        if self.limit is None or loss <= self.limit:
+            weights = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+            self.inside = (step, weights)
+            return True
+        self.over = True
+        logger.info(
+            "training guard: general-set loss %.3f at step %d is over the limit %.3f: "
+            "training stops and keeps %s",
+            loss,
+            step,
+            self.limit,
+            f"step {self.inside[0]}" if self.inside else "this adapter (no check was inside)",
+        )
+        return False
+
+    def finish(self, model: Any, step: int) -> None:
+        """After training: measure the last step if no check did, and put back the last
+        weights inside the limit when a later check went over it."""
+        from peft import set_peft_model_state_dict
+
+        if not self.over and (not self.checks or self.checks[-1][0] != step):
+            self.check(model, step)
+        if self.over and self.inside is not None:
+            set_peft_model_state_dict(model, self.inside[1])
+            self.kept_step = self.inside[0]
+
+    def callback(self) -> Any:
+        """The trainer callback that measures at the guard's steps and stops when over."""
+        from transformers import TrainerCallback
+
+        guard = self
+
+        class _Checks(TrainerCallback):  # type: ignore[misc]
+            steps: tuple[int, ...] = ()
+
+            def on_train_begin(
+                self, args: Any, state: Any, control: Any, model: Any = None, **_: Any
+            ) -> None:
+                guard.start(model, state.global_step)
+                self.steps = guard_steps(state.max_steps, guard.guard.checks)
+
+            def on_step_end(
+                self, args: Any, state: Any, control: Any, model: Any = None, **_: Any
+            ) -> None:
+                if state.global_step in self.steps and not guard.check(model, state.global_step):
+                    control.should_training_stop = True
+
+            def on_train_end(
+                self, args: Any, state: Any, control: Any, model: Any = None, **_: Any
+            ) -> None:
+                guard.finish(model, state.global_step)
+
+        return _Checks()
+
+
+def _has_trained_adapter(model: Any) -> bool:
+    """Whether ``model`` carries LoRA weights that already differ from the base model's (a
+    continued adapter): a fresh LoRA's B matrices start at zero."""
+    from peft import get_peft_model_state_dict
+
+    return any(
+        "lora_B" in name and bool(weight.abs().sum() > 0)
+        for name, weight in get_peft_model_state_dict(model).items()
     )
 
 

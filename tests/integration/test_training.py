@@ -233,3 +233,40 @@ def test_a_time_budget_decays_the_rate_and_a_continuation_trains_at_its_own_rate
     )
     # The logged rate is the one each step used: the first step trains at the peak.
     assert continued[0] == pytest.approx(1e-4)
+
+
+def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_inside(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """The guard measures at its steps; the first measure over the limit stops training and
+    the saved adapter is the one of the last measure inside it, not the one that overshot."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from training.train import LossGuard
+
+    # Step 0 (the base model) measures 1.0, so the limit is 1.10; the check at step 4 is over.
+    scripted = iter([1.0, 1.02, 1.05, 1.2, 1.0])
+    seen: list[dict[str, Any]] = []  # the weights at each measure: steps 0, 2, 4, 6
+
+    def measure(model: Any, _tokenizer: Any) -> float:
+        seen.append({k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()})
+        return next(scripted)
+
+    result = train_adapter(
+        recipe(max_steps=8, precision="fp32"),
+        base_model_dir=base_model_dir,
+        rows=rows(),
+        output_dir=tmp_path / "guarded",
+        loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1),
+    )
+    assert result.loss_checks == ((0, 1.0), (2, 1.02), (4, 1.05), (6, 1.2))
+    assert result.loss_limit == pytest.approx(1.1)
+    assert result.steps == 6  # stopped at the measure over the limit, not at 8
+    assert result.kept_step == 4
+    saved = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+    kept, overshot = seen[2], seen[3]
+    assert saved.keys() == kept.keys()
+    assert all(torch.equal(saved[k], kept[k]) for k in saved)
+    assert not all(torch.equal(saved[k], overshot[k]) for k in saved)
