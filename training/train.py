@@ -68,8 +68,8 @@ class LossGuard:
     """A bound a training must stay inside, checked as it trains rather than after it.
 
     ``measure(model, tokenizer)`` scores the model being trained (e.g. its loss on a fixed
-    general set, as the gate will); it is taken at ``checks`` evenly spaced steps
-    (:func:`guard_steps`) and at the end. The limit (:func:`loss_limit`) is
+    general set, as the gate will); it is taken at ``checks`` evenly spaced steps, a few
+    early ones (:func:`guard_steps`) and at the end. The limit (:func:`loss_limit`) is
     ``max_over_base`` above the base model's measure and ``max_over_start`` above the
     model's at step 0 (the adapter being continued; the base model for a fresh one).
     Training stops at the first measure over the limit and keeps the adapter of the last one
@@ -85,10 +85,16 @@ class LossGuard:
 
 def guard_steps(total: int, checks: int) -> tuple[int, ...]:
     """The steps of a ``total``-step training at which a guard with ``checks`` checks
-    measures: evenly spaced, the last one at ``total`` (e.g. 48 and 4: 12, 24, 36, 48)."""
+    measures: evenly spaced, the last one at ``total``, and before the first of them at steps
+    1, 2, 4, ... (e.g. 48 and 8: 1, 2, 4, 6, 12, ..., 48). A continued adapter that starts
+    near the bound may cross it in its first few steps (medical's third night did by step
+    6: docs/results/2026-12-07-medical-guard.md), and without a measure inside the night
+    keeps nothing; the early ones cost a few measures, not a step's share of every interval."""
     if total < 1 or checks < 1:
         return ()
-    return tuple(sorted({max(1, math.ceil(total * k / checks)) for k in range(1, checks + 1)}))
+    even = {max(1, math.ceil(total * k / checks)) for k in range(1, checks + 1)}
+    early = {2**k for k in range(total.bit_length()) if 2**k < min(even)}
+    return tuple(sorted(even | early))
 
 
 def loss_limit(

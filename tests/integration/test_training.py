@@ -246,9 +246,9 @@ def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_in
 
     from training.train import LossGuard
 
-    # Step 0 (the base model) measures 1.0, so the limit is 1.10; the check at step 4 is over.
-    scripted = iter([1.0, 1.02, 1.05, 1.2, 1.0])
-    seen: list[dict[str, Any]] = []  # the weights at each measure: steps 0, 2, 4, 6
+    # Step 0 (the base model) measures 1.0, so the limit is 1.10; the check at step 6 is over.
+    scripted = iter([1.0, 1.01, 1.02, 1.05, 1.2, 1.0])
+    seen: list[dict[str, Any]] = []  # the weights at each measure: steps 0, 1, 2, 4, 6
 
     def measure(model: Any, _tokenizer: Any) -> float:
         seen.append({k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()})
@@ -261,12 +261,12 @@ def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_in
         output_dir=tmp_path / "guarded",
         loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1),
     )
-    assert result.loss_checks == ((0, 1.0), (2, 1.02), (4, 1.05), (6, 1.2))
+    assert result.loss_checks == ((0, 1.0), (1, 1.01), (2, 1.02), (4, 1.05), (6, 1.2))
     assert result.loss_limit == pytest.approx(1.1)
     assert result.steps == 6  # stopped at the measure over the limit, not at 8
     assert result.kept_step == 4
     saved = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
-    kept, overshot = seen[2], seen[3]
+    kept, overshot = seen[3], seen[4]
     assert saved.keys() == kept.keys()
     assert all(torch.equal(saved[k], kept[k]) for k in saved)
     assert not all(torch.equal(saved[k], overshot[k]) for k in saved)

@@ -15,16 +15,16 @@ from training.train import guard_steps, loss_limit
 @pytest.mark.parametrize(
     ("total", "checks", "steps"),
     [
-        (48, 4, (12, 24, 36, 48)),
-        (48, 8, (6, 12, 18, 24, 30, 36, 42, 48)),
-        (10, 4, (3, 5, 8, 10)),
+        (48, 4, (1, 2, 4, 8, 12, 24, 36, 48)),
+        (48, 8, (1, 2, 4, 6, 12, 18, 24, 30, 36, 42, 48)),
+        (10, 4, (1, 2, 3, 5, 8, 10)),
         # More checks than steps: every step once.
         (3, 8, (1, 2, 3)),
         (1, 1, (1,)),
         (48, 0, ()),
     ],
 )
-def test_checks_are_spread_evenly_and_the_last_is_the_last_step(
+def test_checks_are_spread_evenly_after_a_few_early_ones_and_the_last_is_the_last_step(
     total: int, checks: int, steps: tuple[int, ...]
 ) -> None:
     assert guard_steps(total, checks) == steps
