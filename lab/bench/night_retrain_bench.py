@@ -47,10 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     clients = build_clients(settings)
     registry = clients.registry
     champion = registry.alias_version(args.line, "champion")
-    if not (settings.datasets_dir / args.line / args.dataset[:16]).is_dir():
-        print(f"no dataset {args.dataset} of {args.line}", file=sys.stderr)
+    found = sorted((settings.datasets_dir / args.line).glob(f"{args.dataset}*"))
+    if len(found) != 1:
+        print(f"no single dataset {args.dataset} of {args.line}", file=sys.stderr)
         return 2
-    outcome = train_line(settings, clients, args.line, force=True, dataset_hash=args.dataset)
+    outcome = train_line(settings, clients, args.line, force=True, dataset_hash=found[0].name)
     print(f"champion v{champion}; trained v{outcome.version}: {outcome.status}: {outcome.reason}")
     if outcome.run_id is not None:
         history = registry.client.get_metric_history(outcome.run_id, "guard/general_loss")
