@@ -212,3 +212,52 @@ def test_drift_bound_measures_a_continued_adapter_against_the_base_model(
     [latest, *_] = registry.recent_runs("customer_service")
     run = registry.client.get_run(latest.run_id)
     assert run.data.metrics["base.general_loss"] == pytest.approx(base_on_night_2, abs=5e-4)
+
+
+def test_a_guarded_training_keeps_the_last_adapter_inside_the_gates_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With loss_checks, train_line's training measures the general-set loss as the gate does:
+    its start is the base model's loss the gate logs, its limit the gate's drift bound over it,
+    and the adapter the gate scores is the one of the last measure inside the limit."""
+    from training.train import guard_steps
+
+    guarded = (
+        RECIPE.replace("learning_rate: 2.0e-4", "learning_rate: 1.0e-2")
+        .replace("max_steps: 2", "max_steps: 8\nloss_checks: 4")
+        .replace(
+            "max_general_loss_increase: 10,",
+            "max_general_loss_increase: 10,\n       max_general_loss_drift: 0.05,",
+        )
+    )
+    settings = _settings_with(guarded, tmp_path, monkeypatch)
+    _simulated_dataset(settings, requests=300, seed=4).close()
+
+    outcome = train_line(settings, build_clients(settings), "customer_service")
+
+    assert outcome.status == "trained", outcome.reason
+    assert outcome.run_id is not None
+    assert outcome.candidate is not None
+    registry = Registry.for_home(settings.home)
+    run = registry.client.get_run(outcome.run_id).data.metrics
+    measures = [
+        (m.step, m.value)
+        for m in registry.client.get_metric_history(outcome.run_id, "guard/general_loss")
+    ]
+    steps = [step for step, _ in measures]
+    assert steps == sorted(steps)
+    assert set(steps) <= {0, *guard_steps(8, 4)}
+    base = run["base.general_loss"]
+    assert measures[0] == (0, pytest.approx(base, rel=0.01))
+    limit = run["train.loss_limit"]
+    assert limit == pytest.approx(base * 1.05, rel=0.01)
+    assert all(loss <= limit for _, loss in measures[:-1])
+    by_step = dict(measures)
+    if measures[-1][1] > limit:
+        kept = int(run["train.kept_step"])
+        assert kept == steps[-2]
+    else:
+        assert "train.kept_step" not in run
+        kept = steps[-1]
+    # The adapter the gate scored is the kept one: its loss is the guard's at that step.
+    assert outcome.candidate.general_loss == pytest.approx(by_step[kept], rel=0.01)
