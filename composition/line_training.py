@@ -498,7 +498,7 @@ def general_loss_guard(recipe: Recipe, *, continues: bool, has_champion: bool) -
 
     from eval.offline import general_set_loss
     from flywheel.hardware import detect_accelerator
-    from training.train import LossGuard, trains_in_bf16
+    from training.train import LossGuard
 
     gate = recipe.gate
     over_base = [
@@ -512,19 +512,25 @@ def general_loss_guard(recipe: Recipe, *, continues: bool, has_champion: bool) -
     over_start = gate.max_general_loss_increase if continues and has_champion else None
     if recipe.loss_checks == 0 or (not over_base and over_start is None):
         return None
-    on_cpu = not detect_accelerator().is_cuda
     return LossGuard(
         measure=partial(
             general_set_loss,
             name="the adapter in training",
             max_length=recipe.max_length,
-            # As the gate scores it (_gate_and_register).
-            mixed_precision=on_cpu and trains_in_bf16(recipe.precision, on_gpu=False),
+            mixed_precision=_scores_in_bf16(recipe, detect_accelerator().device),
         ),
         checks=recipe.loss_checks,
         max_over_base=min(over_base) if over_base else None,
         max_over_start=over_start,
     )
+
+
+def _scores_in_bf16(recipe: Recipe, device: str) -> bool:
+    """Whether the gate and the training's loss guard score under bfloat16 autocast: on the
+    CPU where the recipe trains in it (a GPU's models are loaded in their dtype)."""
+    from training.train import trains_in_bf16
+
+    return device == "cpu" and trains_in_bf16(recipe.precision, on_gpu=False)
 
 
 def _log_training(registry: Any, run_id: str, result: AdapterTraining) -> None:
@@ -559,7 +565,6 @@ def _gate_and_register(
     decision logged, the version registered with its lineage (the candidate when it
     passed)."""
     from registry.names import adapter_name, training_run_name
-    from training.train import trains_in_bf16
 
     registry, line, recipe = clients.registry, run.line, run.recipe
     champion_adapter = (
@@ -581,7 +586,7 @@ def _gate_and_register(
         champion_adapter,
         result.adapter_dir,
         names=names,
-        mixed_precision=result.device == "cpu" and trains_in_bf16(recipe.precision, on_gpu=False),
+        mixed_precision=_scores_in_bf16(recipe, result.device),
         canaries=canaries,
         log_base_loss=lambda loss: registry.log_metrics(run.run_id, {"base.general_loss": loss}),
     )
