@@ -610,8 +610,13 @@ def _train_and_report(settings: Settings, line: str, *, force: bool) -> None:
         for reason in outcome.decision.reasons:
             out.print(f"  {reason}")
     metrics = outcome.metrics
+    kept = (
+        f", kept step {metrics['kept_step']} (the last inside the general-set loss limit)"
+        if metrics.get("kept_step") is not None
+        else ""
+    )
     out.print(
-        f"trained {metrics['steps']} steps in {metrics['train_seconds']:.0f} s "
+        f"trained {metrics['steps']} steps in {metrics['train_seconds']:.0f} s{kept} "
         f"({metrics['tokens_per_second']:.0f} tokens/s, peak RSS {metrics['peak_rss_mb']:.0f} MB)"
     )
 

@@ -431,6 +431,7 @@ class _GatedVersion:
             metrics={
                 "train_seconds": result.seconds,
                 "steps": result.steps,
+                **({"kept_step": result.kept_step} if result.kept_step is not None else {}),
                 "tokens_per_second": result.tokens_per_second,
                 "peak_rss_mb": result.peak_rss_mb,
             },

@@ -418,6 +418,11 @@ class _Guard:
         if self.over and self.inside is not None:
             set_peft_model_state_dict(model, self.inside[1])
             self.kept_step = self.inside[0]
+            logger.info(
+                "training guard: the adapter of step %d is kept (trained to step %d)",
+                self.kept_step,
+                step,
+            )
 
     def callback(self) -> Any:
         """The trainer callback that measures at the guard's steps and stops when over."""

@@ -256,8 +256,10 @@ def test_a_guarded_training_keeps_the_last_adapter_inside_the_gates_bound(
     if measures[-1][1] > limit:
         kept = int(run["train.kept_step"])
         assert kept == steps[-2]
+        assert outcome.metrics["kept_step"] == kept
     else:
         assert "train.kept_step" not in run
+        assert "kept_step" not in outcome.metrics
         kept = steps[-1]
     # The adapter the gate scored is the kept one: its loss is the guard's at that step.
     assert outcome.candidate.general_loss == pytest.approx(by_step[kept], rel=0.01)
