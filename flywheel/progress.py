@@ -64,8 +64,9 @@ def milestones(
 
 
 # What training.train.log_training_step puts on each record: step, steps in all, latest loss,
-# whether training ended.
-TrainingStep = Callable[[int, int, float | None, bool], None]
+# whether training ended, and at its end the step whose adapter a loss guard kept (None if
+# the last step's).
+TrainingStep = Callable[[int, int, float | None, bool, int | None], None]
 
 
 class _TrainingSteps(logging.Handler):
@@ -80,14 +81,16 @@ class _TrainingSteps(logging.Handler):
         total = getattr(record, "training_total", None)
         if isinstance(step, int) and isinstance(total, int):
             loss = getattr(record, "training_loss", None)
-            self.on_step(step, total, loss, bool(getattr(record, "training_done", False)))
+            done = bool(getattr(record, "training_done", False))
+            self.on_step(step, total, loss, done, getattr(record, "training_kept_step", None))
 
 
 @contextmanager
 def training_steps(on_step: TrainingStep) -> Iterator[None]:
-    """Call ``on_step(step, total, loss, done)`` for each step a training in this process
-    logs (:func:`training.train.log_training_step`: step 0 as it begins, loss None where
-    the record has none, done True once as it ends) while the block runs."""
+    """Call ``on_step(step, total, loss, done, kept)`` for each step a training in this
+    process logs (:func:`training.train.log_training_step`: step 0 as it begins, loss None
+    where the record has none, done True once as it ends, kept the step a loss guard cut
+    back to, else None) while the block runs."""
     logger = logging.getLogger("training.train")
     handler = _TrainingSteps(on_step)
     level = logger.level
@@ -103,10 +106,10 @@ def training_steps(on_step: TrainingStep) -> Iterator[None]:
 
 def announce_training(say: Callable[[str], None]) -> TrainingStep:
     """Off a terminal, each training's progress as two lines: its start, and its end with
-    the first and the last loss."""
+    the first and the last loss, and the step kept when a loss guard cut it back."""
     losses: list[float] = []
 
-    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+    def on_step(step: int, total: int, loss: float | None, done: bool, kept: int | None) -> None:
         if step == 0 and not done:
             losses.clear()
             say(f"  training ({total} steps)")
@@ -114,6 +117,8 @@ def announce_training(say: Callable[[str], None]) -> TrainingStep:
             losses.append(loss)
         if done:
             shown = f", loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
+            if kept is not None:
+                shown += f"; the adapter of step {kept} kept (a later one over the loss limit)"
             say(f"  trained {step} steps{shown}")
 
     return on_step
@@ -121,17 +126,19 @@ def announce_training(say: Callable[[str], None]) -> TrainingStep:
 
 def training_bars(bars: Progress) -> TrainingStep:
     """On a terminal, each training as a bar of ``bars``: its steps done of all, its latest
-    loss."""
+    loss, and at its end the step kept when a loss guard cut it back."""
     trainings: list[TaskID] = []
     losses: list[float] = []
 
-    def on_step(step: int, total: int, loss: float | None, done: bool) -> None:
+    def on_step(step: int, total: int, loss: float | None, done: bool, kept: int | None) -> None:
         if step == 0 or not trainings:
             trainings.append(bars.add_task("training", total=total))
             losses.clear()
         if loss is not None:
             losses.append(loss)
         shown = f"training: loss {losses[-1]:.3f}" if losses else "training"
+        if done and kept is not None:
+            shown += f", step {kept} kept"
         bars.update(trainings[-1], completed=step, total=step if done else total, description=shown)
 
     return on_step

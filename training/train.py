@@ -302,7 +302,8 @@ def train_adapter(
             log_training_step(state.global_step, state.max_steps, None, {})
 
         def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            log_training_step(state.global_step, state.max_steps, None, {}, done=True)
+            kept = guarding.kept_step if guarding is not None else None
+            log_training_step(state.global_step, state.max_steps, None, {}, done=True, kept=kept)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             if logs:
@@ -318,7 +319,9 @@ def train_adapter(
 
     forward = _Forward()
     guarding = _Guard(loss_guard, tokenizer) if loss_guard is not None else None
-    callbacks: list[Any] = [forward] + ([guarding.callback()] if guarding is not None else [])
+    # The guard's callback first: at the end it puts back the kept adapter before _Forward
+    # reports the training done, with the kept step.
+    callbacks: list[Any] = ([guarding.callback()] if guarding is not None else []) + [forward]
     trainer = _trainer(recipe, model, dataset, tokenizer, lora, common, callbacks)
     forward.trainer = trainer
     _quiet_trainer(trainer)
@@ -479,26 +482,35 @@ def _save_adapter(model: Any, output_dir: Path, base_model_dir: Path) -> Path:
 
 
 def log_training_step(
-    step: int, total: int, loss: float | None, logs: dict[str, Any], *, done: bool = False
+    step: int,
+    total: int,
+    loss: float | None,
+    logs: dict[str, Any],
+    *,
+    done: bool = False,
+    kept: int | None = None,
 ) -> None:
     """One line of training progress on this module's logger (INFO): the step, the steps in
-    all, the latest loss and whether training ended as record attributes (``training_step``,
-    ``training_total``, ``training_loss``, ``training_done``) for a progress display, the
-    trainer's numbers in words for a log file."""
+    all, the latest loss, whether training ended and the step whose adapter a loss guard
+    kept as record attributes (``training_step``, ``training_total``, ``training_loss``,
+    ``training_done``, ``training_kept_step``) for a progress display, the trainer's numbers
+    in words for a log file."""
     from flywheel.wording import in_words
 
     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in logs.items()}
     logger.info(
-        "training %s step %d/%d%s",
+        "training %s step %d/%d%s%s",
         "ended at" if done else "at",
         step,
         total,
         f": {in_words(shown)}" if shown else "",
+        f", the adapter of step {kept} kept" if kept is not None else "",
         extra={
             "training_step": step,
             "training_total": total,
             "training_loss": loss,
             "training_done": done,
+            "training_kept_step": kept,
         },
     )
 

@@ -244,6 +244,7 @@ def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_in
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
+    from flywheel.progress import training_steps
     from training.train import LossGuard
 
     # Step 0 (the base model) measures 1.0, so the limit is 1.10; the check at step 6 is over.
@@ -254,13 +255,16 @@ def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_in
         seen.append({k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()})
         return next(scripted)
 
-    result = train_adapter(
-        recipe(max_steps=8, precision="fp32"),
-        base_model_dir=base_model_dir,
-        rows=rows(),
-        output_dir=tmp_path / "guarded",
-        loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1),
-    )
+    ended: list[tuple[int, int | None]] = []
+    with training_steps(lambda step, _t, _l, done, kept: done and ended.append((step, kept))):
+        result = train_adapter(
+            recipe(max_steps=8, precision="fp32"),
+            base_model_dir=base_model_dir,
+            rows=rows(),
+            output_dir=tmp_path / "guarded",
+            loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1),
+        )
+    assert ended == [(6, 4)]  # the progress display is told the kept step as training ends
     assert result.loss_checks == ((0, 1.0), (1, 1.01), (2, 1.02), (4, 1.05), (6, 1.2))
     assert result.loss_limit == pytest.approx(1.1)
     assert result.steps == 6  # stopped at the measure over the limit, not at 8

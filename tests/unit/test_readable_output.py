@@ -247,6 +247,22 @@ def test_off_a_terminal_a_training_is_two_lines_with_its_steps_and_loss() -> Non
     assert said == ["  training (3 steps)", "  trained 3 steps, loss 3.849 -> 2.000"]
 
 
+def test_a_training_cut_back_by_its_loss_guard_says_the_step_it_kept() -> None:
+    from flywheel.progress import announce_training, training_steps
+    from training.train import log_training_step
+
+    said: list[str] = []
+    with training_steps(announce_training(said.append)):
+        log_training_step(0, 48, None, {})
+        for step, loss in ((24, 1.2), (30, 0.9)):
+            log_training_step(step, 48, loss, {"loss": loss})
+        log_training_step(30, 48, None, {}, done=True, kept=24)
+    assert said[-1] == (
+        "  trained 30 steps, loss 1.200 -> 0.900; "
+        "the adapter of step 24 kept (a later one over the loss limit)"
+    )
+
+
 def test_a_long_stage_off_a_terminal_says_each_quarter_done() -> None:
     """A 15-minute day of users in a CI log: its start, then a line per quarter, never one
     per request."""
