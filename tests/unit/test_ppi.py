@@ -136,6 +136,35 @@ def test_the_confidence_sequence_holds_over_every_look() -> None:
     assert ever_fixed / runs > 2 * alpha
 
 
+def test_a_canary_worse_by_the_margin_is_rarely_shown_non_inferior_over_every_look() -> None:
+    """Non-inferiority's two mixtures (an equal canary's spread and a clearly better one's)
+    averaged: a canary worse by exactly the margin, looked at 50 times, is shown within the
+    margin in at most alpha of 400 runs (plus simulation error)."""
+    rng = np.random.default_rng(7)
+    alpha, margin = 0.05, 0.05
+    runs, looks, per_look = 400, 50, 40
+    ever_within = 0
+    for _ in range(runs):
+        champion = canary = SatisfactionSample()
+        within = False
+        for _ in range(looks):
+            champion = champion + _arm(rng, per_look * 4, 0.5, 0.05)[0]
+            canary = canary + _arm(rng, per_look, 0.5 - margin, 0.2)[0]
+            if min(champion.labelled, canary.labelled) < 10:
+                continue
+            arms = [estimate(champion), estimate(canary)]
+            _, evidence = satisfaction_evidence(
+                arms[1].mean - arms[0].mean,
+                arms[0].variance + arms[1].variance,
+                margin,
+                worse_alpha=alpha,
+                non_inferior_alpha=alpha,
+            )
+            within |= float(evidence) >= 1 / alpha
+        ever_within += within
+    assert ever_within / runs <= alpha + 0.02
+
+
 def _stats(sample: SatisfactionSample, requests: int, **rates: int) -> ArmStats:
     return ArmStats("a", requests, answered=requests, satisfaction=sample, **rates)
 
