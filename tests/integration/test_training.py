@@ -262,7 +262,7 @@ def test_a_guard_stops_at_the_first_measure_over_its_limit_and_keeps_the_last_in
             base_model_dir=base_model_dir,
             rows=rows(),
             output_dir=tmp_path / "guarded",
-            loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1),
+            loss_guard=LossGuard(measure=measure, checks=4, max_over_base=0.1, headroom=0.0),
         )
     assert ended == [(6, 4)]  # the progress display is told the kept step as training ends
     assert result.loss_checks == ((0, 1.0), (1, 1.01), (2, 1.02), (4, 1.05), (6, 1.2))

@@ -40,6 +40,17 @@ def test_the_limit_is_the_tighter_of_the_two_bounds() -> None:
     assert loss_limit(1.30, 1.10, None, None) is None
 
 
+def test_the_limit_keeps_headroom_for_the_gates_own_measure() -> None:
+    # The legal night the gate refused: the guard kept 1.6903 under 1.6904, the gate
+    # measured 1.6923. Half a percent under the bound, that step is over the limit.
+    limit = loss_limit(1.3003, 1.3003, 0.3, None, headroom=0.005)
+    assert limit == pytest.approx(1.3003 * 1.3 * 0.995)
+    assert limit < 1.6903
+    guard = general_loss_guard(recipe(), continues=False, has_champion=False)
+    assert guard is not None
+    assert guard.headroom == 0.005
+
+
 def recipe(loss_checks: int = 8, **gate: Any) -> Recipe:
     return Recipe(
         business_line="medical",
