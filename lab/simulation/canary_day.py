@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from feedback.events import ONLINE_SIGNALS
 from lab.simulation.feedback_profiles import PROFILES
 from registry.canary import ArmStats, CanaryAction, CanaryPolicy, decide_canary
 from registry.ppi import SatisfactionSample
@@ -21,7 +22,8 @@ DAY_PART = 250
 LOOKS_A_DAY = 6
 SHARE = 0.05
 REVIEW_NOISE = 0.1
-NEGATIVE = ("thumbs_down", "regenerate", "edit", "abandon", "task_failure")
+# The signals the canary counts as an answer's dissatisfied user.
+NEGATIVE = tuple(signal.value for signal in ONLINE_SIGNALS)
 
 
 @dataclass(frozen=True)
