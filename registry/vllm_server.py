@@ -462,7 +462,8 @@ class VllmServerSettings(BaseSettings):
         default=True,
         description="flywheel's LoRA ops on the CPU backend (the flywheel_cpu_lora plugin: the "
         "same products per adapter rather than per token; a 5% LoRA share made a batch 2.3x "
-        "slower with vLLM's own); false runs vLLM's own. Nothing changes on a GPU.",
+        "slower with vLLM's own, and those give a base-model request the last slot's adapter "
+        "once every slot is loaded); false runs vLLM's own. Nothing changes on a GPU.",
     )
     lora_modules: tuple[tuple[str, str], ...] = Field(
         default=(),
