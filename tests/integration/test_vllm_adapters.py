@@ -60,26 +60,34 @@ def test_a_server_without_runtime_lora_updating_is_reported_as_such(
             client.unload_adapter(adapter_name("customer_service", 1))
 
 
-def test_base_model_answers_carry_no_adapter_once_every_slot_is_loaded(
+def test_base_model_answers_beside_adapter_ones_carry_no_adapter(
     vllm_python: Path, base_model_dir: Path, lora_adapter: Path, tmp_path: Path
 ) -> None:
     """vLLM's CPU LoRA ops give a token without an adapter the last slot's (vllm-project/vllm
-    #48421): with --max-loras 1 and one adapter used, every base-model answer carried it.
-    flywheel's ops (flywheel_cpu_lora, on by default) give it none."""
+    #48421): with --max-loras 1, base-model answers batched beside the adapter's carried it
+    (5 of these 5 changed, 4 in the adapter's pirate voice). flywheel's ops (flywheel_cpu_lora,
+    on by default) give it none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [*PROBE_PROMPTS, "How do I reset my password?", "What is 2 plus 2?"]
     settings = VllmServerSettings(model=base_model_dir, port=free_port(), max_loras=1)
     with (
         VllmServer(settings, python=vllm_python, log_path=tmp_path / "vllm.log") as server,
         VllmAdminClient(server.base_url, timeout=120) as client,
     ):
         base = client.list_models()[0].id
-        before = [client.chat(base, ask, max_tokens=24).text for ask in PROBE_PROMPTS]
+        alone = [client.chat(base, ask, max_tokens=24).text for ask in prompts]
         name = adapter_name("customer_service", 9)
         client.load_adapter(name, lora_adapter)
-        adapted = client.chat(name, PROBE_PROMPTS[0], max_tokens=24).text
-        after = [client.chat(base, ask, max_tokens=24).text for ask in PROBE_PROMPTS]
-        logger.info("base %r, adapter %r, base after %r", before[0], adapted, after[0])
-        assert adapted != before[0]
-        assert after == before
+        asks = [(base, ask) for ask in prompts] + [(name, ask) for ask in prompts]
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(lambda a: client.chat(*a, max_tokens=24).text, asks))
+        beside, adapted = answers[: len(prompts)], answers[len(prompts) :]
+        logger.info("base %r, beside the adapter %r, adapter %r", alone[0], beside[0], adapted[0])
+        assert adapted[0] != alone[0]
+        assert not [answer for answer in beside if "Arr" in answer or "treasure" in answer]
+        # Batched with others an answer may round differently; the adapter's change is larger.
+        assert sum(a == b for a, b in zip(alone, beside, strict=True)) >= len(prompts) - 1
 
 
 def test_a_loaded_adapter_is_listed_with_its_path_and_base(
