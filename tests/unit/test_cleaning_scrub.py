@@ -91,7 +91,12 @@ COMPLAINTS = [
         "Sorry, Maria Garcia: your refund is on its way.",
     ),
 ]
-RAW_PII = ("John", "Smith", "john.smith", "Maria", "Garcia", "maria.garcia", "555")
+# The phone numbers by their digit groups: a bare "555" can also turn up in the written files
+# hex ids and timestamps (it did once, in a run of the unit tier).
+RAW_PII = (
+    "John", "Smith", "john.smith", "Maria", "Garcia", "maria.garcia",
+    "415 555", "555 0134", "212 555", "555 0199",
+)  # fmt: skip
 
 
 def complaint(index: int, prompt: str, response: str) -> FeedbackRecord:
