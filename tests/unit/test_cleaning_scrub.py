@@ -91,7 +91,7 @@ COMPLAINTS = [
         "Sorry, Maria Garcia: your refund is on its way.",
     ),
 ]
-# The phone numbers by their digit groups: a bare "555" can also turn up in the written files
+# The phone numbers by their digit groups: a bare "555" can also turn up in the written files'
 # hex ids and timestamps (it did once, in a run of the unit tier).
 RAW_PII = (
     "John", "Smith", "john.smith", "Maria", "Garcia", "maria.garcia",
