@@ -120,6 +120,152 @@ def test_install_replaces_the_ops_by_name_where_they_are() -> None:
     assert not hasattr(wrapper, "bgmv_expand")
 
 
+class _Wrapper:
+    """The part of vLLM's PunicaWrapperCPU the methods read: the tokens' slots, written in place
+    into a buffer each step, and the step's token count."""
+
+    def __init__(self, capacity: int = 512) -> None:
+        self._token_lora_indices = torch.full((capacity,), -1)
+        self.indices_len = [0, 0, 0, 0]
+
+    def step(self, indices: torch.Tensor) -> None:
+        self._token_lora_indices[: len(indices)].copy_(indices)
+        self.indices_len[:] = [len(indices)] * 4
+
+    @property
+    def token_lora_indices(self) -> torch.Tensor:
+        return self._token_lora_indices[: self.indices_len[0]]
+
+    add_shrink = cpu_lora.add_shrink
+    add_expand = cpu_lora.add_expand
+
+
+def _linear(
+    wrapper: _Wrapper,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a: tuple[torch.Tensor, ...],
+    b: tuple[torch.Tensor, ...],
+    slices: tuple[int, ...],
+) -> None:
+    """vLLM's PunicaWrapperCPU.add_lora_linear: a float32 buffer per slice, shrink, expand."""
+    buffer = tuple(torch.zeros(x.shape[0], b[0].shape[-1]) for _ in slices)
+    wrapper.add_shrink(buffer, x, a, 0.5)
+    wrapper.add_expand(y, buffer, b, slices, add_inputs=True)
+
+
+def _linear_reference(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a: tuple[torch.Tensor, ...],
+    b: tuple[torch.Tensor, ...],
+    slices: tuple[int, ...],
+    indices: torch.Tensor,
+) -> torch.Tensor:
+    expected, offset = y.clone(), 0
+    for a_slice, b_slice, size in zip(a, b, slices, strict=True):
+        shrunk = 0.5 * _reference(x, a_slice, indices)
+        expected[:, offset : offset + size] += _reference(shrunk, b_slice, indices)
+        offset += size
+    return expected
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 200])
+@pytest.mark.parametrize("mix", ["none", "one adapter", "mixed", "every slot"])
+def test_the_wrappers_methods_compute_what_vllms_ops_do_slice_by_slice(
+    tokens: int, mix: str
+) -> None:
+    """A q/k/v layer (three slices) and an MLP one the adapters do not train (zero weights),
+    one slot holding weights only for k: each slice as vLLM's shrink and expand give it."""
+    generator = torch.Generator().manual_seed(tokens)
+    slots, rank, hidden, slices = 4, 8, 48, (48, 16, 16)
+    low, high = {"none": (-1, 0), "one adapter": (2, 3), "mixed": (-1, 3), "every slot": (-1, 4)}[
+        mix
+    ]
+    indices = torch.randint(low, high, (tokens,), generator=generator)
+    x = torch.randn(tokens, hidden, generator=generator)
+    a = tuple(torch.randn(slots, 1, rank, hidden, generator=generator) for _ in slices)
+    b = tuple(torch.randn(slots, 1, size, rank, generator=generator) for size in slices)
+    for weights in (a[0], a[2], b[0], b[2]):
+        weights[1].zero_()
+    wrapper = _Wrapper()
+    wrapper.step(indices)
+    y = torch.randn(tokens, sum(slices), generator=generator)
+    added = y.clone()
+    _linear(wrapper, added, x, a, b, slices)
+    torch.testing.assert_close(added, _linear_reference(y, x, a, b, slices, indices))
+
+    untrained = tuple(torch.zeros(slots, 1, rank, hidden) for _ in range(2))
+    untrained_b = tuple(torch.zeros(slots, 1, hidden, rank) for _ in range(2))
+    before = torch.randn(tokens, 96, generator=generator)
+    mlp = before.clone()
+    _linear(wrapper, mlp, x, untrained, untrained_b, (48, 48))
+    assert torch.equal(mlp, before)
+    buffer = torch.full((1, tokens, rank), 3.0)
+    wrapper.add_shrink(buffer, x, untrained[:1], 1.0)
+    assert not buffer.any()
+
+
+def test_a_slot_written_in_place_and_a_new_step_are_seen_by_the_next_call() -> None:
+    """vLLM loads an adapter into a slot and writes each step's token slots in place, into the
+    same tensors: what the methods keep between calls must follow those writes."""
+    slots, rank, hidden = 2, 4, 12
+    a = (torch.zeros(slots, 1, rank, hidden),)
+    b = (torch.zeros(slots, 1, hidden, rank),)
+    x = torch.randn(3, hidden)
+    wrapper = _Wrapper()
+    wrapper.step(torch.tensor([0, -1, 0]))
+    y = torch.zeros(3, hidden)
+    _linear(wrapper, y, x, a, b, (hidden,))
+    assert not y.any()
+
+    a[0][0].copy_(torch.randn(1, rank, hidden))
+    b[0][0].copy_(torch.randn(1, hidden, rank))
+    _linear(wrapper, y, x, a, b, (hidden,))
+    torch.testing.assert_close(
+        y, _linear_reference(torch.zeros(3, hidden), x, a, b, (hidden,), torch.tensor([0, -1, 0]))
+    )
+
+    wrapper.step(torch.tensor([-1, 0, -1]))
+    y = torch.zeros(3, hidden)
+    _linear(wrapper, y, x, a, b, (hidden,))
+    assert not y[[0, 2]].any()
+    assert y[1].any()
+
+
+def test_bfloat16_layers_get_the_products_rounded_once() -> None:
+    """The products are computed in float32 and rounded to the layer's bfloat16 once: as close
+    to the exact result as bfloat16 allows."""
+    generator = torch.Generator().manual_seed(3)
+    slots, rank, hidden = 2, 16, 64
+    indices = torch.tensor([0, -1, 1, 0])
+    x = torch.randn(4, hidden, generator=generator).to(torch.bfloat16)
+    a = (torch.randn(slots, 1, rank, hidden, generator=generator).to(torch.bfloat16),)
+    b = (torch.randn(slots, 1, hidden, rank, generator=generator).to(torch.bfloat16),)
+    wrapper = _Wrapper()
+    wrapper.step(indices)
+    y = torch.zeros(4, hidden, dtype=torch.bfloat16)
+    _linear(wrapper, y, x, a, b, (hidden,))
+    exact = _linear_reference(torch.zeros(4, hidden, dtype=torch.float64), x.double(),
+                              (a[0].double(),), (b[0].double(),), (hidden,), indices)  # fmt: skip
+    assert y.dtype == torch.bfloat16
+    # One rounding of each product to bfloat16 (8 bits), plus the float32 buffer's.
+    torch.testing.assert_close(y.double(), exact, rtol=2**-7, atol=2**-7 * float(exact.abs().max()))
+
+
+def test_install_wrapper_replaces_the_methods_by_name() -> None:
+    class FakeWrapper:
+        def add_shrink(self) -> None: ...
+
+        def add_expand(self) -> None: ...
+
+    assert cpu_lora.install_wrapper(FakeWrapper) == [
+        "FakeWrapper.add_shrink",
+        "FakeWrapper.add_expand",
+    ]
+    assert FakeWrapper.add_shrink is cpu_lora.add_shrink  # type: ignore[comparison-overlap]
+
+
 def test_the_setting_switches_flywheels_cpu_ops_off_and_keeps_the_resolver(tmp_path: Path) -> None:
     from registry.vllm_server import VllmServerSettings, resolver_environment
 

@@ -57,9 +57,9 @@ def register_cpu_lora() -> None:
     import vllm.lora.ops.torch_ops.lora_ops as torch_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from flywheel_vllm_resolver.cpu_lora import install
+    from flywheel_vllm_resolver.cpu_lora import install, install_wrapper
 
-    replaced = install(torch_ops, punica_cpu)
+    replaced = install(torch_ops, punica_cpu) + install_wrapper(punica_cpu.PunicaWrapperCPU)
     init_logger(f"vllm.plugins.{CPU_LORA_PLUGIN_NAME}").info(
         "flywheel's CPU LoRA ops in place of %s", ", ".join(replaced)
     )
