@@ -219,7 +219,8 @@ def _step(wrapper: Any) -> _Batch:
     the tokens' slots in place once a step."""
     indices = wrapper.token_lora_indices
     version = _version(indices)
-    key = (version, indices.shape[0])
+    # The buffer too: a new one would start its write count again.
+    key = (indices.data_ptr(), version, indices.shape[0])
     cached = getattr(wrapper, "_flywheel_step", None)
     if version is not None and cached is not None and cached[0] == key:
         return cached[1]
